@@ -1,0 +1,197 @@
+//! Errors, one enum per layer: [`KvError`] for backends, [`ConfigError`] for URLs and
+//! parameters, [`RendezvousError`] for the rendezvous.
+
+use std::time::Duration;
+
+use crate::kv::{LeaseId, Revision};
+
+/// A boxed error from a backend's client library.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// An error of a backend operation (see KV.md). A failed precondition is not an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// The server could not be reached or dropped the connection. Retryable.
+    #[error(
+        "{backend} at {endpoint} is unavailable: {message}; check that the server runs and is reachable"
+    )]
+    Unavailable {
+        /// Backend name.
+        backend: &'static str,
+        /// The endpoint(s) tried, without credentials.
+        endpoint: String,
+        /// What went wrong.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The operation did not complete in time. Retryable.
+    #[error("{backend}: {operation} timed out after {after:?}")]
+    Timeout {
+        /// Backend name.
+        backend: &'static str,
+        /// What was being done.
+        operation: String,
+        /// How long was waited.
+        after: Duration,
+    },
+    /// The lease does not exist (expired or revoked).
+    #[error("lease {0:#x} not found: it expired or was revoked")]
+    LeaseNotFound(LeaseId),
+    /// The requested revision was compacted away; re-read, then watch from `oldest` or later.
+    #[error("revision {requested} is compacted; the oldest available revision is {oldest}")]
+    Compacted {
+        /// The revision that was asked for.
+        requested: Revision,
+        /// The oldest revision still available.
+        oldest: Revision,
+    },
+    /// The arguments were not valid for this backend (empty prefix, bad TTL, too large…).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The backend lacks this capability.
+    #[error("the {backend} backend does not support {what}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// The missing capability.
+        what: &'static str,
+    },
+    /// Anything else the backend reported, with its source.
+    #[error("{backend}: {message}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// What went wrong.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl KvError {
+    /// Whether retrying the same operation may succeed (server unreachable or slow).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, KvError::Unavailable { .. } | KvError::Timeout { .. })
+    }
+
+    /// A [`KvError::Backend`] from a message alone.
+    pub fn backend(backend: &'static str, message: impl Into<String>) -> Self {
+        KvError::Backend {
+            backend,
+            message: message.into(),
+            source: None,
+        }
+    }
+}
+
+/// A bad URL or parameter. Each variant's message is one sentence saying what is wrong and
+/// what would be right. Passwords never appear in it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The URL does not parse.
+    #[error("invalid rendezvous URL: {0}")]
+    InvalidUrl(String),
+    /// No backend is registered for this scheme.
+    #[error("unknown URL scheme `{scheme}`; known schemes: {known}")]
+    UnknownScheme {
+        /// The scheme given.
+        scheme: String,
+        /// The schemes that exist, comma-separated.
+        known: String,
+    },
+    /// The backend exists but was compiled out.
+    #[error(
+        "the `{scheme}` backend is not compiled in; enable the cargo feature `{feature}` of the `rdzv` crate"
+    )]
+    BackendDisabled {
+        /// The scheme given.
+        scheme: String,
+        /// The cargo feature that enables it.
+        feature: String,
+    },
+    /// An option name that no layer understands.
+    #[error("unknown option `{option}`; known options: {known}")]
+    UnknownOption {
+        /// The option given.
+        option: String,
+        /// The options that exist, comma-separated.
+        known: String,
+    },
+    /// A required option is missing.
+    #[error("missing required option `{0}`")]
+    MissingOption(String),
+    /// An option's value is invalid.
+    #[error("invalid value `{value}` for `{option}`: {reason}")]
+    InvalidValue {
+        /// The option.
+        option: String,
+        /// The value given.
+        value: String,
+        /// Why it is invalid and what is expected.
+        reason: String,
+    },
+    /// A registry conflict: another factory already serves this scheme.
+    #[error("a different backend is already registered for scheme `{0}`")]
+    SchemeTaken(String),
+}
+
+/// An error of the rendezvous (see SURFACE.md): the variants users branch on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RendezvousError {
+    /// The run was closed (by `set_closed`); no further rounds will form.
+    #[error("rendezvous of run `{run_id}` is closed")]
+    Closed {
+        /// The run.
+        run_id: String,
+    },
+    /// The call did not complete by its deadline.
+    #[error("rendezvous of run `{run_id}` timed out after {after:?} while {phase}")]
+    Timeout {
+        /// The run.
+        run_id: String,
+        /// The phase it was in, in words.
+        phase: String,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// The backend could not be reached (retryable).
+    #[error("rendezvous backend unreachable: {0}")]
+    Unavailable(#[source] KvError),
+    /// A value under the rendezvous' keys is corrupt.
+    #[error("corrupt rendezvous state at `{key}`: {reason}")]
+    State {
+        /// The key holding the bad value.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A bad URL or parameter.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// This worker's session lease was lost (it was silent longer than its TTL); it is no
+    /// longer a member of any round.
+    #[error("this worker's session lease was lost; it is no longer a member and must rejoin")]
+    LeaseLost,
+    /// The handler was shut down.
+    #[error("the rendezvous handler was shut down")]
+    Shutdown,
+    /// Any other backend error.
+    #[error("rendezvous backend error: {0}")]
+    Backend(#[source] KvError),
+}
+
+impl From<KvError> for RendezvousError {
+    fn from(e: KvError) -> Self {
+        if e.is_retryable() {
+            RendezvousError::Unavailable(e)
+        } else {
+            RendezvousError::Backend(e)
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The backend contract: a compare-and-swap / watch / lease key-value store modelled on
+//! etcd v3. The rendezvous and the Store are written once against [`Kv`]; a backend is
+//! anything that implements it faithfully. The conveniences built on top of it (waiting for
+//! a key, compare-and-swap loops, sessions) live in [`KvExt`](crate::KvExt) and
+//! [`Session`](crate::Session).
+
+mod types;
+
+pub use types::*;
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::Stream;
+
+use crate::error::KvError;
+
+/// Result of a backend operation.
+pub type KvResult<T> = Result<T, KvError>;
+
+/// A stream of watch events, in revision order, with no gap and no duplicate. It ends with
+/// `Err(KvError::Compacted { .. })` if the start revision is no longer available, and with
+/// another error if the backend can neither deliver nor resume; dropping it cancels the
+/// watch.
+pub type WatchStream = Pin<Box<dyn Stream<Item = KvResult<Event>> + Send + 'static>>;
+
+/// A compare-and-swap / watch / lease key-value store with etcd v3 semantics (see KV.md).
+///
+/// Contract shared by every method:
+/// - Every write (put, delete, a lease's expiry or revoke deleting its keys) gets a new
+///   store-wide [`Revision`], strictly greater than every earlier one. Several keys deleted by
+///   one lease ending may share one revision.
+/// - A failed precondition is an *outcome* ([`PutOutcome::Conflict`],
+///   [`DeleteOutcome::Conflict`]) carrying the current key, never an error.
+/// - Errors are [`KvError`]s: `Unavailable`/`Timeout` may be retried; the rest may not.
+/// - Keys and values are arbitrary bytes.
+#[async_trait]
+pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
+    /// Short name of the backend (`"etcd"`, `"redis"`, `"mem"`), for errors and logs.
+    fn name(&self) -> &'static str;
+
+    /// What this backend can and cannot do.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Reads one key, and the store revision the read saw.
+    async fn get(&self, key: &[u8]) -> KvResult<GetResponse>;
+
+    /// Reads the keys that start with `prefix` (an empty prefix means every key), filtered,
+    /// ordered and limited by `options`; `count` is the number of matches before `limit`.
+    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse>;
+
+    /// Writes `value` under `key` if `options.mode` holds, bound to `options.lease`.
+    /// Writing with a lease that does not exist (expired, revoked) is
+    /// [`KvError::LeaseNotFound`].
+    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome>;
+
+    /// Deletes `key` if `mode` holds.
+    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome>;
+
+    /// Deletes every key that starts with `prefix` (must not be empty), as one write.
+    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse>;
+
+    /// Grants a lease of `ttl` (rounded up to the backend's granularity). Unless kept alive,
+    /// it expires `ttl` after the grant by the *server's* clock, deleting its keys.
+    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId>;
+
+    /// Refreshes the lease to its full TTL and returns that TTL.
+    /// [`KvError::LeaseNotFound`] if it already expired or was revoked.
+    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration>;
+
+    /// Ends the lease now: its keys are deleted at once, with delete events.
+    /// Revoking a lease that no longer exists is [`KvError::LeaseNotFound`].
+    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()>;
+
+    /// Streams the events of `key` (or of every key under it, with
+    /// [`WatchScope::Prefix`]) from `start_revision` inclusive (0 or 1: all retained
+    /// history). Events of one write arrive together; a broken connection is resumed from
+    /// the last delivered revision + 1, or ends the stream with an error.
+    async fn watch(
+        &self,
+        key: &[u8],
+        scope: WatchScope,
+        start_revision: Revision,
+    ) -> KvResult<WatchStream>;
+
+    /// Discards history before `revision`, so that a watch from an older revision fails
+    /// with [`KvError::Compacted`]. A test and maintenance hook;
+    /// [`KvError::Unsupported`] where the backend cannot.
+    async fn compact(&self, revision: Revision) -> KvResult<()> {
+        let _ = revision;
+        Err(KvError::Unsupported {
+            backend: self.name(),
+            what: "compaction",
+        })
+    }
+
+    /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0), if the
+    /// backend has a native increment; `Ok(None)` means "not native, use compare-and-swap".
+    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        let _ = (key, delta);
+        Ok(None)
+    }
+}

@@ -1,0 +1,1 @@
+//! rdzv-redis

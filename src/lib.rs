@@ -1,0 +1,4 @@
+//! # rdzv
+//!
+//! Rendezvous for distributed jobs.
+pub use rdzv_core as core;
