@@ -22,6 +22,7 @@ pub struct Session {
     ttl: Duration,
     lost: CancellationToken,
     stop: CancellationToken,
+    revoke_on_drop: bool,
 }
 
 impl Session {
@@ -29,24 +30,26 @@ impl Session {
     /// runtime.
     pub async fn start(kv: Arc<dyn Kv>, ttl: Duration) -> KvResult<Session> {
         let lease = kv.lease_grant(ttl).await?;
-        let granted = Instant::now();
+        Ok(Session::spawn(kv, lease, ttl, Instant::now(), true))
+    }
+
+    /// Keeps an existing lease alive (e.g. one shared by several processes) without owning
+    /// it: dropping or closing this session only stops the refreshing, it never revokes.
+    pub fn attach(kv: Arc<dyn Kv>, lease: LeaseId, ttl: Duration) -> Session {
+        Session::spawn(kv, lease, ttl, Instant::now(), false)
+    }
+
+    fn spawn(
+        kv: Arc<dyn Kv>,
+        lease: LeaseId,
+        ttl: Duration,
+        granted: Instant,
+        revoke_on_drop: bool,
+    ) -> Session {
         let lost = CancellationToken::new();
         let stop = CancellationToken::new();
-        tokio::spawn(keep_alive(
-            kv.clone(),
-            lease,
-            ttl,
-            granted,
-            lost.clone(),
-            stop.clone(),
-        ));
-        Ok(Session {
-            kv,
-            lease,
-            ttl,
-            lost,
-            stop,
-        })
+        tokio::spawn(keep_alive(kv.clone(), lease, ttl, granted, lost.clone(), stop.clone()));
+        Session { kv, lease, ttl, lost, stop, revoke_on_drop }
     }
 
     /// The lease id, to bind keys to this session.
@@ -69,9 +72,13 @@ impl Session {
         self.lost.is_cancelled()
     }
 
-    /// Stops refreshing and revokes the lease, deleting its keys at once.
+    /// Stops refreshing and revokes the lease, deleting its keys at once (only stops
+    /// refreshing for a session made by [`Session::attach`]).
     pub async fn close(self) -> KvResult<()> {
         self.stop.cancel();
+        if !self.revoke_on_drop {
+            return Ok(());
+        }
         match self.kv.lease_revoke(self.lease).await {
             Ok(()) | Err(KvError::LeaseNotFound(_)) => Ok(()),
             Err(e) => Err(e),
@@ -87,6 +94,9 @@ impl Drop for Session {
             return;
         }
         self.stop.cancel();
+        if !self.revoke_on_drop {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (kv, lease) = (self.kv.clone(), self.lease);
             runtime.spawn(async move {
