@@ -1,1 +1,64 @@
-//! rdzv-mem
+//! # rdzv-mem
+//!
+//! The in-memory backend of rdzv, [`MemKv`], and a fault-injection wrapper for any backend,
+//! [`FaultyKv`].
+//!
+//! [`MemKv`] implements the whole [`Kv`](rdzv_core::Kv) contract (KV.md) in one process:
+//! revisions, preconditions, leases on tokio time (deterministic under
+//! `tokio::time::pause()`), watches from any retained revision, a bounded history and
+//! compaction. [`MemKv::named`] returns process-wide shared instances for `mem://<name>/…`.
+//!
+//! [`FaultyKv`] wraps any `Arc<dyn Kv>` and injects latency, `Unavailable` errors (on the
+//! n-th call or with a probability) and dropped watch connections, switchable at run time
+//! and reproducible from a seed.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use futures::StreamExt;
+//! use rdzv_core::{EventKind, Kv, PutMode, PutOptions, PutOutcome, WatchScope};
+//! use rdzv_mem::{FaultyKv, MemKv};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rdzv_core::KvError> {
+//! tokio::time::pause(); // leases follow the (virtual) tokio clock
+//! let kv = Arc::new(MemKv::new());
+//!
+//! // Create-if-absent: the second attempt learns the winner's key instead of an error.
+//! let first = kv.put(b"job/leader", b"a", PutOptions::new(PutMode::Create)).await?;
+//! assert!(first.is_written());
+//! let second = kv.put(b"job/leader", b"b", PutOptions::new(PutMode::Create)).await?;
+//! let PutOutcome::Conflict { current: Some(winner) } = second else { panic!("expected a conflict") };
+//! assert_eq!(winner.value, b"a");
+//!
+//! // A key bound to a lease disappears, with a delete event, when the lease expires.
+//! let lease = kv.lease_grant(Duration::from_secs(5)).await?;
+//! let written = kv
+//!     .put(b"job/worker", b"1", PutOptions::OVERWRITE.with_lease(Some(lease)))
+//!     .await?;
+//! let mut events = kv.watch(b"job/worker", WatchScope::Key, kv.revision()).await?;
+//! assert_eq!(events.next().await.expect("the put")?.kind, EventKind::Put);
+//! // Waiting lets the paused clock run to the lease's deadline.
+//! let deleted = events.next().await.expect("the expiry")?;
+//! assert_eq!(deleted.kind, EventKind::Delete);
+//! assert!(kv.get(b"job/worker").await?.kv.is_none());
+//! # let _ = written;
+//!
+//! // The same store, failing its next call as if the server were gone.
+//! let faulty = FaultyKv::new(kv.clone(), 42);
+//! faulty.fail_nth_call(1);
+//! assert!(faulty.get(b"job/leader").await.is_err());
+//! assert!(faulty.get(b"job/leader").await?.kv.is_some());
+//! # Ok(())
+//! # }
+//! ```
+
+mod faults;
+mod named;
+mod reaper;
+mod state;
+mod store;
+mod watch;
+
+pub use faults::{FaultyKv, Latency};
+pub use store::{DEFAULT_HISTORY_LIMIT, MIN_LEASE_TTL, MemKv, MemKvBuilder};

@@ -1,0 +1,337 @@
+//! The store itself, as plain synchronous data: keys, the revision counter, leases, the
+//! retained event history and the live watchers. Every method runs under the one lock of
+//! [`MemKv`](crate::MemKv) and never awaits.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use rdzv_core::{
+    DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, KvError, KvResult, LeaseId,
+    PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+
+/// One live lease.
+#[derive(Debug)]
+struct Lease {
+    ttl: Duration,
+    deadline: Instant,
+    keys: BTreeSet<Vec<u8>>,
+}
+
+/// A registered watcher: its filter and the channel its stream reads.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    key: Vec<u8>,
+    scope: WatchScope,
+    tx: UnboundedSender<KvResult<Event>>,
+}
+
+impl Watcher {
+    fn matches(&self, key: &[u8]) -> bool {
+        match self.scope {
+            WatchScope::Key => key == self.key.as_slice(),
+            WatchScope::Prefix => key.starts_with(&self.key),
+        }
+    }
+}
+
+/// Everything the store holds.
+#[derive(Debug)]
+pub(crate) struct State {
+    revision: Revision,
+    keys: BTreeMap<Vec<u8>, KeyValue>,
+    leases: HashMap<LeaseId, Lease>,
+    next_lease: LeaseId,
+    /// Events of the retained revisions, in revision order.
+    history: VecDeque<Event>,
+    /// Number of distinct revisions in `history`.
+    history_revisions: usize,
+    /// Keep at most this many revisions of history.
+    history_limit: usize,
+    /// The oldest revision a watch may start from; older ones are compacted.
+    first_available: Revision,
+    watchers: HashMap<u64, Watcher>,
+    next_watcher: u64,
+}
+
+impl State {
+    pub(crate) fn new(history_limit: usize) -> Self {
+        State {
+            revision: 0,
+            keys: BTreeMap::new(),
+            leases: HashMap::new(),
+            next_lease: 1,
+            history: VecDeque::new(),
+            history_revisions: 0,
+            history_limit: history_limit.max(1),
+            first_available: 1,
+            watchers: HashMap::new(),
+            next_watcher: 0,
+        }
+    }
+
+    pub(crate) fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    pub(crate) fn get(&self, key: &[u8]) -> Option<KeyValue> {
+        self.keys.get(key).cloned()
+    }
+
+    pub(crate) fn range(&self, prefix: &[u8], options: RangeOptions) -> RangeResponse {
+        let mut matches: Vec<&KeyValue> = self
+            .keys
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, kv)| kv)
+            .filter(|kv| options.max_create_revision.is_none_or(|max| kv.create_revision <= max))
+            .collect();
+        let count = matches.len() as u64;
+        if options.count_only {
+            return RangeResponse { kvs: Vec::new(), count, revision: self.revision };
+        }
+        if options.order == RangeOrder::ByCreateRevision {
+            matches.sort_by_key(|kv| kv.create_revision);
+        }
+        let limit = options.limit.unwrap_or(usize::MAX);
+        let kvs = matches
+            .into_iter()
+            .take(limit)
+            .map(|kv| {
+                let mut kv = kv.clone();
+                if options.keys_only {
+                    kv.value.clear();
+                }
+                kv
+            })
+            .collect();
+        RangeResponse { kvs, count, revision: self.revision }
+    }
+
+    pub(crate) fn put(&mut self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        let current = self.keys.get(key);
+        let allowed = match options.mode {
+            PutMode::Overwrite => true,
+            PutMode::Create => current.is_none(),
+            PutMode::Update(rev) => current.is_some_and(|kv| kv.mod_revision == rev),
+        };
+        if !allowed {
+            return Ok(PutOutcome::Conflict { current: current.cloned() });
+        }
+        if let Some(lease) = options.lease
+            && !self.leases.contains_key(&lease)
+        {
+            return Err(KvError::LeaseNotFound(lease));
+        }
+        let revision = self.revision + 1;
+        let (create_revision, version, old_lease) = match current {
+            Some(kv) => (kv.create_revision, kv.version + 1, kv.lease),
+            None => (revision, 1, None),
+        };
+        if let Some(old) = old_lease
+            && let Some(lease) = self.leases.get_mut(&old)
+        {
+            lease.keys.remove(key);
+        }
+        if let Some(new) = options.lease
+            && let Some(lease) = self.leases.get_mut(&new)
+        {
+            lease.keys.insert(key.to_vec());
+        }
+        let kv = KeyValue {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            create_revision,
+            mod_revision: revision,
+            version,
+            lease: options.lease,
+        };
+        self.keys.insert(key.to_vec(), kv.clone());
+        self.commit(vec![Event { kind: EventKind::Put, kv }]);
+        Ok(PutOutcome::Written { revision, create_revision })
+    }
+
+    pub(crate) fn delete(&mut self, key: &[u8], mode: DeleteMode) -> DeleteOutcome {
+        let current = self.keys.get(key);
+        match (mode, current) {
+            (DeleteMode::Any, None) => return DeleteOutcome::Missing,
+            (DeleteMode::IfRevision(rev), current) if current.is_none_or(|kv| kv.mod_revision != rev) => {
+                return DeleteOutcome::Conflict { current: current.cloned() };
+            }
+            _ => {}
+        }
+        let revision = self.revision + 1;
+        let event = self.remove(key, revision);
+        self.commit(event.into_iter().collect());
+        DeleteOutcome::Deleted { revision }
+    }
+
+    pub(crate) fn delete_prefix(&mut self, prefix: &[u8]) -> DeletePrefixResponse {
+        let doomed: Vec<Vec<u8>> = self
+            .keys
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.delete_all(doomed)
+    }
+
+    /// Deletes `keys` (all existing) in one revision; nothing is written if there are none.
+    fn delete_all(&mut self, keys: Vec<Vec<u8>>) -> DeletePrefixResponse {
+        if keys.is_empty() {
+            return DeletePrefixResponse { deleted: 0, revision: self.revision };
+        }
+        let revision = self.revision + 1;
+        let events: Vec<Event> = keys.iter().filter_map(|key| self.remove(key, revision)).collect();
+        let deleted = events.len() as u64;
+        self.commit(events);
+        DeletePrefixResponse { deleted, revision: self.revision }
+    }
+
+    /// Removes one key (detaching it from its lease) and returns its delete event.
+    fn remove(&mut self, key: &[u8], revision: Revision) -> Option<Event> {
+        let kv = self.keys.remove(key)?;
+        if let Some(id) = kv.lease
+            && let Some(lease) = self.leases.get_mut(&id)
+        {
+            lease.keys.remove(key);
+        }
+        Some(Event {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: kv.key,
+                value: Vec::new(),
+                create_revision: 0,
+                mod_revision: revision,
+                version: 0,
+                lease: None,
+            },
+        })
+    }
+
+    /// Records the events of one write (all carrying revision `self.revision + 1`): bumps
+    /// the revision, appends to the history (trimming it to the limit) and notifies watchers.
+    fn commit(&mut self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        self.revision += 1;
+        self.watchers.retain(|_, w| {
+            for event in events.iter().filter(|e| w.matches(&e.kv.key)) {
+                if w.tx.send(Ok(event.clone())).is_err() {
+                    // The stream was dropped; forget the watcher.
+                    return false;
+                }
+            }
+            true
+        });
+        self.history.extend(events);
+        self.history_revisions += 1;
+        while self.history_revisions > self.history_limit {
+            self.drop_oldest_revision();
+        }
+    }
+
+    fn drop_oldest_revision(&mut self) {
+        let Some(oldest) = self.history.front().map(Event::revision) else {
+            return;
+        };
+        while self.history.front().is_some_and(|e| e.revision() == oldest) {
+            self.history.pop_front();
+        }
+        self.history_revisions -= 1;
+        self.first_available = oldest + 1;
+    }
+
+    /// Discards history before `revision`.
+    pub(crate) fn compact(&mut self, revision: Revision) -> KvResult<()> {
+        if revision > self.revision {
+            return Err(KvError::InvalidArgument(format!(
+                "cannot compact at revision {revision}: the store is only at revision {}",
+                self.revision
+            )));
+        }
+        while self.history.front().is_some_and(|e| e.revision() < revision) {
+            self.drop_oldest_revision();
+        }
+        self.first_available = self.first_available.max(revision);
+        Ok(())
+    }
+
+    pub(crate) fn first_available(&self) -> Revision {
+        self.first_available
+    }
+
+    /// Registers a watcher after queueing the retained events from `start` on, so that it
+    /// sees every later write exactly once. Fails with `Compacted` if `start` is too old.
+    pub(crate) fn watch(
+        &mut self,
+        key: &[u8],
+        scope: WatchScope,
+        start: Revision,
+        tx: UnboundedSender<KvResult<Event>>,
+    ) -> KvResult<u64> {
+        let start = start.max(1);
+        if start < self.first_available {
+            return Err(KvError::Compacted { requested: start, oldest: self.first_available });
+        }
+        let watcher = Watcher { key: key.to_vec(), scope, tx };
+        for event in self.history.iter().filter(|e| e.revision() >= start && watcher.matches(&e.kv.key)) {
+            // The receiver is alive: it is in the caller's hands.
+            let _ = watcher.tx.send(Ok(event.clone()));
+        }
+        let id = self.next_watcher;
+        self.next_watcher += 1;
+        self.watchers.insert(id, watcher);
+        Ok(id)
+    }
+
+    pub(crate) fn unwatch(&mut self, id: u64) {
+        self.watchers.remove(&id);
+    }
+
+    pub(crate) fn watcher_count(&self) -> usize {
+        self.watchers.len()
+    }
+
+    pub(crate) fn lease_grant(&mut self, ttl: Duration, now: Instant) -> (LeaseId, Instant) {
+        let id = self.next_lease;
+        self.next_lease += 1;
+        let deadline = now + ttl;
+        self.leases.insert(id, Lease { ttl, deadline, keys: BTreeSet::new() });
+        (id, deadline)
+    }
+
+    pub(crate) fn lease_keep_alive(&mut self, id: LeaseId, now: Instant) -> KvResult<Duration> {
+        let lease = self.leases.get_mut(&id).ok_or(KvError::LeaseNotFound(id))?;
+        lease.deadline = now + lease.ttl;
+        Ok(lease.ttl)
+    }
+
+    pub(crate) fn lease_revoke(&mut self, id: LeaseId) -> KvResult<()> {
+        let lease = self.leases.remove(&id).ok_or(KvError::LeaseNotFound(id))?;
+        self.delete_all(lease.keys.into_iter().collect());
+        Ok(())
+    }
+
+    /// Ends every lease whose deadline is at or before `now`, earliest first (ties by id),
+    /// each deleting its keys in one revision. Returns the next deadline, if any.
+    pub(crate) fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
+        let mut due: Vec<(Instant, LeaseId)> =
+            self.leases.iter().filter(|(_, l)| l.deadline <= now).map(|(id, l)| (l.deadline, *id)).collect();
+        due.sort();
+        for (_, id) in due {
+            if let Some(lease) = self.leases.remove(&id) {
+                tracing::trace!(lease = id, keys = lease.keys.len(), "mem lease expired");
+                self.delete_all(lease.keys.into_iter().collect());
+            }
+        }
+        self.next_deadline()
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.leases.values().map(|l| l.deadline).min()
+    }
+}

@@ -1,0 +1,226 @@
+//! [`MemKv`]: the in-memory backend. One lock around [`State`]; leases on tokio time.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rdzv_core::{
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvResult,
+    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+};
+use tokio::time::Instant;
+
+use crate::reaper::{self, ReaperSignal};
+use crate::state::State;
+use crate::watch;
+
+/// Default number of revisions of event history a [`MemKv`] retains.
+pub const DEFAULT_HISTORY_LIMIT: usize = 100_000;
+
+/// The shortest lease TTL: shorter requests are rounded up to it.
+pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
+
+/// An in-memory [`Kv`] with the complete semantics of KV.md: one store-wide revision
+/// counter, preconditions whose failure returns the current key, leases on tokio time,
+/// watches from any retained revision and a bounded event history.
+///
+/// Leases run on [`tokio::time::Instant`], so under `tokio::time::pause()` expiry is
+/// deterministic: a lease expires exactly `ttl` after its grant (or last keep-alive) of the
+/// virtual clock. A background task (started by the first lease grant, ended when the store
+/// is dropped) deletes the keys of expired leases even if nobody calls the store; every
+/// call also expires overdue leases first, so results never depend on when that task ran.
+///
+/// History keeps the last [`MemKvBuilder::history_limit`] revisions; a watch from an older
+/// revision, or from one before [`Kv::compact`], fails with [`KvError::Compacted`].
+#[derive(Debug)]
+pub struct MemKv {
+    pub(crate) shared: Arc<Shared>,
+    signal: Arc<ReaperSignal>,
+}
+
+/// What the reaper and watch streams reach through a `Weak`.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    /// Locks the state. A panic while holding the lock cannot leave the state torn (every
+    /// mutation completes before anything can panic), so a poisoned lock is taken over.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Builder of a [`MemKv`] with non-default settings.
+#[derive(Debug, Clone)]
+pub struct MemKvBuilder {
+    history_limit: usize,
+}
+
+impl MemKvBuilder {
+    /// Retain the events of at most `revisions` revisions (at least 1); a watch from an
+    /// older revision fails with [`KvError::Compacted`]. Default: [`DEFAULT_HISTORY_LIMIT`].
+    pub fn history_limit(mut self, revisions: usize) -> Self {
+        self.history_limit = revisions.max(1);
+        self
+    }
+
+    /// Builds the store. Needs no runtime; the lease reaper starts with the first lease.
+    pub fn build(self) -> MemKv {
+        MemKv {
+            shared: Arc::new(Shared { state: Mutex::new(State::new(self.history_limit)) }),
+            signal: Arc::new(ReaperSignal::default()),
+        }
+    }
+}
+
+impl Default for MemKvBuilder {
+    fn default() -> Self {
+        MemKvBuilder { history_limit: DEFAULT_HISTORY_LIMIT }
+    }
+}
+
+impl Default for MemKv {
+    fn default() -> Self {
+        MemKv::new()
+    }
+}
+
+impl MemKv {
+    /// An empty store with default settings.
+    pub fn new() -> Self {
+        MemKv::builder().build()
+    }
+
+    /// A builder for a store with non-default settings.
+    pub fn builder() -> MemKvBuilder {
+        MemKvBuilder::default()
+    }
+
+    /// The current store revision (0 before the first write).
+    pub fn revision(&self) -> Revision {
+        self.state().revision()
+    }
+
+    /// The oldest revision a watch can still start from.
+    pub fn oldest_revision(&self) -> Revision {
+        self.state().first_available()
+    }
+
+    /// How many watch streams are open (dropped streams are removed at once).
+    pub fn watcher_count(&self) -> usize {
+        self.shared.lock().watcher_count()
+    }
+
+    /// Locks the state after expiring overdue leases.
+    fn state(&self) -> MutexGuard<'_, State> {
+        let mut state = self.shared.lock();
+        state.expire_leases(Instant::now());
+        state
+    }
+
+    /// Makes sure a reaper runs (in the current runtime) and knows about `deadline`.
+    fn wake_reaper(&self) {
+        if !self.signal.running.swap(true, Ordering::SeqCst) {
+            reaper::spawn(Arc::downgrade(&self.shared), self.signal.clone());
+        }
+        self.signal.notify.notify_one();
+    }
+}
+
+impl Drop for MemKv {
+    fn drop(&mut self) {
+        self.signal.closed.store(true, Ordering::SeqCst);
+        self.signal.notify.notify_one();
+    }
+}
+
+#[async_trait]
+impl Kv for MemKv {
+    fn name(&self) -> &'static str {
+        "mem"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+    }
+
+    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
+        let state = self.state();
+        Ok(GetResponse { kv: state.get(key), revision: state.revision() })
+    }
+
+    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
+        Ok(self.state().range(prefix, options))
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        self.state().put(key, value, options)
+    }
+
+    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
+        Ok(self.state().delete(key, mode))
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
+        if prefix.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "delete_prefix needs a non-empty prefix; delete keys one by one to clear everything".into(),
+            ));
+        }
+        Ok(self.state().delete_prefix(prefix))
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
+        let ttl = ttl.max(MIN_LEASE_TTL);
+        let (id, _) = self.state().lease_grant(ttl, Instant::now());
+        self.wake_reaper();
+        Ok(id)
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
+        let ttl = self.state().lease_keep_alive(lease, Instant::now())?;
+        // A reaper of a runtime that has since shut down must be replaced.
+        self.wake_reaper();
+        Ok(ttl)
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
+        self.state().lease_revoke(lease)
+    }
+
+    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+        let mut state = self.state();
+        watch::open(&mut state, &self.shared, key, scope, start_revision)
+    }
+
+    async fn compact(&self, revision: Revision) -> KvResult<()> {
+        self.state().compact(revision)
+    }
+
+    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        let mut state = self.state();
+        let current = match state.get(key) {
+            None => 0,
+            Some(kv) => std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .ok_or_else(|| {
+                    KvError::InvalidArgument(format!(
+                        "cannot increment `{}`: its value is not a decimal integer",
+                        rdzv_core::ext::show(key)
+                    ))
+                })?,
+        };
+        let next = current.checked_add(delta).ok_or_else(|| {
+            KvError::InvalidArgument(format!(
+                "incrementing `{}` ({current}) by {delta} overflows a 64-bit integer",
+                rdzv_core::ext::show(key)
+            ))
+        })?;
+        state.put(key, next.to_string().as_bytes(), PutOptions::OVERWRITE)?;
+        Ok(Some(next))
+    }
+}

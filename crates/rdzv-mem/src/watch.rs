@@ -1,0 +1,53 @@
+//! Watch streams: an unbounded channel per watcher, filled under the store's lock (history
+//! first, then live events), so a slow reader never loses events and never sees a gap or a
+//! duplicate. Dropping the stream unregisters the watcher.
+
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use rdzv_core::{Event, KvResult, Revision, WatchScope, WatchStream};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::state::State;
+use crate::store::Shared;
+
+/// Opens a watch; `state` is the locked state of `shared`.
+pub(crate) fn open(
+    state: &mut State,
+    shared: &Arc<Shared>,
+    key: &[u8],
+    scope: WatchScope,
+    start: Revision,
+) -> KvResult<WatchStream> {
+    let (tx, rx) = unbounded_channel();
+    match state.watch(key, scope, start, tx) {
+        Ok(id) => Ok(Box::pin(Events { rx, id, shared: Arc::downgrade(shared) })),
+        // The compacted error is delivered as the stream's only item, as the contract says.
+        Err(e) => Ok(Box::pin(futures::stream::iter([Err(e)]))),
+    }
+}
+
+/// The stream of one watcher.
+struct Events {
+    rx: UnboundedReceiver<KvResult<Event>>,
+    id: u64,
+    shared: Weak<Shared>,
+}
+
+impl Stream for Events {
+    type Item = KvResult<Event>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.lock().unwatch(self.id);
+        }
+    }
+}

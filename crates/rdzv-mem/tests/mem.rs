@@ -1,0 +1,115 @@
+//! MemKv specifics that the generic conformance suite cannot see: the paused clock, the
+//! history bound, named instances and watcher cleanup.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use rdzv_core::{
+    DeleteMode, DeleteOutcome, EventKind, Kv, KvError, PutMode, PutOptions, PutOutcome, WatchScope,
+};
+use rdzv_mem::MemKv;
+
+#[tokio::test(start_paused = true)]
+async fn revisions_and_metadata() {
+    let kv = MemKv::new();
+    assert_eq!(kv.get(b"a").await.unwrap().revision, 0);
+    let w = kv.put(b"a", b"1", PutOptions::OVERWRITE).await.unwrap();
+    assert_eq!(w, PutOutcome::Written { revision: 1, create_revision: 1 });
+    kv.put(b"a", b"2", PutOptions::OVERWRITE).await.unwrap();
+    let got = kv.get(b"a").await.unwrap();
+    let a = got.kv.unwrap();
+    assert_eq!((a.create_revision, a.mod_revision, a.version), (1, 2, 2));
+    assert_eq!(got.revision, 2);
+    let stale = kv.put(b"a", b"3", PutOptions::new(PutMode::Update(1))).await.unwrap();
+    assert!(matches!(stale, PutOutcome::Conflict { current: Some(ref c) } if c.value == b"2"));
+    assert_eq!(
+        kv.delete(b"a", DeleteMode::IfRevision(2)).await.unwrap(),
+        DeleteOutcome::Deleted { revision: 3 }
+    );
+    assert_eq!(kv.revision(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lease_expires_on_the_paused_clock_without_calls() {
+    let kv = Arc::new(MemKv::new());
+    let lease = kv.lease_grant(Duration::from_secs(10)).await.unwrap();
+    kv.put(b"k", b"v", PutOptions::OVERWRITE.with_lease(Some(lease))).await.unwrap();
+    let mut events = kv.watch(b"k", WatchScope::Key, 2).await.unwrap();
+    let start = tokio::time::Instant::now();
+    let event = events.next().await.unwrap().unwrap();
+    assert_eq!(event.kind, EventKind::Delete);
+    assert_eq!(event.revision(), 2);
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    assert!(matches!(kv.lease_keep_alive(lease).await, Err(KvError::LeaseNotFound(_))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_alive_moves_the_deadline() {
+    let kv = Arc::new(MemKv::new());
+    let lease = kv.lease_grant(Duration::from_secs(10)).await.unwrap();
+    kv.put(b"k", b"v", PutOptions::OVERWRITE.with_lease(Some(lease))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(kv.lease_keep_alive(lease).await.unwrap(), Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert!(kv.get(b"k").await.unwrap().kv.is_some());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(kv.get(b"k").await.unwrap().kv.is_none());
+}
+
+#[tokio::test]
+async fn history_limit_compacts_old_revisions() {
+    let kv = MemKv::builder().history_limit(3).build();
+    for i in 0..5u8 {
+        kv.put(b"k", &[i], PutOptions::OVERWRITE).await.unwrap();
+    }
+    assert_eq!(kv.oldest_revision(), 3);
+    let mut old = kv.watch(b"k", WatchScope::Key, 2).await.unwrap();
+    assert!(matches!(old.next().await, Some(Err(KvError::Compacted { requested: 2, oldest: 3 }))));
+    assert!(old.next().await.is_none());
+    let mut ok = kv.watch(b"k", WatchScope::Key, 3).await.unwrap();
+    for rev in 3..=5 {
+        assert_eq!(ok.next().await.unwrap().unwrap().revision(), rev);
+    }
+    assert!(ok.next().now_or_never().is_none());
+}
+
+#[tokio::test]
+async fn dropped_watch_is_unregistered() {
+    let kv = MemKv::new();
+    let w1 = kv.watch(b"a", WatchScope::Prefix, 1).await.unwrap();
+    let _w2 = kv.watch(b"b", WatchScope::Key, 1).await.unwrap();
+    assert_eq!(kv.watcher_count(), 2);
+    drop(w1);
+    assert_eq!(kv.watcher_count(), 1);
+}
+
+#[tokio::test]
+async fn named_instances_are_shared() {
+    let a = MemKv::named("tests-named-shared");
+    let b = MemKv::named("tests-named-shared");
+    assert!(Arc::ptr_eq(&a, &b));
+    a.put(b"x", b"1", PutOptions::OVERWRITE).await.unwrap();
+    assert!(b.get(b"x").await.unwrap().kv.is_some());
+    assert!(!Arc::ptr_eq(&a, &MemKv::named("tests-named-other")));
+    assert!(MemKv::forget("tests-named-shared"));
+    assert!(MemKv::named("tests-named-shared").get(b"x").await.unwrap().kv.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reaper_ends_when_the_store_is_dropped() {
+    let kv = Arc::new(MemKv::new());
+    kv.lease_grant(Duration::from_secs(3600)).await.unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    assert_eq!(metrics.num_alive_tasks(), 1);
+    drop(kv);
+    tokio::time::timeout(Duration::from_secs(1), async {
+        while metrics.num_alive_tasks() > 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the reaper ends");
+}
