@@ -19,5 +19,5 @@ pub use session::Session;
 pub mod registry;
 pub mod url;
 
-pub use registry::BackendFactory;
+pub use registry::{BackendFactory, Registry};
 pub use url::{Endpoint, RendezvousUrl, Secret};

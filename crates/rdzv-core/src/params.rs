@@ -46,6 +46,18 @@ impl RendezvousParams {
             run_id: run_id.into(),
             min_workers,
             max_workers,
+            ..RendezvousParams::defaults()
+        };
+        params.validate()?;
+        Ok(params)
+    }
+
+    /// Every value at its PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
+    fn defaults() -> Self {
+        RendezvousParams {
+            run_id: String::new(),
+            min_workers: 1,
+            max_workers: 1,
             timeout: Duration::from_secs(600),
             last_call_timeout: Duration::from_secs(30),
             prefix: DEFAULT_PREFIX.to_string(),
@@ -53,19 +65,13 @@ impl RendezvousParams {
             run_ttl: Duration::from_secs(2 * 3600),
             node_id: None,
             local_addr: None,
-        };
-        params.validate()?;
-        Ok(params)
+        }
     }
 
     /// Checks every rule of PROTOCOL.md; the error names the first broken one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |option: &str, value: String, reason: &str| {
-            Err(ConfigError::InvalidValue {
-                option: option.into(),
-                value,
-                reason: reason.into(),
-            })
+            Err(ConfigError::InvalidValue { option: option.into(), value, reason: reason.into() })
         };
         if self.run_id.is_empty() {
             return invalid("run_id", String::new(), "the run id must not be empty");
@@ -80,11 +86,9 @@ impl RendezvousParams {
                 &format!("must be at least min_workers ({})", self.min_workers),
             );
         }
-        for (name, d) in [
-            ("timeout", self.timeout),
-            ("keep_alive_ttl", self.keep_alive_ttl),
-            ("run_ttl", self.run_ttl),
-        ] {
+        for (name, d) in
+            [("timeout", self.timeout), ("keep_alive_ttl", self.keep_alive_ttl), ("run_ttl", self.run_ttl)]
+        {
             if d.is_zero() {
                 return invalid(name, "0".into(), "must be greater than zero");
             }
@@ -93,5 +97,142 @@ impl RendezvousParams {
             return invalid("prefix", String::new(), "the key prefix must not be empty");
         }
         Ok(())
+    }
+}
+
+/// The rendezvous parameters' option names as they appear in a URL query, canonical
+/// spelling, in the order of PROTOCOL.md.
+pub const OPTION_NAMES: &[&str] = &[
+    "min_workers",
+    "max_workers",
+    "timeout",
+    "last_call_timeout",
+    "prefix",
+    "keep_alive_ttl",
+    "run_ttl",
+    "node_id",
+    "local_addr",
+];
+
+/// Other spellings accepted for the options, as `(alias, canonical)` (the reference's names).
+pub const OPTION_ALIASES: &[(&str, &str)] =
+    &[("min_nodes", "min_workers"), ("max_nodes", "max_workers"), ("etcd_prefix", "prefix")];
+
+/// The canonical name of an option: an alias is mapped to the name it stands for; every
+/// other name (rendezvous parameter or not) is returned as it is.
+pub fn canonical_option_name(name: &str) -> &str {
+    OPTION_ALIASES.iter().find(|(alias, _)| *alias == name).map_or(name, |(_, canonical)| canonical)
+}
+
+/// Whether `name` (canonical or alias) is a rendezvous parameter rather than a backend's
+/// option.
+pub fn is_rendezvous_option(name: &str) -> bool {
+    OPTION_NAMES.contains(&canonical_option_name(name))
+}
+
+/// Parses a duration option: plain seconds (`30`, `0.5`) or a humane form (`30s`, `2m`,
+/// `1h`, `500ms`, `1h 30m`). The error names `option` and says which forms are accepted.
+pub fn parse_duration(option: &str, value: &str) -> Result<Duration, ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidValue {
+        option: option.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    let expected = "expected seconds (`30`, `0.5`) or a duration such as `30s`, `2m`, `1h`, `500ms`";
+    let is_plain_number = !value.is_empty()
+        && value.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && value.chars().filter(|c| *c == '.').count() <= 1
+        && value.chars().any(|c| c.is_ascii_digit());
+    if is_plain_number {
+        let seconds: f64 = value.parse().map_err(|_| invalid(expected))?;
+        return Duration::try_from_secs_f64(seconds).map_err(|_| invalid("the duration is too long"));
+    }
+    humantime::parse_duration(value).map_err(|_| invalid(expected))
+}
+
+/// Parses a worker count: a whole, non-negative number (whether it is in range is for
+/// [`RendezvousParams::validate`] to say).
+fn parse_count(option: &str, value: &str) -> Result<usize, ConfigError> {
+    if value.is_empty() || !value.chars().all(|c| c.is_ascii_digit()) {
+        return Err(ConfigError::InvalidValue {
+            option: option.to_string(),
+            value: value.to_string(),
+            reason: "expected a whole number of workers, at least 1".to_string(),
+        });
+    }
+    value.parse().map_err(|_| ConfigError::InvalidValue {
+        option: option.to_string(),
+        value: value.to_string(),
+        reason: "the number is too large".to_string(),
+    })
+}
+
+impl RendezvousParams {
+    /// Parameters for `run_id` from the rendezvous options of a URL (names canonical or
+    /// aliases, values as strings): `min_workers` is required, `max_workers` defaults to it,
+    /// the rest to PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
+    /// `min_workers`, [`ConfigError::UnknownOption`] for a name that is not a rendezvous
+    /// parameter, [`ConfigError::InvalidUrl`] for a parameter given twice (as a name and its
+    /// alias), [`ConfigError::InvalidValue`] for a bad value or a broken rule.
+    pub fn from_options<'a, I>(run_id: &str, options: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (&'a String, &'a String)>,
+    {
+        let mut given: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+        for (name, value) in options {
+            let canonical = canonical_option_name(name);
+            if !OPTION_NAMES.contains(&canonical) {
+                return Err(ConfigError::UnknownOption {
+                    option: name.clone(),
+                    known: OPTION_NAMES.join(", "),
+                });
+            }
+            if given.insert(canonical, value.as_str()).is_some() {
+                return Err(ConfigError::InvalidUrl(format!(
+                    "the option `{canonical}` is given more than once (counting its alias); give it once"
+                )));
+            }
+        }
+        let min_workers = match given.get("min_workers") {
+            Some(v) => parse_count("min_workers", v)?,
+            None => return Err(ConfigError::MissingOption("min_workers".to_string())),
+        };
+        let max_workers = match given.get("max_workers") {
+            Some(v) => parse_count("max_workers", v)?,
+            None => min_workers,
+        };
+        let mut params = RendezvousParams {
+            run_id: run_id.to_string(),
+            min_workers,
+            max_workers,
+            ..RendezvousParams::defaults()
+        };
+        for (name, target) in [
+            ("timeout", &mut params.timeout),
+            ("last_call_timeout", &mut params.last_call_timeout),
+            ("keep_alive_ttl", &mut params.keep_alive_ttl),
+            ("run_ttl", &mut params.run_ttl),
+        ] {
+            if let Some(v) = given.get(name) {
+                *target = parse_duration(name, v)?;
+            }
+        }
+        if let Some(v) = given.get("prefix") {
+            params.prefix = v.to_string();
+        }
+        for (name, target) in [("node_id", &mut params.node_id), ("local_addr", &mut params.local_addr)] {
+            if let Some(v) = given.get(name) {
+                if v.is_empty() {
+                    return Err(ConfigError::InvalidValue {
+                        option: name.to_string(),
+                        value: String::new(),
+                        reason: "must not be empty; leave the option out for the default".into(),
+                    });
+                }
+                *target = Some(v.to_string());
+            }
+        }
+        params.validate()?;
+        Ok(params)
     }
 }

@@ -66,3 +66,466 @@ pub struct RendezvousUrl {
     /// The rendezvous parameters' query options as given (canonical names).
     pub rendezvous_options: BTreeMap<String, String>,
 }
+
+/// The default port of a built-in scheme (`etcd`/`etcds` 2379, `redis`/`rediss` 6379);
+/// `None` for `mem` (which has no ports) and for every other scheme (whose backend's
+/// factory says, through the registry).
+pub fn default_port_for_scheme(scheme: &str) -> Option<u16> {
+    match scheme {
+        "etcd" | "etcds" => Some(2379),
+        "redis" | "rediss" => Some(6379),
+        _ => None,
+    }
+}
+
+/// Options that the URL parser itself consumes (they end up in [`RendezvousUrl::endpoints`]
+/// or [`RendezvousUrl::scheme`]), so a backend never sees them.
+pub const URL_OPTIONS: &[&str] = &["endpoints", "protocol"];
+
+/// How to write a URL (appended to syntax errors).
+const URL_FORM: &str = "expected scheme://[user:password@]host[:port][,host[:port]…]/<run_id>?option=value&…, \
+     e.g. etcd://localhost:2379/job1?min_workers=2";
+
+/// Said instead of any detail when a detail might show part of a password.
+const MAYBE_SECRET: &str = "the URL does not parse and has an `@` after its host part, so a \
+     user name or password may contain an unencoded `/`, `?` or `#` (details withheld so that \
+     no password is shown); percent-encode those characters (`%2F`, `%3F`, `%23`)";
+
+impl RendezvousUrl {
+    /// Parses a rendezvous URL, taking the default port from the built-in table
+    /// ([`default_port_for_scheme`]). See [`RendezvousUrl::parse_with_default_port`] for
+    /// the rules.
+    ///
+    /// ```
+    /// use rdzv_core::RendezvousUrl;
+    /// let url = RendezvousUrl::parse("etcd://localhost/job1?min_workers=2").expect("valid");
+    /// assert_eq!(url.endpoints[0].port, 2379);
+    /// assert_eq!(url.run_id, "job1");
+    /// assert_eq!(url.rendezvous_options["min_workers"], "2");
+    /// ```
+    pub fn parse(input: &str) -> Result<Self, ConfigError> {
+        let scheme = scheme_of(input)?;
+        Self::parse_with_default_port(input, default_port_for_scheme(&scheme))
+    }
+
+    /// Parses `scheme://[user:password@]host[:port][,host[:port]…]/<run_id>?options`, with
+    /// `default_port` for hosts that name none (`None`: such a host gets port 0, "no port").
+    ///
+    /// Rules: the scheme is lower-cased; hosts are names (dot-separated labels of letters,
+    /// digits, `-`, `_`, not starting or ending with `-`), IPv4 addresses, or IPv6 addresses
+    /// in brackets (`[::1]:2379`); ports are 0 to 65535; more hosts may follow
+    /// comma-separated, or in the option `endpoints=h2:2379,h3:2379`; user name and password
+    /// are percent-decoded; the run id is the path, one non-empty percent-decoded segment;
+    /// options are `name=value`, percent-decoded (`+` is a plain plus), each at most once,
+    /// aliases mapped to canonical names (`min_nodes`, `max_nodes`, `etcd_prefix`); on
+    /// `etcd`, `protocol=https` turns the scheme into `etcds`. Every error is one
+    /// [`ConfigError`] that never contains the password.
+    pub fn parse_with_default_port(input: &str, default_port: Option<u16>) -> Result<Self, ConfigError> {
+        parse_url(input, default_port).map_err(|e| {
+            if might_show_secret(input) { ConfigError::InvalidUrl(MAYBE_SECRET.to_string()) } else { e }
+        })
+    }
+
+    /// The rendezvous parameters this URL gives: its run id and its rendezvous options with
+    /// PROTOCOL.md's defaults (`min_workers` is required; `max_workers` defaults to it).
+    pub fn params(&self) -> Result<RendezvousParams, ConfigError> {
+        RendezvousParams::from_options(&self.run_id, &self.rendezvous_options)
+    }
+
+    /// The URL with its password replaced by `***`, for logs and messages (the same as its
+    /// `Display`).
+    pub fn redacted(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// Writes the URL so that parsing it again gives the same URL, except that the password is
+/// shown as `***`. Ports are left out only where they are 0 on a scheme without a default
+/// port (like `mem://name/run`). All options appear in name order.
+impl std::fmt::Display for RendezvousUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://", self.scheme)?;
+        if self.username.is_some() || self.password.is_some() {
+            if let Some(user) = &self.username {
+                f.write_str(&encode(user, USERINFO_SAFE))?;
+            }
+            if self.password.is_some() {
+                f.write_str(":***")?;
+            }
+            f.write_str("@")?;
+        }
+        let omit_zero_port = default_port_for_scheme(&self.scheme).is_none();
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if omit_zero_port && endpoint.port == 0 {
+                if endpoint.host.contains(':') {
+                    write!(f, "[{}]", endpoint.host)?;
+                } else {
+                    f.write_str(&endpoint.host)?;
+                }
+            } else {
+                write!(f, "{endpoint}")?;
+            }
+        }
+        write!(f, "/{}", encode(&self.run_id, RUN_ID_SAFE))?;
+        let all: BTreeMap<&String, &String> =
+            self.rendezvous_options.iter().chain(self.options.iter()).collect();
+        for (i, (name, value)) in all.into_iter().enumerate() {
+            let sep = if i == 0 { '?' } else { '&' };
+            write!(f, "{sep}{}={}", encode(name, QUERY_SAFE), encode(value, QUERY_SAFE))?;
+        }
+        Ok(())
+    }
+}
+
+/// The scheme of `input`, lower-cased, or why there is none.
+pub(crate) fn scheme_of(input: &str) -> Result<String, ConfigError> {
+    let input = input.trim();
+    let Some((scheme, _)) = input.split_once("://") else {
+        return Err(ConfigError::InvalidUrl(format!("no `://` found; {URL_FORM}")));
+    };
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !valid {
+        // The text before `://` might be anything, even a password: do not echo it.
+        return Err(ConfigError::InvalidUrl(format!(
+            "the scheme must start with a letter and contain only letters, digits, `+`, `-`, `.`; {URL_FORM}"
+        )));
+    }
+    Ok(scheme.to_ascii_lowercase())
+}
+
+/// Whether a detailed parse error could echo part of a password: that is so when an `@`
+/// comes after the host part (in the path or the first option), which happens when a
+/// password holds an unencoded `/` or `?`.
+fn might_show_secret(input: &str) -> bool {
+    let Some((_, rest)) = input.split_once("://") else {
+        return false;
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let path = before_query.find('/').map_or("", |i| &before_query[i..]);
+    let first_option = query.map_or("", |q| q.split('&').next().unwrap_or(""));
+    path.contains('@') || first_option.contains('@')
+}
+
+fn parse_url(input: &str, default_port: Option<u16>) -> Result<RendezvousUrl, ConfigError> {
+    let input = input.trim();
+    let mut scheme = scheme_of(input)?;
+    let rest = input.split_once("://").map_or("", |(_, rest)| rest);
+    if rest.contains('#') {
+        return Err(ConfigError::InvalidUrl(
+            "a `#` is not allowed in a rendezvous URL; percent-encode it as `%23`".into(),
+        ));
+    }
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match before_query.find('/') {
+        Some(i) => before_query.split_at(i),
+        None => (before_query, ""),
+    };
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+        None => (None, authority),
+    };
+    let (username, password) = parse_userinfo(userinfo)?;
+
+    let mut endpoints = Vec::new();
+    for item in hosts.split(',') {
+        push_unique(&mut endpoints, parse_endpoint(item, default_port)?);
+    }
+    let run_id = parse_run_id(path)?;
+
+    let mut options = BTreeMap::new();
+    let mut rendezvous_options = BTreeMap::new();
+    let mut seen_endpoints = false;
+    let mut seen_protocol = false;
+    for item in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+        let Some((raw_name, raw_value)) = item.split_once('=') else {
+            return Err(ConfigError::InvalidUrl(format!(
+                "the option `{}` has no value; write it as name=value",
+                decode_lossy(item)
+            )));
+        };
+        let name = decode(raw_name)
+            .map_err(|why| ConfigError::InvalidUrl(format!("an option name is not valid: {why}")))?;
+        let value = decode(raw_value).map_err(|why| ConfigError::InvalidValue {
+            option: name.clone(),
+            value: raw_value.to_string(),
+            reason: why,
+        })?;
+        if name.is_empty() {
+            return Err(ConfigError::InvalidUrl(
+                "an option has no name (`=value`); write it as name=value".into(),
+            ));
+        }
+        if value.is_empty() {
+            return Err(ConfigError::InvalidValue {
+                option: name,
+                value,
+                reason: "an option needs a value; leave it out for the default".into(),
+            });
+        }
+        let canonical = crate::params::canonical_option_name(&name).to_string();
+        let duplicate = || {
+            ConfigError::InvalidUrl(format!(
+                "the option `{canonical}` is given more than once (counting its aliases); give it once"
+            ))
+        };
+        match canonical.as_str() {
+            "endpoints" => {
+                if std::mem::replace(&mut seen_endpoints, true) {
+                    return Err(duplicate());
+                }
+                for item in value.split(',') {
+                    push_unique(&mut endpoints, parse_endpoint(item, default_port)?);
+                }
+            }
+            "protocol" if scheme == "etcd" || scheme == "etcds" => {
+                if std::mem::replace(&mut seen_protocol, true) {
+                    return Err(duplicate());
+                }
+                match (value.to_ascii_lowercase().as_str(), scheme.as_str()) {
+                    ("https", _) => scheme = "etcds".to_string(),
+                    ("http", "etcd") => {}
+                    _ => {
+                        return Err(ConfigError::InvalidValue {
+                            option: canonical,
+                            value,
+                            reason: format!(
+                                "expected `http` or `https`{}",
+                                if scheme == "etcds" {
+                                    " (`etcds` is always TLS, so only `https`)"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        });
+                    }
+                }
+            }
+            _ => {
+                let target = if crate::params::is_rendezvous_option(&canonical) {
+                    &mut rendezvous_options
+                } else {
+                    &mut options
+                };
+                if target.contains_key(&canonical) {
+                    return Err(duplicate());
+                }
+                target.insert(canonical, value);
+            }
+        }
+    }
+
+    Ok(RendezvousUrl { scheme, endpoints, username, password, run_id, options, rendezvous_options })
+}
+
+fn push_unique(endpoints: &mut Vec<Endpoint>, endpoint: Endpoint) {
+    if !endpoints.contains(&endpoint) {
+        endpoints.push(endpoint);
+    }
+}
+
+/// Splits and decodes `user:password`; an empty user or password counts as absent (so
+/// `redis://:secret@host` has a password only). Errors never echo the text.
+fn parse_userinfo(userinfo: Option<&str>) -> Result<(Option<String>, Option<Secret>), ConfigError> {
+    let Some(userinfo) = userinfo else {
+        return Ok((None, None));
+    };
+    let (user, password) = match userinfo.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (userinfo, None),
+    };
+    let user =
+        decode(user).map_err(|why| ConfigError::InvalidUrl(format!("the user name is not valid: {why}")))?;
+    let password = match password {
+        Some(p) => Some(decode(p).map_err(|_| {
+            ConfigError::InvalidUrl(
+                "the password is not valid percent-encoding (a `%` must be followed by two hex \
+                 digits and the result must be UTF-8); encode `%` as `%25`"
+                    .into(),
+            )
+        })?),
+        None => None,
+    };
+    Ok((Some(user).filter(|u| !u.is_empty()), password.filter(|p| !p.is_empty()).map(Secret::new)))
+}
+
+/// Parses one `host[:port]` or `[ipv6][:port]`, as the reference's
+/// `parse_rendezvous_endpoint` does, except that an empty host is an error.
+pub fn parse_endpoint(text: &str, default_port: Option<u16>) -> Result<Endpoint, ConfigError> {
+    let (host, port) = if let Some(inner) = text.strip_prefix('[') {
+        let Some((address, after)) = inner.split_once(']') else {
+            return Err(invalid_host(text, "an IPv6 address in `[` lacks its closing `]`"));
+        };
+        if address.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(invalid_host(
+                text,
+                "the text in brackets is not an IPv6 address (like `[::1]` or `[2001:db8::1]`)",
+            ));
+        }
+        let port = match after {
+            "" => None,
+            _ => match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => {
+                    return Err(invalid_host(text, "after `]` only `:port` may follow, e.g. `[::1]:2379`"));
+                }
+            },
+        };
+        (address, port)
+    } else {
+        let (host, port) = match text.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        };
+        if host.contains(':') {
+            return Err(invalid_host(text, "an IPv6 address must be written in brackets, e.g. `[::1]:2379`"));
+        }
+        validate_host_name(host).map_err(|why| invalid_host(host, why))?;
+        (host, port)
+    };
+    let port = match port {
+        Some(p) => parse_port(p)?,
+        None => default_port.unwrap_or(0),
+    };
+    Ok(Endpoint { host: host.to_string(), port })
+}
+
+fn invalid_host(host: &str, reason: &str) -> ConfigError {
+    ConfigError::InvalidValue { option: "host".into(), value: host.to_string(), reason: reason.to_string() }
+}
+
+/// A host name or IPv4 address: dot-separated labels of letters, digits, `-` and `_`, none
+/// empty or starting or ending with `-`; all-numeric means an IPv4 address, which must be
+/// valid.
+fn validate_host_name(host: &str) -> Result<(), &'static str> {
+    const RULE: &str = "a host must be a dot-separated list of labels (letters, digits, `-`, \
+         `_`; not starting or ending with `-`), an IPv4 address, or an IPv6 address in brackets";
+    if host.is_empty() {
+        return Err("the host is empty; name a server, e.g. `localhost:2379`");
+    }
+    if host.len() > 253 {
+        return Err("a host name is at most 253 characters long");
+    }
+    let labels: Vec<&str> = host.split('.').collect();
+    for label in &labels {
+        let valid = !label.is_empty()
+            && label.len() <= 63
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !valid {
+            return Err(RULE);
+        }
+    }
+    let numeric = labels.iter().all(|l| l.chars().all(|c| c.is_ascii_digit()));
+    if numeric && host.parse::<std::net::Ipv4Addr>().is_err() {
+        return Err("an all-numeric host must be an IPv4 address like `10.0.0.1`");
+    }
+    Ok(())
+}
+
+fn parse_port(text: &str) -> Result<u16, ConfigError> {
+    let invalid = || ConfigError::InvalidValue {
+        option: "port".into(),
+        value: text.to_string(),
+        reason: "a port must be a whole number from 0 to 65535".into(),
+    };
+    if text.is_empty() || !text.chars().all(|c| c.is_ascii_digit()) {
+        return Err(invalid());
+    }
+    text.parse::<u16>().map_err(|_| invalid())
+}
+
+/// The run id from the URL's path (`/<run_id>`, one trailing `/` tolerated).
+fn parse_run_id(path: &str) -> Result<String, ConfigError> {
+    let raw = path.strip_prefix('/').unwrap_or(path);
+    let raw = raw.strip_suffix('/').unwrap_or(raw);
+    if raw.is_empty() {
+        return Err(ConfigError::InvalidUrl(
+            "the run id is missing: give it as the URL's path, e.g. etcd://localhost:2379/job1".into(),
+        ));
+    }
+    if raw.contains('/') {
+        return Err(ConfigError::InvalidValue {
+            option: "run_id".into(),
+            value: raw.to_string(),
+            reason: "the run id must be a single path segment (no `/`)".into(),
+        });
+    }
+    let run_id = decode(raw).map_err(|why| ConfigError::InvalidValue {
+        option: "run_id".into(),
+        value: raw.to_string(),
+        reason: why,
+    })?;
+    if run_id.contains('/') || run_id.chars().any(char::is_control) {
+        return Err(ConfigError::InvalidValue {
+            option: "run_id".into(),
+            value: raw.to_string(),
+            reason: "the run id must not contain `/` or control characters".into(),
+        });
+    }
+    Ok(run_id)
+}
+
+/// Percent-decodes `text` (`+` stays a plus); the error says why it is not valid.
+fn decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let digit = |j: usize| bytes.get(j).and_then(|c| char::from(*c).to_digit(16));
+            match (digit(i + 1), digit(i + 2)) {
+                // Two hex digits make at most 255: the cast cannot truncate.
+                (Some(hi), Some(lo)) => out.push((hi * 16 + lo) as u8),
+                _ => {
+                    return Err(
+                        "a `%` must be followed by two hex digits; encode `%` itself as `%25`".to_string()
+                    );
+                }
+            }
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "the percent-decoded text is not UTF-8".to_string())
+}
+
+/// Decodes for an error message, keeping the raw text where it does not decode.
+fn decode_lossy(text: &str) -> String {
+    decode(text).unwrap_or_else(|_| text.to_string())
+}
+
+/// Characters left as they are when writing a user name.
+const USERINFO_SAFE: &str = "-._~!$'()*+;=";
+/// Characters left as they are when writing a run id.
+const RUN_ID_SAFE: &str = "-._~!$'()*+,;=:";
+/// Characters left as they are when writing an option name or value.
+const QUERY_SAFE: &str = "-._~!$'()*+,;:/";
+
+/// Percent-encodes every byte of `text` that is neither an ASCII letter or digit nor in
+/// `safe`.
+fn encode(text: &str, safe: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for &b in text.as_bytes() {
+        if b.is_ascii_alphanumeric() || (b.is_ascii() && safe.as_bytes().contains(&b)) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
