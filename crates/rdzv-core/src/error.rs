@@ -13,9 +13,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum KvError {
     /// The server could not be reached or dropped the connection. Retryable.
-    #[error(
-        "{backend} at {endpoint} is unavailable: {message}; check that the server runs and is reachable"
-    )]
+    #[error("{backend} at {endpoint} is unavailable: {message}; check that the server runs and is reachable")]
     Unavailable {
         /// Backend name.
         backend: &'static str,
@@ -80,11 +78,7 @@ impl KvError {
 
     /// A [`KvError::Backend`] from a message alone.
     pub fn backend(backend: &'static str, message: impl Into<String>) -> Self {
-        KvError::Backend {
-            backend,
-            message: message.into(),
-            source: None,
-        }
+        KvError::Backend { backend, message: message.into(), source: None }
     }
 }
 
@@ -188,10 +182,6 @@ pub enum RendezvousError {
 
 impl From<KvError> for RendezvousError {
     fn from(e: KvError) -> Self {
-        if e.is_retryable() {
-            RendezvousError::Unavailable(e)
-        } else {
-            RendezvousError::Backend(e)
-        }
+        if e.is_retryable() { RendezvousError::Unavailable(e) } else { RendezvousError::Backend(e) }
     }
 }

@@ -8,8 +8,7 @@ use tokio::time::Instant;
 
 use crate::error::KvError;
 use crate::kv::{
-    EventKind, KeyValue, Kv, KvResult, PutMode, PutOptions, PutOutcome, RangeOptions, Revision,
-    WatchScope,
+    EventKind, KeyValue, Kv, KvResult, PutMode, PutOptions, PutOutcome, RangeOptions, Revision, WatchScope,
 };
 
 /// Conveniences for every [`Kv`] (blanket-implemented, also for `dyn Kv`).
@@ -48,12 +47,7 @@ pub trait KvExt: Kv {
     /// Returns once `key` does not exist, watching from `after` + 1 (pass the revision at
     /// which it was last seen). Returns the revision of the delete (or of the read that found
     /// it absent). Fails with [`KvError::Timeout`] at `deadline`.
-    async fn wait_for_delete(
-        &self,
-        key: &[u8],
-        after: Revision,
-        deadline: Instant,
-    ) -> KvResult<Revision> {
+    async fn wait_for_delete(&self, key: &[u8], after: Revision, deadline: Instant) -> KvResult<Revision> {
         let started = Instant::now();
         let mut events = self.watch(key, WatchScope::Key, after + 1).await?;
         // The key may already be gone and its delete compacted away; a read settles that.
@@ -85,11 +79,7 @@ pub trait KvExt: Kv {
     /// Counts the keys under `prefix` created at or before `max_create_revision` (all, with
     /// `None`), without reading them.
     async fn count(&self, prefix: &[u8], max_create_revision: Option<Revision>) -> KvResult<u64> {
-        let options = RangeOptions {
-            count_only: true,
-            max_create_revision,
-            ..RangeOptions::default()
-        };
+        let options = RangeOptions { count_only: true, max_create_revision, ..RangeOptions::default() };
         Ok(self.range(prefix, options).await?.count)
     }
 
@@ -115,10 +105,7 @@ pub trait KvExt: Kv {
                 Some(kv) => PutMode::Update(kv.mod_revision),
                 None => PutMode::Create,
             };
-            match self
-                .put(key, &value, PutOptions { mode, ..options })
-                .await?
-            {
+            match self.put(key, &value, PutOptions { mode, ..options }).await? {
                 PutOutcome::Written { revision, .. } => return Ok(Some((value, revision))),
                 PutOutcome::Conflict { current: now } => current = now,
             }
@@ -128,17 +115,8 @@ pub trait KvExt: Kv {
 
 impl<T: Kv + ?Sized> KvExt for T {}
 
-fn timeout(
-    backend: &'static str,
-    operation: String,
-    started: Instant,
-    deadline: Instant,
-) -> KvError {
-    KvError::Timeout {
-        backend,
-        operation,
-        after: deadline.saturating_duration_since(started),
-    }
+fn timeout(backend: &'static str, operation: String, started: Instant, deadline: Instant) -> KvError {
+    KvError::Timeout { backend, operation, after: deadline.saturating_duration_since(started) }
 }
 
 /// A key as text for messages: UTF-8 where it is, escaped bytes elsewhere.

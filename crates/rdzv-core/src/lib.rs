@@ -21,3 +21,8 @@ pub mod url;
 
 pub use registry::{BackendFactory, Registry};
 pub use url::{Endpoint, RendezvousUrl, Secret};
+pub mod rendezvous;
+
+pub use rendezvous::{Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, State};
+pub mod counting;
+pub use counting::{CountingKv, OpCounts};

@@ -79,22 +79,14 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     /// [`WatchScope::Prefix`]) from `start_revision` inclusive (0 or 1: all retained
     /// history). Events of one write arrive together; a broken connection is resumed from
     /// the last delivered revision + 1, or ends the stream with an error.
-    async fn watch(
-        &self,
-        key: &[u8],
-        scope: WatchScope,
-        start_revision: Revision,
-    ) -> KvResult<WatchStream>;
+    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream>;
 
     /// Discards history before `revision`, so that a watch from an older revision fails
     /// with [`KvError::Compacted`]. A test and maintenance hook;
     /// [`KvError::Unsupported`] where the backend cannot.
     async fn compact(&self, revision: Revision) -> KvResult<()> {
         let _ = revision;
-        Err(KvError::Unsupported {
-            backend: self.name(),
-            what: "compaction",
-        })
+        Err(KvError::Unsupported { backend: self.name(), what: "compaction" })
     }
 
     /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0), if the

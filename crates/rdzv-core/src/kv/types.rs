@@ -73,10 +73,7 @@ pub struct PutOptions {
 
 impl PutOptions {
     /// Unconditional write without a lease.
-    pub const OVERWRITE: PutOptions = PutOptions {
-        mode: PutMode::Overwrite,
-        lease: None,
-    };
+    pub const OVERWRITE: PutOptions = PutOptions { mode: PutMode::Overwrite, lease: None };
 
     /// Options with the given precondition and no lease.
     pub fn new(mode: PutMode) -> Self {
@@ -242,10 +239,6 @@ pub struct Capabilities {
 
 impl Default for Capabilities {
     fn default() -> Self {
-        Capabilities {
-            watch_history: true,
-            compaction: true,
-            min_lease_ttl: Duration::from_secs(1),
-        }
+        Capabilities { watch_history: true, compaction: true, min_lease_ttl: Duration::from_secs(1) }
     }
 }

@@ -1,0 +1,316 @@
+//! The decision table of the protocol: pure functions from what a worker observed to what it
+//! does next. No I/O and no clock here — the driver (`round.rs`) performs the actions and
+//! feeds back what it sees, so these rules can be tested exhaustively and read next to
+//! PROTOCOL.md "The phases".
+
+use std::time::Duration;
+
+use super::state::{Participant, State};
+
+/// What to do after reading the state at the start of an attempt (phase 1, Init).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InitAction {
+    /// No round exists: try to create one (`setup`, then `joinable`).
+    CreateRound,
+    /// Round `version` accepts joiners: join it.
+    Join {
+        /// The round.
+        version: u64,
+    },
+    /// Round `version` is running: wait for the next one as a late arrival.
+    AwaitNextRound {
+        /// The running round.
+        version: u64,
+        /// Its world size.
+        world_size: usize,
+    },
+    /// Someone is creating or freezing a round: wait until the state changes.
+    AwaitChange,
+    /// The run is over.
+    Closed,
+}
+
+/// Phase 1: what the state value says to do.
+pub fn on_state(state: Option<&State>) -> InitAction {
+    match state {
+        None => InitAction::CreateRound,
+        Some(State::Closed) => InitAction::Closed,
+        Some(State::Joinable { version }) => InitAction::Join { version: *version },
+        Some(State::Final { version, participants }) => {
+            InitAction::AwaitNextRound { version: *version, world_size: participants.len() }
+        }
+        Some(State::Setup) | Some(State::Frozen { .. }) => InitAction::AwaitChange,
+    }
+}
+
+/// What a joiner does about freezing the round, given its join position (1-based count of
+/// join keys created at or before its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JoinRole {
+    /// Position `max`: freeze the round now.
+    FreezeNow,
+    /// Freeze when this timer runs out (the last-call owner, or a backup in case the one
+    /// responsible died), unless the state changes first.
+    FreezeAfter(Duration),
+    /// Nothing to do but wait for the state to change: someone later in the order is
+    /// responsible for freezing.
+    Wait,
+}
+
+/// Phase 2: the joiner's role. `backup` is the extra delay of backups behind the one
+/// responsible (the keep-alive TTL: by then a dead worker's join key has vanished).
+pub fn join_role(position: u64, min: usize, max: usize, last_call: Duration, backup: Duration) -> JoinRole {
+    let (min, max) = (min as u64, max as u64);
+    if position == max {
+        JoinRole::FreezeNow
+    } else if position > max {
+        // Too late for this round unless the worker at `max` died before freezing.
+        JoinRole::FreezeAfter(if min < max { last_call + backup } else { backup })
+    } else if position == min {
+        JoinRole::FreezeAfter(last_call)
+    } else if position > min {
+        JoinRole::FreezeAfter(last_call + backup)
+    } else {
+        JoinRole::Wait
+    }
+}
+
+/// What a freeze attempt does with the join keys it read (first `max` by creation order,
+/// and the total count).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FreezeAction {
+    /// Swap `joinable` → `frozen` with these participants, in rank order.
+    Freeze(Vec<Participant>),
+    /// Too few live joiners: watch the join keys until `min` are there again, then retry
+    /// after `retry_after`.
+    AwaitJoiners {
+        /// Live joiners now.
+        count: u64,
+        /// Delay before retrying once `min` are there.
+        retry_after: Duration,
+    },
+}
+
+/// Phase 2, freeze: the first `max` joiners form the round, if there are at least `min`.
+pub fn freeze(
+    joiners: Vec<Participant>,
+    count: u64,
+    min: usize,
+    max: usize,
+    last_call: Duration,
+) -> FreezeAction {
+    if (joiners.len()) < min {
+        return FreezeAction::AwaitJoiners {
+            count,
+            retry_after: if count as usize >= max { Duration::ZERO } else { last_call },
+        };
+    }
+    let mut joiners = joiners;
+    joiners.truncate(max);
+    FreezeAction::Freeze(joiners)
+}
+
+/// When a watched join count reaches `min` again after a failed freeze: how long until the
+/// next attempt (at once when `max` are there).
+pub fn retry_delay(count: u64, min: usize, max: usize, last_call: Duration) -> Option<Duration> {
+    if count as usize >= max {
+        Some(Duration::ZERO)
+    } else if count as usize >= min {
+        Some(last_call)
+    } else {
+        None
+    }
+}
+
+/// What a joiner does when the state of its round changes while it waits (phase 2 → 3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinedAction {
+    /// The round froze with this worker at `rank`: confirm.
+    Confirm {
+        /// This worker's rank.
+        rank: usize,
+        /// All members.
+        participants: Vec<Participant>,
+    },
+    /// The round froze without this worker (it came too late): withdraw the join key and
+    /// start over (it will wait for the next round).
+    Withdraw,
+    /// Anything else: start over from Init.
+    Restart,
+    /// The run was closed.
+    Closed,
+    /// Still the same joinable round (a rewrite of the same value): keep waiting.
+    KeepWaiting,
+}
+
+/// Phase 2: a joiner of round `version` sees the state become `state`.
+pub fn on_state_while_joined(state: Option<&State>, version: u64, node: &str) -> JoinedAction {
+    match state {
+        Some(State::Closed) => JoinedAction::Closed,
+        Some(State::Joinable { version: v }) if *v == version => JoinedAction::KeepWaiting,
+        Some(State::Frozen { version: v, participants }) if *v == version => {
+            match participants.iter().position(|p| p.node == node) {
+                Some(rank) => JoinedAction::Confirm { rank, participants: participants.clone() },
+                None => JoinedAction::Withdraw,
+            }
+        }
+        Some(State::Final { version: v, participants }) if *v == version => {
+            // Final already (we missed frozen only if we were too slow to see it): a member
+            // would have been needed to confirm, so we are not one.
+            if participants.iter().any(|p| p.node == node) {
+                JoinedAction::Restart
+            } else {
+                JoinedAction::Withdraw
+            }
+        }
+        _ => JoinedAction::Restart,
+    }
+}
+
+/// What a confirming member does when the state changes (phase 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfirmAction {
+    /// The round is final: done.
+    Done,
+    /// Still frozen: keep waiting.
+    KeepWaiting,
+    /// The round fell apart (the frozen lease expired, or it was replaced): start over.
+    Restart,
+    /// The run was closed.
+    Closed,
+}
+
+/// Phase 3: a member of frozen round `version` sees the state become `state`.
+pub fn on_state_while_confirming(state: Option<&State>, version: u64) -> ConfirmAction {
+    match state {
+        Some(State::Final { version: v, .. }) if *v == version => ConfirmAction::Done,
+        Some(State::Frozen { version: v, .. }) if *v == version => ConfirmAction::KeepWaiting,
+        Some(State::Closed) => ConfirmAction::Closed,
+        _ => ConfirmAction::Restart,
+    }
+}
+
+/// What a late arrival does when something changes (phase 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitingAction {
+    /// The running round lost a member: destroy it (compare-and-swap delete), then start over.
+    DestroyRound,
+    /// The state changed: start over.
+    Restart,
+    /// The run was closed.
+    Closed,
+    /// Nothing relevant changed.
+    KeepWaiting,
+}
+
+/// Phase 5: a waiter for the round after `version` sees the state become `state`, with
+/// `members_alive` keep-alive keys of `world_size` present.
+pub fn on_change_while_waiting(
+    state: Option<&State>,
+    version: u64,
+    members_alive: u64,
+    world_size: usize,
+) -> WaitingAction {
+    match state {
+        Some(State::Final { version: v, .. }) if *v == version => {
+            if (members_alive as usize) < world_size {
+                WaitingAction::DestroyRound
+            } else {
+                WaitingAction::KeepWaiting
+            }
+        }
+        Some(State::Closed) => WaitingAction::Closed,
+        _ => WaitingAction::Restart,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn p(node: &str) -> Participant {
+        Participant { node: node.into(), addr: "h".into(), pid: 1 }
+    }
+
+    #[test]
+    fn init_table() {
+        assert_eq!(on_state(None), InitAction::CreateRound);
+        assert_eq!(on_state(Some(&State::Closed)), InitAction::Closed);
+        assert_eq!(on_state(Some(&State::Setup)), InitAction::AwaitChange);
+        assert_eq!(on_state(Some(&State::Joinable { version: 2 })), InitAction::Join { version: 2 });
+        assert_eq!(
+            on_state(Some(&State::Frozen { version: 2, participants: vec![p("a")] })),
+            InitAction::AwaitChange
+        );
+        assert_eq!(
+            on_state(Some(&State::Final { version: 2, participants: vec![p("a"), p("b")] })),
+            InitAction::AwaitNextRound { version: 2, world_size: 2 }
+        );
+    }
+
+    #[test]
+    fn roles_when_min_equals_max() {
+        let ttl = 10 * S;
+        assert_eq!(join_role(1, 3, 3, 30 * S, ttl), JoinRole::Wait);
+        assert_eq!(join_role(2, 3, 3, 30 * S, ttl), JoinRole::Wait);
+        assert_eq!(join_role(3, 3, 3, 30 * S, ttl), JoinRole::FreezeNow);
+        assert_eq!(join_role(4, 3, 3, 30 * S, ttl), JoinRole::FreezeAfter(ttl));
+    }
+
+    #[test]
+    fn roles_with_a_last_call() {
+        let (lc, ttl) = (30 * S, 10 * S);
+        assert_eq!(join_role(1, 2, 4, lc, ttl), JoinRole::Wait);
+        assert_eq!(join_role(2, 2, 4, lc, ttl), JoinRole::FreezeAfter(lc));
+        assert_eq!(join_role(3, 2, 4, lc, ttl), JoinRole::FreezeAfter(lc + ttl));
+        assert_eq!(join_role(4, 2, 4, lc, ttl), JoinRole::FreezeNow);
+        assert_eq!(join_role(5, 2, 4, lc, ttl), JoinRole::FreezeAfter(lc + ttl));
+        assert_eq!(join_role(1, 1, 4, lc, ttl), JoinRole::FreezeAfter(lc));
+    }
+
+    #[test]
+    fn freeze_takes_the_first_max_or_waits_for_min() {
+        let joiners = vec![p("a"), p("b"), p("c")];
+        assert_eq!(freeze(joiners.clone(), 3, 2, 2, S), FreezeAction::Freeze(vec![p("a"), p("b")]));
+        assert_eq!(freeze(joiners.clone(), 3, 3, 5, S), FreezeAction::Freeze(joiners));
+        assert_eq!(freeze(vec![p("a")], 1, 2, 4, S), FreezeAction::AwaitJoiners { count: 1, retry_after: S });
+        assert_eq!(retry_delay(1, 2, 4, S), None);
+        assert_eq!(retry_delay(2, 2, 4, S), Some(S));
+        assert_eq!(retry_delay(4, 2, 4, S), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn joined_table() {
+        let frozen = State::Frozen { version: 1, participants: vec![p("a"), p("b")] };
+        assert_eq!(
+            on_state_while_joined(Some(&frozen), 1, "b"),
+            JoinedAction::Confirm { rank: 1, participants: vec![p("a"), p("b")] }
+        );
+        assert_eq!(on_state_while_joined(Some(&frozen), 1, "c"), JoinedAction::Withdraw);
+        assert_eq!(on_state_while_joined(Some(&frozen), 2, "a"), JoinedAction::Restart);
+        assert_eq!(on_state_while_joined(None, 1, "a"), JoinedAction::Restart);
+        assert_eq!(on_state_while_joined(Some(&State::Closed), 1, "a"), JoinedAction::Closed);
+        assert_eq!(
+            on_state_while_joined(Some(&State::Joinable { version: 1 }), 1, "a"),
+            JoinedAction::KeepWaiting
+        );
+        assert_eq!(
+            on_state_while_joined(Some(&State::Joinable { version: 2 }), 1, "a"),
+            JoinedAction::Restart
+        );
+    }
+
+    #[test]
+    fn confirm_and_waiting_tables() {
+        let fin = State::Final { version: 1, participants: vec![p("a"), p("b")] };
+        assert_eq!(on_state_while_confirming(Some(&fin), 1), ConfirmAction::Done);
+        assert_eq!(on_state_while_confirming(None, 1), ConfirmAction::Restart);
+        assert_eq!(on_state_while_confirming(Some(&State::Closed), 1), ConfirmAction::Closed);
+        assert_eq!(on_change_while_waiting(Some(&fin), 1, 2, 2), WaitingAction::KeepWaiting);
+        assert_eq!(on_change_while_waiting(Some(&fin), 1, 1, 2), WaitingAction::DestroyRound);
+        assert_eq!(on_change_while_waiting(None, 1, 2, 2), WaitingAction::Restart);
+        assert_eq!(on_change_while_waiting(Some(&State::Closed), 1, 2, 2), WaitingAction::Closed);
+    }
+}

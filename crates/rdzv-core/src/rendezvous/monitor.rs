@@ -1,0 +1,160 @@
+//! Phase 4: while a round runs, watch its members' keep-alive keys and the state, and tell
+//! the owner when the round is over (instead of leaving it to find out by a hung
+//! collective).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::ext::KvExt;
+use crate::kv::{EventKind, Kv, KvResult, Revision, WatchScope};
+
+use super::keys::RunKeys;
+use super::state::State;
+
+/// Why the round a worker belonged to is over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RoundBroken {
+    /// The member with this rank is gone: it died (its lease expired) or left.
+    MemberGone {
+        /// The rank whose keep-alive key vanished (`None` if it was found missing by a
+        /// re-read rather than seen vanishing).
+        rank: Option<usize>,
+    },
+    /// The round's state was destroyed or replaced (a waiter or a leaving member ended it).
+    Ended,
+    /// The run was closed.
+    Closed,
+    /// This worker's own session lease was lost: it is no longer a member.
+    LeaseLost,
+    /// This worker left the round (it called `next_rendezvous` again, or shut down).
+    Left,
+    /// This worker is not a member of any round.
+    NoRound,
+}
+
+/// What the handler publishes to `round_broken` waiters: the round, and whether it broke.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RoundStatus {
+    pub(crate) version: Option<u64>,
+    pub(crate) broken: Option<RoundBroken>,
+}
+
+/// A running watch over one round; stops when dropped.
+#[derive(Debug)]
+pub(crate) struct Monitor {
+    _stop: DropGuard,
+}
+
+pub(crate) struct Watched {
+    pub(crate) kv: Arc<dyn Kv>,
+    pub(crate) keys: RunKeys,
+    pub(crate) version: u64,
+    pub(crate) world_size: usize,
+    pub(crate) final_revision: Revision,
+}
+
+impl Monitor {
+    /// Starts watching; the first reason the round is over is published on `status`.
+    pub(crate) fn spawn(
+        round: Watched,
+        lease_lost: CancellationToken,
+        status: watch::Sender<RoundStatus>,
+    ) -> Monitor {
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let version = round.version;
+        tokio::spawn(async move {
+            let reason = tokio::select! {
+                _ = stopped.cancelled() => return,
+                _ = lease_lost.cancelled() => RoundBroken::LeaseLost,
+                reason = watch_round(&round) => reason,
+            };
+            tracing::info!(version, ?reason, "round broken");
+            status.send_if_modified(|s| {
+                if s.version == Some(version) && s.broken.is_none() {
+                    s.broken = Some(reason);
+                    true
+                } else {
+                    false
+                }
+            });
+        });
+        Monitor { _stop: stop.drop_guard() }
+    }
+}
+
+async fn watch_round(round: &Watched) -> RoundBroken {
+    let mut from = round.final_revision + 1;
+    loop {
+        match watch_from(round, from).await {
+            Ok(reason) => return reason,
+            Err(e) => {
+                // Compaction or an outage: re-check the round with a read, then watch again.
+                tracing::debug!(error = %e, "round monitor lost its watch; re-reading");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                match recheck(round).await {
+                    Ok(Ok(revision)) => from = revision + 1,
+                    Ok(Err(reason)) => return reason,
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}
+
+async fn watch_from(round: &Watched, from: Revision) -> KvResult<RoundBroken> {
+    let mut states = round.kv.watch(&round.keys.state(), WatchScope::Key, from).await?;
+    let rank_prefix = round.keys.ranks(round.version);
+    let mut members = round.kv.watch(&rank_prefix, WatchScope::Prefix, from).await?;
+    loop {
+        tokio::select! {
+            event = states.next() => match event {
+                Some(Ok(event)) => {
+                    let state = match event.kind {
+                        EventKind::Put => State::parse(&event.kv.key, &event.kv.value).ok(),
+                        EventKind::Delete => None,
+                    };
+                    match state {
+                        Some(State::Final { version, .. }) if version == round.version => {}
+                        Some(State::Closed) => return Ok(RoundBroken::Closed),
+                        _ => return Ok(RoundBroken::Ended),
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err(crate::KvError::backend(round.kv.name(), "watch ended")),
+            },
+            event = members.next() => match event {
+                Some(Ok(event)) if event.kind == EventKind::Delete => {
+                    let rank = std::str::from_utf8(&event.kv.key[rank_prefix.len().min(event.kv.key.len())..])
+                        .ok()
+                        .and_then(|r| r.parse().ok());
+                    return Ok(RoundBroken::MemberGone { rank });
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(e),
+                None => return Err(crate::KvError::backend(round.kv.name(), "watch ended")),
+            },
+        }
+    }
+}
+
+/// Reads the round: `Ok(Ok(revision))` if it is intact as of `revision`, `Ok(Err(reason))` if
+/// it is over.
+async fn recheck(round: &Watched) -> KvResult<Result<Revision, RoundBroken>> {
+    let read = round.kv.get(&round.keys.state()).await?;
+    let state = read.kv.as_ref().and_then(|kv| State::parse(&kv.key, &kv.value).ok());
+    match state {
+        Some(State::Final { version, .. }) if version == round.version => {}
+        Some(State::Closed) => return Ok(Err(RoundBroken::Closed)),
+        _ => return Ok(Err(RoundBroken::Ended)),
+    }
+    let alive = round.kv.count(&round.keys.ranks(round.version), None).await?;
+    if (alive as usize) < round.world_size {
+        return Ok(Err(RoundBroken::MemberGone { rank: None }));
+    }
+    Ok(Ok(read.revision))
+}

@@ -1,0 +1,533 @@
+//! The driver of one `next_rendezvous` call: performs the actions that `decide.rs` chooses,
+//! phase by phase (PROTOCOL.md "The phases"), and feeds back what it observes. Every wait
+//! is a watch from a known revision; the caller bounds the whole call by its deadline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::error::{KvError, RendezvousError};
+use crate::ext::KvExt;
+use crate::kv::{
+    DeleteMode, EventKind, KeyValue, Kv, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder,
+    Revision, WatchScope, WatchStream,
+};
+use crate::params::RendezvousParams;
+
+use super::decide::{self, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, WaitingAction};
+use super::keys::RunKeys;
+use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
+use super::state::{Participant, State};
+
+/// How long a `frozen` state lives if confirmation stalls (the reference's 10 s).
+pub(crate) const FROZEN_TTL: Duration = Duration::from_secs(10);
+
+/// What is shared by every call of one handler.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub(crate) kv: Arc<dyn Kv>,
+    pub(crate) params: RendezvousParams,
+    pub(crate) keys: RunKeys,
+    pub(crate) me: Participant,
+    pub(crate) run_lease: RunLease,
+}
+
+/// A round this worker completed.
+#[derive(Clone, Debug)]
+pub(crate) struct Completed {
+    pub(crate) version: u64,
+    pub(crate) rank: usize,
+    pub(crate) participants: Vec<Participant>,
+    /// Revision of the `final` state value (to destroy exactly this round, and to watch
+    /// for its end from here).
+    pub(crate) final_revision: Revision,
+    pub(crate) timings: RoundTimings,
+}
+
+/// How long the phases of a completed `next_rendezvous` took, from the call's start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundTimings {
+    /// Until this worker's join key was written (in the round it completed).
+    pub joined: Duration,
+    /// Until the round was frozen with this worker in it.
+    pub frozen: Duration,
+    /// Until the round was final: the whole call.
+    pub completed: Duration,
+}
+
+/// The state as seen at a revision.
+#[derive(Clone, Debug)]
+struct Observed {
+    state: Option<State>,
+    /// `mod_revision` of the state key (0 when absent).
+    mod_revision: Revision,
+    /// The store revision at which this was seen: watch from here + 1 to miss nothing.
+    seen: Revision,
+}
+
+enum Flow {
+    Done(Completed),
+    /// Start over from Init; with what is already known of the state, if anything.
+    Restart(Option<Observed>),
+}
+
+/// One `next_rendezvous` call in progress.
+pub(crate) struct Attempt<'a> {
+    ctx: &'a Context,
+    session: LeaseId,
+    started: Instant,
+    /// What this worker is doing, for the timeout error.
+    pub(crate) phase: &'static str,
+    /// A join key of a joinable round: it must not outlive a failed call, or it would be
+    /// frozen into a round as a ghost.
+    pub(crate) pending_join: Option<Vec<u8>>,
+    timings: RoundTimings,
+}
+
+type Result<T> = std::result::Result<T, RendezvousError>;
+
+impl<'a> Attempt<'a> {
+    pub(crate) fn new(ctx: &'a Context, session: LeaseId) -> Self {
+        Attempt {
+            ctx,
+            session,
+            started: Instant::now(),
+            phase: "starting",
+            pending_join: None,
+            timings: RoundTimings::default(),
+        }
+    }
+
+    /// Runs the phases until a round completes, the run is closed, or an error that
+    /// retrying cannot fix. Retryable backend errors restart from Init after a backoff; the
+    /// caller's deadline bounds it all.
+    pub(crate) async fn run(&mut self) -> Result<Completed> {
+        let mut backoff = backoff();
+        let mut known: Option<Observed> = None;
+        loop {
+            match self.step(known.take()).await {
+                Ok(Flow::Done(done)) => return Ok(done),
+                Ok(Flow::Restart(observed)) => known = observed,
+                Err(RendezvousError::Unavailable(e))
+                | Err(RendezvousError::Backend(e @ KvError::Compacted { .. })) => {
+                    let delay = backoff.next().unwrap_or(Duration::from_secs(2));
+                    tracing::debug!(error = %e, ?delay, "backend error; starting over");
+                    self.phase = "retrying after a backend error";
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn step(&mut self, known: Option<Observed>) -> Result<Flow> {
+        let observed = match known {
+            Some(o) => o,
+            None => self.read_state().await?,
+        };
+        let params = &self.ctx.params;
+        match decide::on_state(observed.state.as_ref()) {
+            InitAction::Closed => Err(self.closed()),
+            InitAction::CreateRound => {
+                let span =
+                    tracing::debug_span!("create_round", run_id = %params.run_id, node = %self.ctx.me.node);
+                self.create_round().instrument(span).await
+            }
+            InitAction::Join { version } => {
+                let span =
+                    tracing::debug_span!("join", run_id = %params.run_id, version, node = %self.ctx.me.node);
+                self.join(version, observed).instrument(span).await
+            }
+            InitAction::AwaitNextRound { version, world_size } => {
+                let span = tracing::debug_span!("wait_next_round", run_id = %params.run_id, version, node = %self.ctx.me.node);
+                self.await_next_round(version, world_size, observed).instrument(span).await
+            }
+            InitAction::AwaitChange => {
+                self.phase = "waiting for another worker to finish setting up or freezing a round";
+                let mut states = self.watch_state(observed.seen + 1).await?;
+                Ok(Flow::Restart(Some(self.next_state(&mut states).await?)))
+            }
+        }
+    }
+
+    /// Phase 1: no round exists. Create `setup` (if absent), bump the version counter and
+    /// swap `setup` → `joinable`, then join it.
+    async fn create_round(&mut self) -> Result<Flow> {
+        self.phase = "creating a round";
+        let kv = &*self.ctx.kv;
+        let key = self.ctx.keys.state();
+        // `setup` is bound to this worker's session: if it dies now, the value vanishes.
+        let setup = PutOptions { mode: PutMode::Create, lease: Some(self.session) };
+        let setup_revision = match kv.put(&key, &State::Setup.to_bytes(), setup).await? {
+            PutOutcome::Written { revision, .. } => revision,
+            PutOutcome::Conflict { current } => return Ok(Flow::Restart(Some(self.observe(current, None)?))),
+        };
+        let counter = self.ctx.keys.version_counter();
+        let counter_key = counter.clone();
+        let mut bad_counter = None;
+        let written = cas_with_run_lease(&self.ctx.run_lease, kv, &counter, |current| {
+            let last = match current {
+                None => 0,
+                Some(kv) => match std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse::<u64>().ok()) {
+                    Some(v) => v,
+                    None => {
+                        bad_counter = Some(kv.value.clone());
+                        return None;
+                    }
+                },
+            };
+            Some((last + 1).to_string().into_bytes())
+        })
+        .await?;
+        let version = match written {
+            Some((value, _)) => String::from_utf8_lossy(&value).parse::<u64>().unwrap_or_default(),
+            None => {
+                let _ = kv.delete(&key, DeleteMode::IfRevision(setup_revision)).await;
+                return Err(RendezvousError::State {
+                    key: String::from_utf8_lossy(&counter_key).into_owned(),
+                    reason: format!(
+                        "the version counter is not a number: {:?}",
+                        String::from_utf8_lossy(&bad_counter.unwrap_or_default())
+                    ),
+                });
+            }
+        };
+        let joinable = State::Joinable { version };
+        let outcome = put_with_run_lease(
+            &self.ctx.run_lease,
+            kv,
+            &key,
+            &joinable.to_bytes(),
+            PutMode::Update(setup_revision),
+        )
+        .await?;
+        match outcome {
+            PutOutcome::Written { revision, .. } => {
+                tracing::debug!(version, "created a round");
+                let observed = Observed { state: Some(joinable), mod_revision: revision, seen: revision };
+                self.join(version, observed).await
+            }
+            PutOutcome::Conflict { current } => Ok(Flow::Restart(Some(self.observe(current, None)?))),
+        }
+    }
+
+    /// Phase 2: join round `version`; freeze it when this worker is the one responsible;
+    /// wait until it is frozen.
+    async fn join(&mut self, version: u64, observed: Observed) -> Result<Flow> {
+        self.phase = "joining";
+        let ctx = self.ctx;
+        let params = &ctx.params;
+        let join_key = ctx.keys.join(version, &ctx.me.node);
+        self.pending_join = Some(join_key.clone());
+        let my_revision = match ctx.kv.put(&join_key, &ctx.me.to_bytes(), self.session_put()).await? {
+            PutOutcome::Written { create_revision, .. } => create_revision,
+            PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
+        };
+        self.timings.joined = self.started.elapsed();
+        let position = ctx.kv.count(&ctx.keys.joins(version), Some(my_revision)).await?;
+        tracing::debug!(position, "joined");
+        let role = decide::join_role(
+            position,
+            params.min_workers,
+            params.max_workers,
+            params.last_call_timeout,
+            params.keep_alive_ttl,
+        );
+        let mut freeze_at = match role {
+            JoinRole::FreezeNow => Some(Instant::now()),
+            JoinRole::FreezeAfter(delay) => Some(Instant::now() + delay),
+            JoinRole::Wait => None,
+        };
+        self.phase = "waiting for enough workers to join";
+        let mut states = self.watch_state(observed.seen + 1).await?;
+        let mut state_revision = observed.mod_revision;
+        let mut joiners: Option<JoinCounter> = None;
+        loop {
+            let wake = tokio::select! {
+                seen = self.next_state(&mut states) => Wake::State(seen?),
+                _ = sleep_until(freeze_at) => Wake::FreezeTimer,
+                count = next_count(&mut joiners) => Wake::JoinCount(count?),
+            };
+            match wake {
+                Wake::State(seen) => {
+                    match decide::on_state_while_joined(seen.state.as_ref(), version, &ctx.me.node) {
+                        JoinedAction::KeepWaiting => state_revision = seen.mod_revision,
+                        JoinedAction::Confirm { rank, participants } => {
+                            self.pending_join = None;
+                            self.timings.frozen = self.started.elapsed();
+                            return self.confirm(version, rank, participants, seen, states).await;
+                        }
+                        // Too late for this round: our join key in it is harmless (the round's
+                        // membership is fixed), so it is left to our lease.
+                        JoinedAction::Withdraw | JoinedAction::Restart => {
+                            self.pending_join = None;
+                            return Ok(Flow::Restart(Some(seen)));
+                        }
+                        JoinedAction::Closed => return Err(self.closed()),
+                    }
+                }
+                Wake::FreezeTimer => {
+                    freeze_at = None;
+                    // `None`: frozen, or the state changed; the state watch tells which.
+                    if let Some(counter) = self.try_freeze(version, state_revision).await? {
+                        tracing::debug!(
+                            count = counter.count,
+                            "too few joiners to freeze; watching the join keys"
+                        );
+                        joiners = Some(counter);
+                    }
+                }
+                Wake::JoinCount(count) => {
+                    let (min, max) = (params.min_workers, params.max_workers);
+                    if let Some(delay) = decide::retry_delay(count, min, max, params.last_call_timeout) {
+                        joiners = None;
+                        freeze_at = Some(Instant::now() + delay);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the first `max` joiners and swaps `joinable` → `frozen`. Returns a counter of
+    /// the join keys when there are too few to freeze.
+    async fn try_freeze(&mut self, version: u64, state_revision: Revision) -> Result<Option<JoinCounter>> {
+        let ctx = self.ctx;
+        let params = &ctx.params;
+        let prefix = ctx.keys.joins(version);
+        let options = RangeOptions {
+            limit: Some(params.max_workers),
+            order: RangeOrder::ByCreateRevision,
+            ..RangeOptions::default()
+        };
+        let read = ctx.kv.range(&prefix, options).await?;
+        let joiners =
+            read.kvs.iter().map(|kv| Participant::parse(&kv.key, &kv.value)).collect::<Result<Vec<_>>>()?;
+        match decide::freeze(
+            joiners,
+            read.count,
+            params.min_workers,
+            params.max_workers,
+            params.last_call_timeout,
+        ) {
+            FreezeAction::AwaitJoiners { count, .. } => {
+                let events = ctx.kv.watch(&prefix, WatchScope::Prefix, read.revision + 1).await?;
+                Ok(Some(JoinCounter { count, events }))
+            }
+            FreezeAction::Freeze(participants) => {
+                let frozen = State::Frozen { version, participants };
+                let lease = ctx.kv.lease_grant(FROZEN_TTL).await?;
+                let options = PutOptions { mode: PutMode::Update(state_revision), lease: Some(lease) };
+                let outcome = ctx.kv.put(&ctx.keys.state(), &frozen.to_bytes(), options).await?;
+                tracing::debug!(won = outcome.is_written(), "freeze attempted");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Phase 3: confirm membership with a keep-alive key; the worker that sees all of them
+    /// swaps `frozen` → `final`.
+    async fn confirm(
+        &mut self,
+        version: u64,
+        rank: usize,
+        participants: Vec<Participant>,
+        frozen: Observed,
+        mut states: WatchStream,
+    ) -> Result<Flow> {
+        self.phase = "confirming membership";
+        let ctx = self.ctx;
+        let world_size = participants.len();
+        ctx.kv.put(&ctx.keys.rank(version, rank), &ctx.me.to_bytes(), self.session_put()).await?;
+        let confirmed = ctx.kv.count(&ctx.keys.ranks(version), None).await?;
+        if confirmed as usize >= world_size {
+            let fin = State::Final { version, participants: participants.clone() };
+            let outcome = put_with_run_lease(
+                &ctx.run_lease,
+                &*ctx.kv,
+                &ctx.keys.state(),
+                &fin.to_bytes(),
+                PutMode::Update(frozen.mod_revision),
+            )
+            .await?;
+            if let PutOutcome::Written { revision, .. } = outcome {
+                return Ok(self.done(version, rank, participants, revision));
+            }
+        }
+        self.phase = "waiting for every member to confirm";
+        loop {
+            let seen = self.next_state(&mut states).await?;
+            match decide::on_state_while_confirming(seen.state.as_ref(), version) {
+                ConfirmAction::Done => return Ok(self.done(version, rank, participants, seen.mod_revision)),
+                ConfirmAction::KeepWaiting => {}
+                ConfirmAction::Restart => return Ok(Flow::Restart(Some(seen))),
+                ConfirmAction::Closed => return Err(self.closed()),
+            }
+        }
+    }
+
+    fn done(
+        &mut self,
+        version: u64,
+        rank: usize,
+        participants: Vec<Participant>,
+        final_revision: Revision,
+    ) -> Flow {
+        self.timings.completed = self.started.elapsed();
+        tracing::debug!(version, rank, world_size = participants.len(), "round complete");
+        Flow::Done(Completed { version, rank, participants, final_revision, timings: self.timings })
+    }
+
+    /// Phase 5: round `version` is running without us. Register as waiting; destroy the
+    /// round when one of its members is gone; start over when the state changes.
+    async fn await_next_round(
+        &mut self,
+        version: u64,
+        world_size: usize,
+        observed: Observed,
+    ) -> Result<Flow> {
+        self.phase = "waiting for the running round to end";
+        let ctx = self.ctx;
+        ctx.kv.put(&ctx.keys.waiter(version, &ctx.me.node), &ctx.me.to_bytes(), self.session_put()).await?;
+        let mut states = self.watch_state(observed.seen + 1).await?;
+        let mut members =
+            ctx.kv.watch(&ctx.keys.ranks(version), WatchScope::Prefix, observed.seen + 1).await?;
+        // A member may have died before we started watching: the count settles that.
+        let alive = ctx.kv.count(&ctx.keys.ranks(version), None).await?;
+        let mut action = decide::on_change_while_waiting(observed.state.as_ref(), version, alive, world_size);
+        loop {
+            match action {
+                WaitingAction::KeepWaiting => {}
+                WaitingAction::Closed => return Err(self.closed()),
+                WaitingAction::Restart => return Ok(Flow::Restart(None)),
+                WaitingAction::DestroyRound => {
+                    tracing::debug!(version, "a member of the running round is gone; destroying it");
+                    ctx.kv.delete(&ctx.keys.state(), DeleteMode::IfRevision(observed.mod_revision)).await?;
+                    return Ok(Flow::Restart(None));
+                }
+            }
+            action = tokio::select! {
+                seen = self.next_state(&mut states) => {
+                    let seen = seen?;
+                    let action = decide::on_change_while_waiting(seen.state.as_ref(), version, world_size as u64, world_size);
+                    if matches!(action, WaitingAction::Restart) {
+                        return Ok(Flow::Restart(Some(seen)));
+                    }
+                    action
+                }
+                event = members.next() => match event {
+                    Some(Ok(event)) if event.kind == EventKind::Delete => {
+                        decide::on_change_while_waiting(observed.state.as_ref(), version, world_size as u64 - 1, world_size)
+                    }
+                    Some(Ok(_)) => WaitingAction::KeepWaiting,
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Err(watch_ended(&*ctx.kv)),
+                },
+            };
+        }
+    }
+
+    async fn read_state(&self) -> Result<Observed> {
+        let read = self.ctx.kv.get(&self.ctx.keys.state()).await?;
+        self.observe(read.kv, Some(read.revision))
+    }
+
+    /// Parses a state key (or its absence) seen at `seen` (default: its mod revision).
+    fn observe(&self, kv: Option<KeyValue>, seen: Option<Revision>) -> Result<Observed> {
+        match kv {
+            None => Ok(Observed { state: None, mod_revision: 0, seen: seen.unwrap_or(0) }),
+            Some(kv) => Ok(Observed {
+                state: Some(State::parse(&kv.key, &kv.value)?),
+                mod_revision: kv.mod_revision,
+                seen: seen.unwrap_or(kv.mod_revision),
+            }),
+        }
+    }
+
+    async fn watch_state(&self, from: Revision) -> Result<WatchStream> {
+        Ok(self.ctx.kv.watch(&self.ctx.keys.state(), WatchScope::Key, from.max(1)).await?)
+    }
+
+    /// The next change of the state key.
+    async fn next_state(&self, states: &mut WatchStream) -> Result<Observed> {
+        match states.next().await {
+            Some(Ok(event)) => {
+                let revision = event.revision();
+                match event.kind {
+                    EventKind::Put => self.observe(Some(event.kv), Some(revision)),
+                    EventKind::Delete => Ok(Observed { state: None, mod_revision: 0, seen: revision }),
+                }
+            }
+            Some(Err(e)) => Err(e.into()),
+            None => Err(watch_ended(&*self.ctx.kv)),
+        }
+    }
+
+    fn session_put(&self) -> PutOptions {
+        PutOptions { mode: PutMode::Overwrite, lease: Some(self.session) }
+    }
+
+    fn closed(&self) -> RendezvousError {
+        RendezvousError::Closed { run_id: self.ctx.params.run_id.clone() }
+    }
+}
+
+/// What woke a joiner up.
+enum Wake {
+    State(Observed),
+    FreezeTimer,
+    JoinCount(u64),
+}
+
+/// Counts the live join keys of a round from a watch, after a freeze found too few.
+struct JoinCounter {
+    count: u64,
+    events: WatchStream,
+}
+
+/// The join count after the next change (pending forever without a counter).
+async fn next_count(counter: &mut Option<JoinCounter>) -> Result<u64> {
+    let Some(counter) = counter else { return std::future::pending().await };
+    loop {
+        match counter.events.next().await {
+            Some(Ok(event)) => {
+                match event.kind {
+                    EventKind::Put if event.kv.version == 1 => counter.count += 1,
+                    EventKind::Put => continue,
+                    EventKind::Delete => counter.count = counter.count.saturating_sub(1),
+                }
+                return Ok(counter.count);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(RendezvousError::Unavailable(KvError::backend("watch", "watch ended"))),
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn watch_ended(kv: &dyn Kv) -> RendezvousError {
+    RendezvousError::Unavailable(KvError::Unavailable {
+        backend: kv.name(),
+        endpoint: String::new(),
+        message: "a watch ended unexpectedly".into(),
+        source: None,
+    })
+}
+
+fn backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(2))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

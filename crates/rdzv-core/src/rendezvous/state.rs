@@ -1,0 +1,167 @@
+//! The state value of a round (PROTOCOL.md "States of a round"): one small JSON object under
+//! `rdzv/active_version`, with the reference's status names.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::RendezvousError;
+
+/// A member of a round: who it is and where to reach it. Its rank is its index in the
+/// round's participant list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Participant {
+    /// The worker's node id (unique within the run).
+    pub node: String,
+    /// The address it advertises (host name or IP).
+    pub addr: String,
+    /// Its process id.
+    pub pid: u32,
+}
+
+/// The state of the current round.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum State {
+    /// Someone is creating a new round (short-lived: bound to a 5 s lease).
+    Setup,
+    /// Round `version` accepts joiners.
+    Joinable {
+        /// The round.
+        version: u64,
+    },
+    /// Membership of round `version` is fixed; members are confirming (10 s lease).
+    Frozen {
+        /// The round.
+        version: u64,
+        /// The members, in rank order.
+        participants: Vec<Participant>,
+    },
+    /// Round `version` is complete and running.
+    Final {
+        /// The round.
+        version: u64,
+        /// The members, in rank order.
+        participants: Vec<Participant>,
+    },
+    /// The run is over.
+    Closed,
+}
+
+impl State {
+    /// Parses a state value read from `key`. Unknown fields are ignored; anything else that
+    /// is not a valid state is a [`RendezvousError::State`] naming the key.
+    pub fn parse(key: &[u8], value: &[u8]) -> Result<State, RendezvousError> {
+        let state: State = serde_json::from_slice(value).map_err(|e| RendezvousError::State {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: format!("not a valid state value ({e}): {}", preview(value)),
+        })?;
+        if let State::Frozen { participants, .. } | State::Final { participants, .. } = &state
+            && participants.is_empty()
+        {
+            return Err(RendezvousError::State {
+                key: String::from_utf8_lossy(key).into_owned(),
+                reason: "a frozen or final round has no participants".into(),
+            });
+        }
+        Ok(state)
+    }
+
+    /// The JSON encoding of this state.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serializing plain strings and integers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The round this state is about, if any.
+    pub fn version(&self) -> Option<u64> {
+        match self {
+            State::Joinable { version } | State::Frozen { version, .. } | State::Final { version, .. } => {
+                Some(*version)
+            }
+            State::Setup | State::Closed => None,
+        }
+    }
+
+    /// The status name, as in the JSON value.
+    pub fn status(&self) -> &'static str {
+        match self {
+            State::Setup => "setup",
+            State::Joinable { .. } => "joinable",
+            State::Frozen { .. } => "frozen",
+            State::Final { .. } => "final",
+            State::Closed => "closed",
+        }
+    }
+}
+
+impl Participant {
+    /// Parses a participant descriptor read from `key` (a join or keep-alive key's value).
+    pub fn parse(key: &[u8], value: &[u8]) -> Result<Participant, RendezvousError> {
+        serde_json::from_slice(value).map_err(|e| RendezvousError::State {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: format!("not a valid participant descriptor ({e}): {}", preview(value)),
+        })
+    }
+
+    /// The JSON encoding of this descriptor.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+fn preview(value: &[u8]) -> String {
+    const MAX: usize = 80;
+    let text = String::from_utf8_lossy(&value[..value.len().min(MAX)]).into_owned();
+    if value.len() > MAX { format!("{text:?}…") } else { format!("{text:?}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(node: &str) -> Participant {
+        Participant { node: node.into(), addr: "h".into(), pid: 1 }
+    }
+
+    #[test]
+    fn round_trips_and_keeps_reference_names() {
+        let states = [
+            State::Setup,
+            State::Joinable { version: 3 },
+            State::Frozen { version: 3, participants: vec![p("a"), p("b")] },
+            State::Final { version: 3, participants: vec![p("a")] },
+            State::Closed,
+        ];
+        for s in states {
+            let bytes = s.to_bytes();
+            let text = String::from_utf8(bytes.clone()).expect("utf8");
+            assert!(text.contains(&format!("\"status\":\"{}\"", s.status())), "{text}");
+            assert_eq!(State::parse(b"k", &bytes).expect("parses"), s);
+        }
+    }
+
+    #[test]
+    fn ignores_unknown_fields() {
+        let s = State::parse(b"k", br#"{"status":"joinable","version":7,"future":[1,2]}"#).expect("parses");
+        assert_eq!(s, State::Joinable { version: 7 });
+    }
+
+    #[test]
+    fn corrupt_values_are_state_errors_naming_the_key() {
+        for bad in [
+            &b"garbage"[..],
+            b"",
+            b"{}",
+            br#"{"status":"joinable"}"#,
+            br#"{"status":"final","version":1,"participants":[]}"#,
+            br#"{"status":"final","version":-1,"participants":[]}"#,
+            br#"{"status":"weird","version":1}"#,
+            b"\xff\xfe",
+            br#"[1,2,3]"#,
+        ] {
+            match State::parse(b"/p/run_x/rdzv/active_version", bad) {
+                Err(RendezvousError::State { key, .. }) => assert_eq!(key, "/p/run_x/rdzv/active_version"),
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+    }
+}
