@@ -1,0 +1,359 @@
+//! [`CountingKv`]: a wrapper that counts the operations a caller makes, so that tests can
+//! assert how many reads and writes a protocol step costs.
+
+use std::ops::Sub;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::kv::{
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult,
+    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+};
+
+/// Counts of the operations made through a [`CountingKv`], by kind. Every call counts,
+/// whether it succeeded or not, except `increments`, which counts only native increments
+/// (a backend without one does nothing and the caller falls back to compare-and-swap, which
+/// is counted as gets and puts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    /// [`Kv::get`] calls.
+    pub gets: u64,
+    /// [`Kv::range`] calls.
+    pub ranges: u64,
+    /// [`Kv::put`] calls.
+    pub puts: u64,
+    /// [`Kv::delete`] calls.
+    pub deletes: u64,
+    /// [`Kv::delete_prefix`] calls.
+    pub delete_prefixes: u64,
+    /// [`Kv::lease_grant`] calls.
+    pub lease_grants: u64,
+    /// [`Kv::lease_keep_alive`] calls.
+    pub lease_keep_alives: u64,
+    /// [`Kv::lease_revoke`] calls.
+    pub lease_revokes: u64,
+    /// [`Kv::watch`] calls (watches opened).
+    pub watches: u64,
+    /// [`Kv::compact`] calls.
+    pub compactions: u64,
+    /// Native [`Kv::increment`]s (calls that returned `Ok(Some(_))`).
+    pub increments: u64,
+}
+
+impl OpCounts {
+    /// Writes: puts, deletes, prefix deletes, lease grants and revokes, native increments.
+    pub fn writes(&self) -> u64 {
+        self.puts
+            + self.deletes
+            + self.delete_prefixes
+            + self.lease_grants
+            + self.lease_revokes
+            + self.increments
+    }
+
+    /// Reads: gets and ranges.
+    pub fn reads(&self) -> u64 {
+        self.gets + self.ranges
+    }
+
+    /// Every counted operation.
+    pub fn total(&self) -> u64 {
+        self.writes() + self.reads() + self.lease_keep_alives + self.watches + self.compactions
+    }
+}
+
+impl Sub for OpCounts {
+    type Output = OpCounts;
+
+    /// The operations made between two snapshots (`later - earlier`; saturating at 0).
+    fn sub(self, rhs: OpCounts) -> OpCounts {
+        OpCounts {
+            gets: self.gets.saturating_sub(rhs.gets),
+            ranges: self.ranges.saturating_sub(rhs.ranges),
+            puts: self.puts.saturating_sub(rhs.puts),
+            deletes: self.deletes.saturating_sub(rhs.deletes),
+            delete_prefixes: self.delete_prefixes.saturating_sub(rhs.delete_prefixes),
+            lease_grants: self.lease_grants.saturating_sub(rhs.lease_grants),
+            lease_keep_alives: self.lease_keep_alives.saturating_sub(rhs.lease_keep_alives),
+            lease_revokes: self.lease_revokes.saturating_sub(rhs.lease_revokes),
+            watches: self.watches.saturating_sub(rhs.watches),
+            compactions: self.compactions.saturating_sub(rhs.compactions),
+            increments: self.increments.saturating_sub(rhs.increments),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    gets: AtomicU64,
+    ranges: AtomicU64,
+    puts: AtomicU64,
+    deletes: AtomicU64,
+    delete_prefixes: AtomicU64,
+    lease_grants: AtomicU64,
+    lease_keep_alives: AtomicU64,
+    lease_revokes: AtomicU64,
+    watches: AtomicU64,
+    compactions: AtomicU64,
+    increments: AtomicU64,
+}
+
+/// Wraps any backend and counts every operation by kind; otherwise transparent.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use rdzv_core::{CountingKv, Kv};
+/// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
+/// let kv = CountingKv::new(backend);
+/// let before = kv.snapshot();
+/// kv.get(b"key").await?;
+/// assert_eq!((kv.snapshot() - before).reads(), 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct CountingKv {
+    inner: Arc<dyn Kv>,
+    counters: Counters,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl CountingKv {
+    /// Wraps `inner` with all counts at zero.
+    pub fn new(inner: Arc<dyn Kv>) -> Arc<CountingKv> {
+        Arc::new(CountingKv { inner, counters: Counters::default() })
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &Arc<dyn Kv> {
+        &self.inner
+    }
+
+    /// The counts so far. Each counter is read atomically, the set as a whole is not: take
+    /// snapshots while no operation is in flight for exact differences.
+    pub fn snapshot(&self) -> OpCounts {
+        let c = &self.counters;
+        let read = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        OpCounts {
+            gets: read(&c.gets),
+            ranges: read(&c.ranges),
+            puts: read(&c.puts),
+            deletes: read(&c.deletes),
+            delete_prefixes: read(&c.delete_prefixes),
+            lease_grants: read(&c.lease_grants),
+            lease_keep_alives: read(&c.lease_keep_alives),
+            lease_revokes: read(&c.lease_revokes),
+            watches: read(&c.watches),
+            compactions: read(&c.compactions),
+            increments: read(&c.increments),
+        }
+    }
+
+    /// Sets every count back to zero.
+    pub fn reset(&self) {
+        let c = &self.counters;
+        for counter in [
+            &c.gets,
+            &c.ranges,
+            &c.puts,
+            &c.deletes,
+            &c.delete_prefixes,
+            &c.lease_grants,
+            &c.lease_keep_alives,
+            &c.lease_revokes,
+            &c.watches,
+            &c.compactions,
+            &c.increments,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+#[async_trait]
+impl Kv for CountingKv {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
+        bump(&self.counters.gets);
+        self.inner.get(key).await
+    }
+
+    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
+        bump(&self.counters.ranges);
+        self.inner.range(prefix, options).await
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        bump(&self.counters.puts);
+        self.inner.put(key, value, options).await
+    }
+
+    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
+        bump(&self.counters.deletes);
+        self.inner.delete(key, mode).await
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
+        bump(&self.counters.delete_prefixes);
+        self.inner.delete_prefix(prefix).await
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
+        bump(&self.counters.lease_grants);
+        self.inner.lease_grant(ttl).await
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
+        bump(&self.counters.lease_keep_alives);
+        self.inner.lease_keep_alive(lease).await
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
+        bump(&self.counters.lease_revokes);
+        self.inner.lease_revoke(lease).await
+    }
+
+    async fn watch(
+        &self,
+        key: &[u8],
+        scope: WatchScope,
+        start_revision: Revision,
+    ) -> KvResult<WatchStream> {
+        bump(&self.counters.watches);
+        self.inner.watch(key, scope, start_revision).await
+    }
+
+    async fn compact(&self, revision: Revision) -> KvResult<()> {
+        bump(&self.counters.compactions);
+        self.inner.compact(revision).await
+    }
+
+    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        let result = self.inner.increment(key, delta).await;
+        if matches!(result, Ok(Some(_))) {
+            bump(&self.counters.increments);
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::kv::{EventKind, KeyValue, PutMode};
+    use futures::StreamExt;
+
+    /// A backend that answers everything trivially, to count calls against.
+    #[derive(Debug)]
+    struct Null;
+
+    #[async_trait]
+    impl Kv for Null {
+        fn name(&self) -> &'static str {
+            "null"
+        }
+        async fn get(&self, _: &[u8]) -> KvResult<GetResponse> {
+            Ok(GetResponse { kv: None, revision: 0 })
+        }
+        async fn range(&self, _: &[u8], _: RangeOptions) -> KvResult<RangeResponse> {
+            Ok(RangeResponse::default())
+        }
+        async fn put(&self, _: &[u8], _: &[u8], _: PutOptions) -> KvResult<PutOutcome> {
+            Ok(PutOutcome::Written { revision: 1, create_revision: 1 })
+        }
+        async fn delete(&self, _: &[u8], _: DeleteMode) -> KvResult<DeleteOutcome> {
+            Ok(DeleteOutcome::Missing)
+        }
+        async fn delete_prefix(&self, _: &[u8]) -> KvResult<DeletePrefixResponse> {
+            Ok(DeletePrefixResponse { deleted: 0, revision: 0 })
+        }
+        async fn lease_grant(&self, _: Duration) -> KvResult<LeaseId> {
+            Ok(7)
+        }
+        async fn lease_keep_alive(&self, _: LeaseId) -> KvResult<Duration> {
+            Ok(Duration::from_secs(1))
+        }
+        async fn lease_revoke(&self, _: LeaseId) -> KvResult<()> {
+            Ok(())
+        }
+        async fn watch(&self, key: &[u8], _: WatchScope, _: Revision) -> KvResult<WatchStream> {
+            let event = crate::kv::Event {
+                kind: EventKind::Put,
+                kv: KeyValue {
+                    key: key.to_vec(),
+                    value: Vec::new(),
+                    create_revision: 1,
+                    mod_revision: 1,
+                    version: 1,
+                    lease: None,
+                },
+            };
+            Ok(Box::pin(futures::stream::iter([Ok(event)])))
+        }
+    }
+
+    #[tokio::test]
+    async fn counts_each_kind_and_diffs() {
+        let kv = CountingKv::new(Arc::new(Null));
+        let start = kv.snapshot();
+        assert_eq!(start, OpCounts::default());
+        kv.get(b"a").await.unwrap();
+        kv.range(b"a", RangeOptions::default()).await.unwrap();
+        kv.range(b"a", RangeOptions::default()).await.unwrap();
+        kv.put(b"a", b"1", PutOptions::new(PutMode::Create)).await.unwrap();
+        kv.delete(b"a", DeleteMode::Any).await.unwrap();
+        kv.delete_prefix(b"a").await.unwrap();
+        let lease = kv.lease_grant(Duration::from_secs(1)).await.unwrap();
+        kv.lease_keep_alive(lease).await.unwrap();
+        kv.lease_revoke(lease).await.unwrap();
+        let mut events = kv.watch(b"a", WatchScope::Key, 1).await.unwrap();
+        assert!(events.next().await.is_some());
+        assert!(kv.compact(1).await.is_err());
+        assert_eq!(kv.increment(b"n", 1).await.unwrap(), None);
+
+        let diff = kv.snapshot() - start;
+        assert_eq!(
+            diff,
+            OpCounts {
+                gets: 1,
+                ranges: 2,
+                puts: 1,
+                deletes: 1,
+                delete_prefixes: 1,
+                lease_grants: 1,
+                lease_keep_alives: 1,
+                lease_revokes: 1,
+                watches: 1,
+                compactions: 1,
+                increments: 0,
+            }
+        );
+        assert_eq!(diff.reads(), 3);
+        assert_eq!(diff.writes(), 5);
+        assert_eq!(diff.total(), 11);
+
+        let middle = kv.snapshot();
+        kv.get(b"b").await.unwrap();
+        assert_eq!((kv.snapshot() - middle).gets, 1);
+        assert_eq!((middle - kv.snapshot()).gets, 0, "saturates instead of underflowing");
+
+        kv.reset();
+        assert_eq!(kv.snapshot(), OpCounts::default());
+        assert_eq!(kv.name(), "null");
+    }
+}
