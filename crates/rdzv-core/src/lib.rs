@@ -26,5 +26,3 @@ pub mod rendezvous;
 pub use rendezvous::{Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, State};
 pub mod counting;
 pub use counting::{CountingKv, OpCounts};
-pub mod counting;
-pub use counting::{CountingKv, OpCounts};
