@@ -1,0 +1,548 @@
+//! The rules of rendezvous URLs (SURFACE.md) and of the parameters they carry
+//! (PROTOCOL.md "Parameters"): each rule holds, and each kind of bad input is one clear
+//! error, never a panic.
+
+use std::time::Duration;
+
+use rdzv_core::params::{DEFAULT_PREFIX, parse_duration};
+use rdzv_core::url::parse_endpoint;
+use rdzv_core::{ConfigError, Endpoint, RendezvousUrl};
+
+fn parse(url: &str) -> RendezvousUrl {
+    RendezvousUrl::parse(url).unwrap_or_else(|e| panic!("`{url}` should parse: {e}"))
+}
+
+fn parse_err(url: &str) -> ConfigError {
+    match RendezvousUrl::parse(url) {
+        Ok(parsed) => panic!("`{url}` should not parse, got {parsed:?}"),
+        Err(e) => e,
+    }
+}
+
+fn ep(host: &str, port: u16) -> Endpoint {
+    Endpoint { host: host.into(), port }
+}
+
+// The reference's own example works as is.
+#[test]
+fn reference_url() {
+    let url = parse("etcd://localhost:2379/1234?min_workers=1&max_workers=3");
+    assert_eq!(url.scheme, "etcd");
+    assert_eq!(url.endpoints, vec![ep("localhost", 2379)]);
+    assert_eq!(url.run_id, "1234");
+    assert_eq!(url.username, None);
+    assert!(url.password.is_none());
+    assert_eq!(url.rendezvous_options.len(), 2);
+    assert!(url.options.is_empty());
+    let params = url.params().expect("valid parameters");
+    assert_eq!((params.min_workers, params.max_workers), (1, 3));
+    assert_eq!(params.run_id, "1234");
+}
+
+#[test]
+fn default_ports_per_scheme() {
+    for (url, port) in [
+        ("etcd://h/r", 2379),
+        ("etcds://h/r", 2379),
+        ("redis://h/r", 6379),
+        ("rediss://h/r", 6379),
+        ("mem://h/r", 0),
+        ("custom://h/r", 0),
+    ] {
+        assert_eq!(parse(url).endpoints, vec![ep("h", port)], "{url}");
+    }
+}
+
+#[test]
+fn default_port_from_argument() {
+    let url = RendezvousUrl::parse_with_default_port("custom://h/r", Some(4242)).expect("valid");
+    assert_eq!(url.endpoints, vec![ep("h", 4242)]);
+    let url = RendezvousUrl::parse_with_default_port("custom://h:1/r", Some(4242)).expect("valid");
+    assert_eq!(url.endpoints, vec![ep("h", 1)]);
+}
+
+#[test]
+fn scheme_is_lower_cased() {
+    assert_eq!(parse("ETCD://h/r").scheme, "etcd");
+    assert_eq!(parse("My-Scheme+x.1://h/r").scheme, "my-scheme+x.1");
+}
+
+#[test]
+fn surrounding_whitespace_is_ignored() {
+    assert_eq!(parse("  etcd://h/r?min_workers=1\n").run_id, "r");
+}
+
+#[test]
+fn credentials_are_percent_decoded() {
+    let url = parse("etcd://us%40er:p%3Ass%2Fw%25rd@h:1/r");
+    assert_eq!(url.username.as_deref(), Some("us@er"));
+    assert_eq!(url.password.as_ref().map(|p| p.expose()), Some("p:ss/w%rd"));
+    assert_eq!(url.endpoints, vec![ep("h", 1)]);
+    // A password may hold `:` and `@` unencoded: the user ends at the first `:`, the
+    // credentials at the last `@`.
+    let url = parse("etcd://u:a:b@c@h/r");
+    assert_eq!(url.username.as_deref(), Some("u"));
+    assert_eq!(url.password.as_ref().map(|p| p.expose()), Some("a:b@c"));
+}
+
+#[test]
+fn password_only_and_user_only() {
+    let url = parse("redis://:secret@h/r");
+    assert_eq!(url.username, None);
+    assert_eq!(url.password.as_ref().map(|p| p.expose()), Some("secret"));
+    let url = parse("redis://alice@h/r");
+    assert_eq!(url.username.as_deref(), Some("alice"));
+    assert!(url.password.is_none());
+}
+
+#[test]
+fn several_endpoints() {
+    let url = parse("etcd://h1:1,h2,[::1]:3/r?endpoints=h4:4,h5,h1:1");
+    assert_eq!(url.endpoints, vec![ep("h1", 1), ep("h2", 2379), ep("::1", 3), ep("h4", 4), ep("h5", 2379)]);
+    assert!(!url.options.contains_key("endpoints"), "endpoints is consumed");
+}
+
+#[test]
+fn ipv6_in_brackets() {
+    let url = parse("etcd://[::1]:2380/r");
+    assert_eq!(url.endpoints, vec![ep("::1", 2380)]);
+    let url = parse("etcd://[2001:db8::1]/r");
+    assert_eq!(url.endpoints, vec![ep("2001:db8::1", 2379)]);
+}
+
+#[test]
+fn run_id_is_one_decoded_segment() {
+    assert_eq!(parse("etcd://h/job%201").run_id, "job 1");
+    assert_eq!(parse("etcd://h/job-1/").run_id, "job-1", "one trailing slash is fine");
+    assert_eq!(parse("mem://local/r?min_workers=2").endpoints, vec![ep("local", 0)]);
+}
+
+#[test]
+fn options_split_into_rendezvous_and_backend() {
+    let url = parse(
+        "etcds://h/r?min_nodes=2&max_nodes=4&etcd_prefix=/p&timeout=5&last_call_timeout=1s\
+         &keep_alive_ttl=2m&run_ttl=1h&node_id=n1&local_addr=10.0.0.1&cacert=ca.pem&db=3",
+    );
+    let names: Vec<&str> = url.rendezvous_options.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "keep_alive_ttl",
+            "last_call_timeout",
+            "local_addr",
+            "max_workers",
+            "min_workers",
+            "node_id",
+            "prefix",
+            "run_ttl",
+            "timeout"
+        ]
+    );
+    let backend: Vec<&str> = url.options.keys().map(String::as_str).collect();
+    assert_eq!(backend, ["cacert", "db"]);
+    let p = url.params().expect("valid");
+    assert_eq!((p.min_workers, p.max_workers), (2, 4));
+    assert_eq!(p.prefix, "/p");
+    assert_eq!(p.timeout, Duration::from_secs(5));
+    assert_eq!(p.last_call_timeout, Duration::from_secs(1));
+    assert_eq!(p.keep_alive_ttl, Duration::from_secs(120));
+    assert_eq!(p.run_ttl, Duration::from_secs(3600));
+    assert_eq!(p.node_id.as_deref(), Some("n1"));
+    assert_eq!(p.local_addr.as_deref(), Some("10.0.0.1"));
+}
+
+#[test]
+fn option_values_are_percent_decoded_and_plus_is_a_plus() {
+    let url = parse("etcd://h/r?node_id=a%26b%3Dc+d");
+    assert_eq!(url.rendezvous_options["node_id"], "a&b=c+d");
+}
+
+#[test]
+fn empty_query_segments_are_skipped() {
+    let url = parse("etcd://h/r?&min_workers=1&&");
+    assert_eq!(url.rendezvous_options["min_workers"], "1");
+    assert!(parse("etcd://h/r?").rendezvous_options.is_empty());
+}
+
+#[test]
+fn protocol_https_means_tls() {
+    let url = parse("etcd://h/r?protocol=https");
+    assert_eq!(url.scheme, "etcds");
+    assert!(!url.options.contains_key("protocol"));
+    assert_eq!(parse("etcd://h/r?protocol=HTTP").scheme, "etcd");
+    assert_eq!(parse("etcds://h/r?protocol=https").scheme, "etcds");
+    assert!(matches!(
+        parse_err("etcd://h/r?protocol=ftp"),
+        ConfigError::InvalidValue { option, .. } if option == "protocol"
+    ));
+    assert!(matches!(
+        parse_err("etcds://h/r?protocol=http"),
+        ConfigError::InvalidValue { option, .. } if option == "protocol"
+    ));
+    // Elsewhere `protocol` is an ordinary option, for the backend to accept or not.
+    assert_eq!(parse("redis://h/r?protocol=https").options["protocol"], "https");
+}
+
+#[test]
+fn parameter_defaults() {
+    let p = parse("etcd://h/r?min_workers=3").params().expect("valid");
+    assert_eq!((p.min_workers, p.max_workers), (3, 3));
+    assert_eq!(p.timeout, Duration::from_secs(600));
+    assert_eq!(p.last_call_timeout, Duration::from_secs(30));
+    assert_eq!(p.prefix, DEFAULT_PREFIX);
+    assert_eq!(p.keep_alive_ttl, Duration::from_secs(10));
+    assert_eq!(p.run_ttl, Duration::from_secs(7200));
+    assert_eq!(p.node_id, None);
+    assert_eq!(p.local_addr, None);
+}
+
+#[test]
+fn durations() {
+    for (text, expected) in [
+        ("30", Duration::from_secs(30)),
+        ("0.5", Duration::from_millis(500)),
+        ("30s", Duration::from_secs(30)),
+        ("2m", Duration::from_secs(120)),
+        ("1h", Duration::from_secs(3600)),
+        ("500ms", Duration::from_millis(500)),
+        ("1h 30m", Duration::from_secs(5400)),
+        ("0", Duration::ZERO),
+    ] {
+        assert_eq!(parse_duration("timeout", text), Ok(expected), "{text}");
+    }
+    for bad in ["", "-1", "abc", "1.2.3", ".", "1e3", "inf", "NaN", "30 parsecs", "99999999999999999999999"] {
+        assert!(
+            matches!(parse_duration("timeout", bad), Err(ConfigError::InvalidValue { .. })),
+            "{bad:?} should be rejected"
+        );
+    }
+}
+
+fn params_err(url: &str) -> ConfigError {
+    match parse(url).params() {
+        Ok(p) => panic!("`{url}` should have bad parameters, got {p:?}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn parameter_errors() {
+    assert_eq!(params_err("etcd://h/r"), ConfigError::MissingOption("min_workers".into()));
+    assert_eq!(params_err("etcd://h/r?max_workers=3"), ConfigError::MissingOption("min_workers".into()));
+    for (url, option) in [
+        ("etcd://h/r?min_workers=0", "min_workers"),
+        ("etcd://h/r?min_workers=-1", "min_workers"),
+        ("etcd://h/r?min_workers=two", "min_workers"),
+        ("etcd://h/r?min_workers=1.5", "min_workers"),
+        ("etcd://h/r?min_workers=99999999999999999999999999", "min_workers"),
+        ("etcd://h/r?min_workers=3&max_workers=2", "max_workers"),
+        ("etcd://h/r?min_workers=1&max_workers=x", "max_workers"),
+        ("etcd://h/r?min_workers=1&timeout=soon", "timeout"),
+        ("etcd://h/r?min_workers=1&timeout=0", "timeout"),
+        ("etcd://h/r?min_workers=1&keep_alive_ttl=0s", "keep_alive_ttl"),
+        ("etcd://h/r?min_workers=1&run_ttl=0", "run_ttl"),
+        ("etcd://h/r?min_workers=1&last_call_timeout=-5s", "last_call_timeout"),
+    ] {
+        match params_err(url) {
+            ConfigError::InvalidValue { option: o, reason, .. } => {
+                assert_eq!(o, option, "{url}");
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{url}: expected InvalidValue for {option}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn parameters_from_options_reject_unknown_and_doubled() {
+    use std::collections::BTreeMap;
+    let mut options = BTreeMap::new();
+    options.insert("min_workers".to_string(), "1".to_string());
+    options.insert("min_nodes".to_string(), "2".to_string());
+    assert!(matches!(
+        rdzv_core::RendezvousParams::from_options("r", &options),
+        Err(ConfigError::InvalidUrl(_))
+    ));
+    let mut options = BTreeMap::new();
+    options.insert("min_workers".to_string(), "1".to_string());
+    options.insert("colour".to_string(), "blue".to_string());
+    assert!(matches!(
+        rdzv_core::RendezvousParams::from_options("r", &options),
+        Err(ConfigError::UnknownOption { option, .. }) if option == "colour"
+    ));
+}
+
+#[test]
+fn syntax_errors() {
+    for url in [
+        "",
+        "   ",
+        "localhost:2379/r",
+        "etcd:/h/r",
+        "://h/r",
+        "1etcd://h/r",
+        "et_cd://h/r",
+        "etcd://h/r#frag",
+        "etcd://h/r?min_workers",
+        "etcd://h/r?=3",
+        "etcd://h/r?a%zz=1",
+    ] {
+        assert!(matches!(parse_err(url), ConfigError::InvalidUrl(_)), "{url:?}");
+    }
+}
+
+#[test]
+fn run_id_errors() {
+    for url in ["etcd://h", "etcd://h/", "etcd://h//", "etcd://h?min_workers=1", "mem://x/"] {
+        assert!(matches!(parse_err(url), ConfigError::InvalidUrl(_)), "{url:?}");
+    }
+    for url in ["etcd://h/a/b", "etcd://h/a%2Fb", "etcd://h/a%00b", "etcd://h/%zz", "etcd://h/%FF"] {
+        assert!(
+            matches!(parse_err(url), ConfigError::InvalidValue { option, .. } if option == "run_id"),
+            "{url:?}"
+        );
+    }
+}
+
+#[test]
+fn option_errors() {
+    assert!(matches!(
+        parse_err("etcd://h/r?min_workers="),
+        ConfigError::InvalidValue { option, .. } if option == "min_workers"
+    ));
+    assert!(matches!(
+        parse_err("etcd://h/r?db=%"),
+        ConfigError::InvalidValue { option, .. } if option == "db"
+    ));
+    for url in [
+        "etcd://h/r?min_workers=1&min_workers=2",
+        "etcd://h/r?min_workers=1&min_nodes=2",
+        "etcd://h/r?etcd_prefix=/a&prefix=/b",
+        "etcd://h/r?db=1&db=1",
+        "etcd://h/r?endpoints=a&endpoints=b",
+        "etcd://h/r?protocol=https&protocol=https",
+    ] {
+        let err = parse_err(url);
+        assert!(
+            matches!(err, ConfigError::InvalidUrl(ref m) if m.contains("more than once")),
+            "{url}: {err}"
+        );
+    }
+    assert!(matches!(
+        parse_err("etcd://h/r?endpoints=h2:99999"),
+        ConfigError::InvalidValue { option, .. } if option == "port"
+    ));
+    assert!(matches!(
+        parse_err("etcd://h/r?endpoints=h2,,h3"),
+        ConfigError::InvalidValue { option, .. } if option == "host"
+    ));
+}
+
+#[test]
+fn host_errors_in_urls() {
+    for url in [
+        "etcd://exa mple/r",
+        "etcd://-bad-/r",
+        "etcd://bad-/r",
+        "etcd://a..b/r",
+        "etcd://.a/r",
+        "etcd:///r",
+        "etcd://:2379/r",
+        "etcd://h1,,h2/r",
+        "etcd://h1,/r",
+        "etcd://user:pw@/r",
+        "etcd://::1/r",
+        "etcd://[::1/r",
+        "etcd://[::g]/r",
+        "etcd://[::1]x/r",
+        "etcd://256.1.1.1/r",
+        "etcd://h%41/r",
+        "etcd://ex~ample/r",
+    ] {
+        let err = parse_err(url);
+        assert!(
+            matches!(err, ConfigError::InvalidValue { ref option, .. } if option == "host"),
+            "{url:?}: {err:?}"
+        );
+    }
+    let long_label = "a".repeat(64);
+    assert!(matches!(parse_err(&format!("etcd://{long_label}/r")), ConfigError::InvalidValue { .. }));
+    let long_host = vec!["a".repeat(60); 5].join(".");
+    assert!(matches!(parse_err(&format!("etcd://{long_host}/r")), ConfigError::InvalidValue { .. }));
+}
+
+#[test]
+fn port_errors_in_urls() {
+    for url in [
+        "etcd://h:/r",
+        "etcd://h:65536/r",
+        "etcd://h:70000/r",
+        "etcd://h:99999999999999999999/r",
+        "etcd://h:-1/r",
+        "etcd://h:+1/r",
+        "etcd://h:abc/r",
+        "etcd://h: 1/r",
+        "etcd://[::1]:/r",
+        "etcd://[::1]:65536/r",
+    ] {
+        let err = parse_err(url);
+        assert!(
+            matches!(err, ConfigError::InvalidValue { ref option, .. } if option == "port"),
+            "{url:?}: {err:?}"
+        );
+    }
+    assert_eq!(parse("etcd://h:0/r").endpoints, vec![ep("h", 0)]);
+    assert_eq!(parse("etcd://h:65535/r").endpoints, vec![ep("h", 65535)]);
+}
+
+// The cases of the reference's `parse_rendezvous_endpoint` tests.
+mod reference_endpoint_cases {
+    use super::*;
+
+    #[test]
+    fn returns_host_and_port() {
+        for text in [
+            "dummy.com:0",
+            "dummy.com:123",
+            "dummy.com:65535",
+            "dummy-1.com:0",
+            "dummy-1.com:123",
+            "dummy-1.com:65535",
+            "123.123.123.123:0",
+            "123.123.123.123:123",
+            "123.123.123.123:65535",
+            "[2001:db8::1]:0",
+            "[2001:db8::1]:123",
+            "[2001:db8::1]:65535",
+        ] {
+            let (host, port) = text.rsplit_once(':').expect("has a port");
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port: u16 = port.parse().expect("a port");
+            assert_eq!(parse_endpoint(text, Some(123)), Ok(ep(host, port)), "{text}");
+        }
+    }
+
+    #[test]
+    fn default_port_when_none_given() {
+        for (text, host) in [
+            ("dummy.com", "dummy.com"),
+            ("dummy-1.com", "dummy-1.com"),
+            ("dummy_1.com", "dummy_1.com"),
+            ("123.123.123.123", "123.123.123.123"),
+            ("[2001:db8::1]", "2001:db8::1"),
+        ] {
+            assert_eq!(parse_endpoint(text, Some(123)), Ok(ep(host, 123)), "{text}");
+        }
+    }
+
+    #[test]
+    fn empty_host_is_an_error_here() {
+        // The reference maps an empty endpoint to localhost; a URL must name its host.
+        for text in ["", "  "] {
+            assert!(matches!(parse_endpoint(text, Some(123)), Err(ConfigError::InvalidValue { .. })));
+        }
+    }
+
+    #[test]
+    fn invalid_host_names() {
+        for text in ["~", "dummy.com :123", "~:123", ":123", "exa mple", "-bad-", "a/b"] {
+            assert!(
+                matches!(
+                    parse_endpoint(text, Some(123)),
+                    Err(ConfigError::InvalidValue { ref option, .. }) if option == "host"
+                ),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_ports() {
+        for text in [
+            "dummy.com:",
+            "dummy.com:abc",
+            "dummy.com:-123",
+            "dummy.com:-",
+            "dummy.com:65536",
+            "dummy.com:70000",
+        ] {
+            assert!(
+                matches!(
+                    parse_endpoint(text, Some(123)),
+                    Err(ConfigError::InvalidValue { ref option, .. }) if option == "port"
+                ),
+                "{text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn display_hides_the_password_and_round_trips() {
+    let url = parse(
+        "etcd://al%20ice:s3cr3t@h1:1,[::1]:2/job%2F?min_nodes=2&db=0&endpoints=h3"
+            .replace("%2F", "x")
+            .as_str(),
+    );
+    let shown = url.to_string();
+    assert_eq!(shown, "etcd://al%20ice:***@h1:1,[::1]:2,h3:2379/jobx?db=0&min_workers=2");
+    assert_eq!(url.redacted(), shown);
+    let again = parse(&shown);
+    assert_eq!(again.password.as_ref().map(|p| p.expose()), Some("***"));
+    assert_eq!(RendezvousUrl { password: url.password.clone(), ..again }, url);
+    assert_eq!(parse("mem://local/r").to_string(), "mem://local/r");
+    assert_eq!(parse("etcd://h/r").to_string(), "etcd://h:2379/r");
+    assert_eq!(parse("redis://:pw@h/r").to_string(), "redis://:***@h:6379/r");
+}
+
+#[test]
+fn passwords_never_appear_in_errors_or_debug() {
+    const PW: &str = "s3cr3tPW";
+    let ok = parse(&format!("etcd://u:{PW}@h/r?min_workers=1"));
+    assert!(!format!("{ok:?}").contains(PW));
+    assert!(!ok.to_string().contains(PW));
+    assert!(!format!("{:?}", ok.password).contains(PW));
+    // Bad input of every kind, with the password in the right place or misplaced by an
+    // unencoded delimiter (so that part of it lands in the host, port, path or query).
+    let bad = [
+        format!("etcd://u:{PW}@exa mple/r"),
+        format!("etcd://u:{PW}@h:99999/r"),
+        format!("etcd://u:{PW}@h/a/b"),
+        format!("etcd://u:{PW}@h/r?min_workers"),
+        format!("etcd://u:{PW}@h/r#x"),
+        format!("etcd://u:{PW}%zz@h/r"),
+        format!("etcd://u%zz:{PW}@h/r"),
+        format!("etcd://u:{PW}@/r"),
+        format!("etcd://u:{PW}@"),
+        format!("e tcd://u:{PW}@h/r"),
+        format!("etcd//u:{PW}@h/r"),
+        "etcd://u:s3cr/3tPW@h/r".to_string(),
+        "etcd://u:123/3tPW@h/r".to_string(),
+        "etcd://u:s3cr?3tPW@h/r".to_string(),
+        "etcd://u:s3cr#3tPW@h/r".to_string(),
+        "etcd://u:s3cr/3tPW@h/r?min_workers=1".to_string(),
+        "etcd://s3cr:3tPW/x@h/r".to_string(),
+    ];
+    for url in &bad {
+        let err = match RendezvousUrl::parse(url) {
+            Ok(parsed) => panic!("`{url}` should not parse, got {parsed:?}"),
+            Err(e) => e,
+        };
+        for shown in [err.to_string(), format!("{err:?}")] {
+            for piece in [PW, "s3cr", "3tPW"] {
+                assert!(!shown.contains(piece), "{url}: error shows `{piece}`: {shown}");
+            }
+        }
+    }
+}
+
+#[test]
+fn errors_are_one_clear_sentence() {
+    let err = parse_err("etcd://h:65536/r");
+    assert_eq!(
+        err.to_string(),
+        "invalid value `65536` for `port`: a port must be a whole number from 0 to 65535"
+    );
+    let err = parse_err("etcd://h");
+    assert!(err.to_string().contains("run id is missing"), "{err}");
+}
