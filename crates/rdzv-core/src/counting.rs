@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult,
-    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId,
+    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// Counts of the operations made through a [`CountingKv`], by kind. Every call counts,
@@ -226,12 +226,7 @@ impl Kv for CountingKv {
         self.inner.lease_revoke(lease).await
     }
 
-    async fn watch(
-        &self,
-        key: &[u8],
-        scope: WatchScope,
-        start_revision: Revision,
-    ) -> KvResult<WatchStream> {
+    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
         bump(&self.counters.watches);
         self.inner.watch(key, scope, start_revision).await
     }

@@ -26,3 +26,5 @@ pub mod rendezvous;
 pub use rendezvous::{Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, State};
 pub mod counting;
 pub use counting::{CountingKv, OpCounts};
+#[cfg(feature = "testing")]
+pub mod testing;
