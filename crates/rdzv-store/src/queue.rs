@@ -1,0 +1,132 @@
+//! FIFO queues. Each item is its own backend key under the queue's prefix, created with a
+//! fresh unique name, so the backend's create revisions give the order. A pop takes the
+//! oldest item and deletes it on the condition that it is unchanged: of several concurrent
+//! poppers exactly one wins each item, and the losers move on at once to the next item (no
+//! re-read of the queue, no sleep).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
+use rdzv_core::{
+    DeleteMode, DeleteOutcome, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOptions, PutOutcome,
+    RangeOptions, RangeOrder, WatchScope,
+};
+
+use crate::error::StoreError;
+use crate::store::Store;
+use crate::wait::watch_ended;
+
+impl Store {
+    /// Appends `value` to the queue `key` (queues are apart from the other keys: `get`,
+    /// `check` and `num_keys` do not see them). Wakes one blocked
+    /// [`queue_pop`](Store::queue_pop).
+    pub async fn queue_push(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
+        let key = key.as_ref();
+        let prefix = self.queue_prefix(key);
+        self.bounded("queue_push", &[key], self.timeout(), async {
+            loop {
+                let mut item = prefix.clone();
+                item.extend_from_slice(&unique_name());
+                let options = PutOptions::new(PutMode::Create);
+                match self.kv().put(&item, value.as_ref(), options).await? {
+                    PutOutcome::Written { .. } => return Ok(()),
+                    // Another writer picked the same name (all but impossible): pick again.
+                    PutOutcome::Conflict { .. } => continue,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Removes and returns the oldest item of the queue `key`. If the queue is empty: with
+    /// `block`, waits for a push (until the store timeout, then [`StoreError::Timeout`]);
+    /// without, fails at once with [`StoreError::QueueEmpty`]. Every pushed item is returned
+    /// by exactly one pop, however many pop concurrently.
+    pub async fn queue_pop(&self, key: impl AsRef<[u8]>, block: bool) -> Result<Vec<u8>, StoreError> {
+        let key = key.as_ref();
+        let prefix = self.queue_prefix(key);
+        let popped = self
+            .bounded("queue_pop", &[key], self.timeout(), async {
+                Ok(pop(self.kv().as_ref(), &prefix, block).await?)
+            })
+            .await?;
+        popped.ok_or_else(|| StoreError::QueueEmpty { key: key.to_vec() })
+    }
+
+    /// The number of items in the queue `key` (0 if it was never pushed to).
+    pub async fn queue_len(&self, key: impl AsRef<[u8]>) -> Result<i64, StoreError> {
+        let key = key.as_ref();
+        let prefix = self.queue_prefix(key);
+        self.bounded("queue_len", &[key], self.timeout(), async {
+            let count = self.kv().count(&prefix, None).await?;
+            Ok(i64::try_from(count).unwrap_or(i64::MAX))
+        })
+        .await
+    }
+}
+
+/// Pops the oldest item under `prefix`; `None` if it is empty and `block` is false.
+async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>, KvError> {
+    let oldest =
+        RangeOptions { limit: Some(1), order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+    loop {
+        let read = kv.range(prefix, oldest).await?;
+        if let Some(item) = read.kvs.into_iter().next() {
+            if let Some(value) = take(kv, item).await? {
+                return Ok(Some(value));
+            }
+            // Another popper took it; the next one is now the oldest.
+            continue;
+        }
+        if !block {
+            return Ok(None);
+        }
+        // Empty at `read.revision`: every item pushed from now on shows up in this watch,
+        // oldest first; try each in turn until one is ours.
+        let mut events = kv.watch(prefix, WatchScope::Prefix, read.revision + 1).await?;
+        loop {
+            match events.next().await {
+                Some(Ok(event)) if event.kind == EventKind::Put => {
+                    if let Some(value) = take(kv, event.kv).await? {
+                        return Ok(Some(value));
+                    }
+                }
+                Some(Ok(_)) => {}
+                // The history we needed is gone: read the queue afresh.
+                Some(Err(KvError::Compacted { .. })) => break,
+                Some(Err(e)) => return Err(e),
+                None => return Err(watch_ended(kv, prefix)),
+            }
+        }
+    }
+}
+
+/// Deletes `item` if nobody else has; returns its value if this call deleted it.
+async fn take(kv: &dyn Kv, item: KeyValue) -> Result<Option<Vec<u8>>, KvError> {
+    let mode = DeleteMode::IfRevision(item.mod_revision);
+    match kv.delete(&item.key, mode).await? {
+        DeleteOutcome::Deleted { .. } => Ok(Some(item.value)),
+        DeleteOutcome::Missing | DeleteOutcome::Conflict { .. } => Ok(None),
+    }
+}
+
+/// A name no other push (of this or any other process) is using: a per-process random
+/// seed and a counter. Pushes create with a precondition, so a collision is retried, not
+/// lost.
+fn unique_name() -> Vec<u8> {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut hasher = RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        if let Ok(since) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            hasher.write_u128(since.as_nanos());
+        }
+        hasher.finish()
+    });
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{seed:016x}-{n:016x}").into_bytes()
+}
