@@ -204,15 +204,14 @@ impl Kv for MemKv {
         let mut state = self.state();
         let current = match state.get(key) {
             None => 0,
-            Some(kv) => std::str::from_utf8(&kv.value)
-                .ok()
-                .and_then(|s| s.trim().parse::<i64>().ok())
-                .ok_or_else(|| {
+            Some(kv) => {
+                std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| {
                     KvError::InvalidArgument(format!(
                         "cannot increment `{}`: its value is not a decimal integer",
                         rdzv_core::ext::show(key)
                     ))
-                })?,
+                })?
+            }
         };
         let next = current.checked_add(delta).ok_or_else(|| {
             KvError::InvalidArgument(format!(
