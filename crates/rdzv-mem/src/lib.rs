@@ -33,16 +33,13 @@
 //!
 //! // A key bound to a lease disappears, with a delete event, when the lease expires.
 //! let lease = kv.lease_grant(Duration::from_secs(5)).await?;
-//! let written = kv
-//!     .put(b"job/worker", b"1", PutOptions::OVERWRITE.with_lease(Some(lease)))
-//!     .await?;
+//! kv.put(b"job/worker", b"1", PutOptions::OVERWRITE.with_lease(Some(lease))).await?;
 //! let mut events = kv.watch(b"job/worker", WatchScope::Key, kv.revision()).await?;
 //! assert_eq!(events.next().await.expect("the put")?.kind, EventKind::Put);
 //! // Waiting lets the paused clock run to the lease's deadline.
 //! let deleted = events.next().await.expect("the expiry")?;
 //! assert_eq!(deleted.kind, EventKind::Delete);
 //! assert!(kv.get(b"job/worker").await?.kv.is_none());
-//! # let _ = written;
 //!
 //! // The same store, failing its next call as if the server were gone.
 //! let faulty = FaultyKv::new(kv.clone(), 42);

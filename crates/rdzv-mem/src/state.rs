@@ -12,6 +12,9 @@ use rdzv_core::{
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
+/// The longest lease TTL (as etcd's): about 285 years.
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
+
 /// One live lease.
 #[derive(Debug)]
 struct Lease {
@@ -296,17 +299,22 @@ impl State {
         self.watchers.len()
     }
 
-    pub(crate) fn lease_grant(&mut self, ttl: Duration, now: Instant) -> (LeaseId, Instant) {
+    pub(crate) fn lease_grant(&mut self, ttl: Duration, now: Instant) -> KvResult<LeaseId> {
+        let deadline = now.checked_add(ttl).filter(|_| ttl <= MAX_LEASE_TTL).ok_or_else(|| {
+            KvError::InvalidArgument(format!(
+                "lease TTL {ttl:?} is too long; the longest is {MAX_LEASE_TTL:?}"
+            ))
+        })?;
         let id = self.next_lease;
         self.next_lease += 1;
-        let deadline = now + ttl;
         self.leases.insert(id, Lease { ttl, deadline, keys: BTreeSet::new() });
-        (id, deadline)
+        Ok(id)
     }
 
     pub(crate) fn lease_keep_alive(&mut self, id: LeaseId, now: Instant) -> KvResult<Duration> {
         let lease = self.leases.get_mut(&id).ok_or(KvError::LeaseNotFound(id))?;
-        lease.deadline = now + lease.ttl;
+        // Cannot overflow: the grant checked `now + ttl` with a TTL of at most MAX_LEASE_TTL.
+        lease.deadline = now.checked_add(lease.ttl).unwrap_or(lease.deadline);
         Ok(lease.ttl)
     }
 

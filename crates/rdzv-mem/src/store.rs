@@ -27,7 +27,7 @@ pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 ///
 /// Leases run on [`tokio::time::Instant`], so under `tokio::time::pause()` expiry is
 /// deterministic: a lease expires exactly `ttl` after its grant (or last keep-alive) of the
-/// virtual clock. A background task (started by the first lease grant, ended when the store
+/// virtual clock. A background task (started by the first lease grant or watch, ended when the store
 /// is dropped) deletes the keys of expired leases even if nobody calls the store; every
 /// call also expires overdue leases first, so results never depend on when that task ran.
 ///
@@ -121,12 +121,14 @@ impl MemKv {
         state
     }
 
-    /// Makes sure a reaper runs (in the current runtime) and knows about `deadline`.
-    fn wake_reaper(&self) {
-        if !self.signal.running.swap(true, Ordering::SeqCst) {
+    /// Makes sure a reaper runs, in the current runtime (the one that ran an earlier reaper
+    /// may have shut down since). Outside a tokio runtime there is none, and leases expire
+    /// only when the store is called.
+    fn ensure_reaper(&self) {
+        if tokio::runtime::Handle::try_current().is_ok() && !self.signal.running.swap(true, Ordering::SeqCst)
+        {
             reaper::spawn(Arc::downgrade(&self.shared), self.signal.clone());
         }
-        self.signal.notify.notify_one();
     }
 }
 
@@ -175,15 +177,16 @@ impl Kv for MemKv {
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
         let ttl = ttl.max(MIN_LEASE_TTL);
-        let (id, _) = self.state().lease_grant(ttl, Instant::now());
-        self.wake_reaper();
+        let id = self.state().lease_grant(ttl, Instant::now())?;
+        self.ensure_reaper();
+        // The new lease may be the next to expire.
+        self.signal.notify.notify_one();
         Ok(id)
     }
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
         let ttl = self.state().lease_keep_alive(lease, Instant::now())?;
-        // A reaper of a runtime that has since shut down must be replaced.
-        self.wake_reaper();
+        self.ensure_reaper();
         Ok(ttl)
     }
 
@@ -192,6 +195,8 @@ impl Kv for MemKv {
     }
 
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+        // A watcher waiting for an expiry needs a reaper in its runtime.
+        self.ensure_reaper();
         let mut state = self.state();
         watch::open(&mut state, &self.shared, key, scope, start_revision)
     }

@@ -113,3 +113,31 @@ async fn reaper_ends_when_the_store_is_dropped() {
     .await
     .expect("the reaper ends");
 }
+
+#[tokio::test]
+async fn absurd_lease_ttl_is_rejected() {
+    let kv = MemKv::new();
+    assert!(matches!(kv.lease_grant(Duration::MAX).await, Err(KvError::InvalidArgument(_))));
+    let lease = kv.lease_grant(Duration::ZERO).await.unwrap();
+    assert_eq!(kv.lease_keep_alive(lease).await.unwrap_or_default(), rdzv_mem::MIN_LEASE_TTL);
+}
+
+#[test]
+fn leases_expire_after_the_granting_runtime_is_gone() {
+    let kv = Arc::new(MemKv::new());
+    let first = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let written = first.block_on(async {
+        let lease = kv.lease_grant(Duration::from_millis(200)).await.unwrap();
+        let options = PutOptions::OVERWRITE.with_lease(Some(lease));
+        kv.put(b"k", b"v", options).await.unwrap();
+        kv.revision()
+    });
+    drop(first); // its reaper goes with it
+    let second = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    second.block_on(async {
+        let mut events = kv.watch(b"k", WatchScope::Key, written + 1).await.unwrap();
+        let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+        let event = event.expect("the expiry is delivered without any further call").unwrap().unwrap();
+        assert_eq!(event.kind, EventKind::Delete);
+    });
+}

@@ -16,13 +16,13 @@
 //! Add `rdzv-core = { workspace = true, features = ["testing"] }` and tokio (with `macros`
 //! and `rt-multi-thread`) to the backend crate's dev-dependencies, then in a test file:
 //!
-//! ```ignore
+//! ```text
 //! rdzv_core::conformance_suite!(async {
 //!     std::sync::Arc::new(rdzv_mem::MemKv::new()) as std::sync::Arc<dyn rdzv_core::Kv>
 //! });
 //! ```
 //!
-//! The argument is an expression evaluating to a future of `Arc<dyn Kv>`. It is evaluated
+//! (This is `crates/rdzv-mem/tests/conformance.rs`.) The argument is an expression evaluating to a future of `Arc<dyn Kv>`. It is evaluated
 //! once per case, inside that case's tokio runtime (multi-threaded, two workers), so it may
 //! start a server or connect to one shared by all cases (e.g. through a `OnceLock` holding
 //! the server process; make a fresh client per case since each case has its own runtime).
