@@ -5,8 +5,8 @@
 //! violation. It touches only keys under its namespace `ns`, so cases can share one store
 //! (one etcd or Redis server) and run in parallel. Every wait is bounded, so a broken
 //! backend fails a case instead of hanging it. Lease cases run on real time with short TTLs
-//! (the backend's [`Capabilities::min_lease_ttl`], at least one second), so the suite takes
-//! a few seconds.
+//! (the backend's [`min_lease_ttl`](crate::Capabilities::min_lease_ttl), at least one
+//! second), so the suite takes a few seconds.
 //!
 //! A backend that lacks a feature declares it in [`Kv::capabilities`]; the cases check that
 //! it then fails cleanly with [`KvError::Unsupported`].
