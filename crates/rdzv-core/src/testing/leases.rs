@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{key, lease_ttl, next_event, put, put_with, watch, within};
+use super::{WAIT, key, lease_ttl, next_event, next_event_within, put, put_with, watch, within};
 use crate::error::KvError;
 use crate::kv::{EventKind, Kv, PutOptions, WatchScope};
 
@@ -24,7 +24,7 @@ pub async fn lease_expiry_deletes_keys_with_events(kv: Arc<dyn Kv>, ns: Vec<u8>)
     let mut events = watch(&*kv, &ns, WatchScope::Prefix, r3 + 1).await;
     let mut deleted = BTreeSet::new();
     while deleted.len() < 2 {
-        let event = next_event(&mut events, "waiting for the lease to expire").await;
+        let event = next_event_within(&mut events, ttl + WAIT, "waiting for the lease to expire").await;
         assert_eq!(event.kind, EventKind::Delete, "only the lease's deletes are expected: {event:?}");
         assert!(event.revision() > r2.max(r1));
         assert!(deleted.insert(event.kv.key), "a key was deleted twice");

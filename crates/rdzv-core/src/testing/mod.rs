@@ -154,10 +154,16 @@ pub(crate) async fn watch(kv: &dyn Kv, key: &[u8], scope: WatchScope, start: Rev
 
 /// The next event of a watch, which must arrive within [`WAIT`].
 pub(crate) async fn next_event(events: &mut WatchStream, what: &str) -> Event {
-    match within(what, events.next()).await {
-        Some(Ok(event)) => event,
-        Some(Err(e)) => panic!("watch failed {what}: {e}"),
-        None => panic!("watch ended {what}"),
+    next_event_within(events, WAIT, what).await
+}
+
+/// The next event of a watch, which must arrive within `limit`.
+pub(crate) async fn next_event_within(events: &mut WatchStream, limit: Duration, what: &str) -> Event {
+    match tokio::time::timeout(limit, events.next()).await {
+        Err(_) => panic!("timed out after {limit:?} {what}"),
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(e))) => panic!("watch failed {what}: {e}"),
+        Ok(None) => panic!("watch ended {what}"),
     }
 }
 
