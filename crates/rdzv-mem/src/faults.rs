@@ -40,6 +40,7 @@ struct Config {
     fail_at: Option<u64>,
     fail_probability: f64,
     drop_watch_after: Option<usize>,
+    fail_after_applying: bool,
     rng: SmallRng,
 }
 
@@ -48,8 +49,9 @@ struct Config {
 /// connection") after k events or on demand.
 ///
 /// Every method of [`Kv`] except `name` and `capabilities` counts as one call. A failed call
-/// never reaches the wrapped backend. Faults apply from the moment they are set; all of them
-/// are off initially and after [`FaultyKv::clear`].
+/// does not reach the wrapped backend, unless [`FaultyKv::set_fail_after_applying`] makes
+/// it take effect and lose only its answer. Faults apply from the moment they are set; all
+/// of them are off initially and after [`FaultyKv::clear`].
 #[derive(Debug)]
 pub struct FaultyKv {
     inner: Arc<dyn Kv>,
@@ -69,6 +71,7 @@ impl FaultyKv {
                 fail_at: None,
                 fail_probability: 0.0,
                 drop_watch_after: None,
+                fail_after_applying: false,
                 rng: SmallRng::seed_from_u64(seed),
             }),
             calls: AtomicU64::new(0),
@@ -113,6 +116,13 @@ impl FaultyKv {
         self.cut.send_modify(|generation| *generation += 1);
     }
 
+    /// Whether an injected failure happens after the call reached the backend (`true`: the
+    /// operation takes effect but its answer is lost, as when a connection drops after the
+    /// request was sent) or before (`false`, the default: nothing happens).
+    pub fn set_fail_after_applying(&self, after: bool) {
+        self.config().fail_after_applying = after;
+    }
+
     /// Switches every fault off (the RNG keeps its state).
     pub fn clear(&self) {
         let mut config = self.config();
@@ -120,18 +130,19 @@ impl FaultyKv {
         config.fail_at = None;
         config.fail_probability = 0.0;
         config.drop_watch_after = None;
+        config.fail_after_applying = false;
     }
 
     fn config(&self) -> MutexGuard<'_, Config> {
         self.config.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Counts a call and applies the configured latency and failure to it.
-    async fn enter(&self, operation: &str) -> KvResult<()> {
-        let (delay, fail, call) = {
+    /// Runs one call of `operation` with the configured latency and failure.
+    async fn call<T>(&self, operation: &str, call: impl Future<Output = KvResult<T>>) -> KvResult<T> {
+        let (delay, fail, number, after) = {
             let mut config = self.config();
-            let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-            let mut fail = config.fail_at == Some(call);
+            let number = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut fail = config.fail_at == Some(number);
             if fail {
                 config.fail_at = None;
             }
@@ -148,15 +159,22 @@ impl FaultyKv {
                     Duration::from_nanos(config.rng.random_range(nanos(lo)..=nanos(hi)))
                 }
             };
-            (delay, fail, call)
+            (delay, fail, number, config.fail_after_applying)
         };
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        if fail {
-            return Err(self.unavailable(format!("injected failure of call #{call} ({operation})")));
+        if !fail {
+            return call.await;
         }
-        Ok(())
+        let when = if after {
+            // The operation happens; only its answer is lost.
+            let _ = call.await;
+            "after reaching the backend"
+        } else {
+            "before reaching the backend"
+        };
+        Err(self.unavailable(format!("injected failure of call #{number} ({operation}) {when}")))
     }
 
     fn unavailable(&self, message: String) -> KvError {
@@ -188,51 +206,42 @@ impl Kv for FaultyKv {
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        self.enter("get").await?;
-        self.inner.get(key).await
+        self.call("get", self.inner.get(key)).await
     }
 
     async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
-        self.enter("range").await?;
-        self.inner.range(prefix, options).await
+        self.call("range", self.inner.range(prefix, options)).await
     }
 
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
-        self.enter("put").await?;
-        self.inner.put(key, value, options).await
+        self.call("put", self.inner.put(key, value, options)).await
     }
 
     async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
-        self.enter("delete").await?;
-        self.inner.delete(key, mode).await
+        self.call("delete", self.inner.delete(key, mode)).await
     }
 
     async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
-        self.enter("delete_prefix").await?;
-        self.inner.delete_prefix(prefix).await
+        self.call("delete_prefix", self.inner.delete_prefix(prefix)).await
     }
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
-        self.enter("lease_grant").await?;
-        self.inner.lease_grant(ttl).await
+        self.call("lease_grant", self.inner.lease_grant(ttl)).await
     }
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
-        self.enter("lease_keep_alive").await?;
-        self.inner.lease_keep_alive(lease).await
+        self.call("lease_keep_alive", self.inner.lease_keep_alive(lease)).await
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
-        self.enter("lease_revoke").await?;
-        self.inner.lease_revoke(lease).await
+        self.call("lease_revoke", self.inner.lease_revoke(lease)).await
     }
 
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
-        self.enter("watch").await?;
         let mut cut = self.cut.subscribe();
         cut.mark_unchanged();
         let state = Dropping {
-            inner: self.inner.watch(key, scope, start_revision).await?,
+            inner: self.call("watch", self.inner.watch(key, scope, start_revision)).await?,
             left: self.config().drop_watch_after,
             cut: Some(cut),
             error: Some(self.unavailable("injected drop of the watch connection".into())),
@@ -241,13 +250,11 @@ impl Kv for FaultyKv {
     }
 
     async fn compact(&self, revision: Revision) -> KvResult<()> {
-        self.enter("compact").await?;
-        self.inner.compact(revision).await
+        self.call("compact", self.inner.compact(revision)).await
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
-        self.enter("increment").await?;
-        self.inner.increment(key, delta).await
+        self.call("increment", self.inner.increment(key, delta)).await
     }
 }
 

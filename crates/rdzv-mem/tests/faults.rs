@@ -165,3 +165,19 @@ async fn reports_the_wrapped_backend() {
     let err = kv.get(b"k").await.unwrap_err();
     assert!(err.to_string().starts_with("mem at fault-injection is unavailable"), "{err}");
 }
+
+#[tokio::test]
+async fn a_failure_after_applying_loses_only_the_answer() {
+    let inner = mem();
+    let kv = FaultyKv::new(inner.clone(), 1);
+    kv.set_fail_after_applying(true);
+    kv.fail_nth_call(1);
+    let err = kv.put(b"k", b"v", PutOptions::OVERWRITE).await.unwrap_err();
+    assert!(is_unavailable(&err));
+    assert!(err.to_string().contains("after reaching the backend"), "{err}");
+    assert_eq!(inner.get(b"k").await.unwrap().kv.unwrap().value, b"v", "the put took effect");
+    kv.clear();
+    kv.fail_nth_call(1);
+    assert!(kv.delete(b"k", rdzv_core::DeleteMode::Any).await.is_err());
+    assert!(inner.get(b"k").await.unwrap().kv.is_some(), "clear() restores failing before applying");
+}
