@@ -1,1 +1,110 @@
-//! rdzv-redis
+//! # rdzv-redis: etcd v3 semantics on Redis
+//!
+//! [`RedisKv`] implements the [`rdzv_core::Kv`] contract (revisions, compare-and-swap,
+//! leases, watches from a past revision) on a plain Redis 7 server, so that teams that run
+//! Redis and no etcd get the same rendezvous with the same guarantees. [`RedisFactory`]
+//! builds one from a URL:
+//!
+//! ```text
+//! redis://[user:pass@]host:6379/<run_id>?db=0&namespace=rdzv&connect_timeout=5s
+//! rediss://host:6380/<run_id>?cacert=/etc/ssl/my-ca.pem        (TLS)
+//! ```
+//!
+//! Options: `db` (database number), `cacert` (PEM CA for `rediss://`; default: the system's
+//! roots), `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
+//! `namespace` (default `rdzv`; clients in different namespaces never see each other),
+//! `history` (revisions of watch history kept, default 100 000).
+//!
+//! ## Why scripts
+//! etcd answers "write this if the key's revision is still R, else tell me what is there" in
+//! one atomic transaction. Redis has no such command, and `WATCH`/`MULTI` cannot be used on
+//! a connection multiplexed between many concurrent callers (one caller's `WATCH` would
+//! guard another's writes). A Lua script runs atomically on the server, so **every
+//! operation is one call of one script** (loaded once, run by its SHA with `EVALSHA`): it
+//! reaps expired leases, checks the precondition, bumps the namespace's revision counter,
+//! stores the value with its metadata, updates the indexes and appends the event to the
+//! log — or, when the precondition fails, returns the current key in the same round trip.
+//! Reads are scripts too, so the revision they report and the data they return are one
+//! snapshot. The script validates what it reads before its first write (Redis does not
+//! roll scripts back), so a foreign value under our keys aborts it cleanly with an error
+//! naming the key.
+//!
+//! ## The event log
+//! Each namespace has one Redis stream whose entry ids are `<revision>-<n>`: a write appends
+//! its events (one, or several for a prefix delete or an expiring lease) with the revision
+//! it got. A watch is a blocking `XREAD` of that stream, on a connection of its own, from the
+//! requested revision, filtered by key or prefix in the client. Because every revision has
+//! at least one entry and a revision's entries are appended atomically, a watch detects any
+//! hole: after a broken connection it resumes from its last entry, and if the entries it
+//! needs were trimmed it ends with [`KvError::Compacted`](rdzv_core::KvError::Compacted),
+//! naming the oldest revision still kept. The stream is trimmed to the last `history`
+//! revisions, or by [`Kv::compact`](rdzv_core::Kv::compact); the `compacted` key records
+//! how far, so compaction is detected exactly.
+//!
+//! ## Leases, on the server's clock
+//! A lease is a deadline in a sorted set, computed from the Redis server's `TIME` inside the
+//! script — never from a client's clock — plus the set of keys bound to it. Every script
+//! first ends the leases whose deadline has passed: their keys are deleted, each lease's at
+//! one new revision, with delete events in the log. So that an expiry produces its events
+//! even when nobody writes, each client also runs a background reaper that calls the script
+//! when the next deadline is due (at least every 200 ms); it stops when the client is
+//! dropped. TTLs have millisecond precision, with a floor of 500 ms.
+//!
+//! ## Data layout (namespace `ns`, all under the hash tag `{rdzv:ns}`, so one cluster slot)
+//! | key | type | holds |
+//! |---|---|---|
+//! | `{rdzv:ns}:rev` | string | the current revision |
+//! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below) |
+//! | `{rdzv:ns}:k:<key>` | hash | `v` value, `c` create revision, `m` mod revision, `n` version, `l` lease |
+//! | `{rdzv:ns}:names` | sorted set | every key, for prefix ranges by key (`ZRANGEBYLEX`) |
+//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` (every prefix of a key ending in `/`, and the empty one) scored by create revision: counts and creation-ordered ranges in O(log N) |
+//! | `{rdzv:ns}:log` | stream | the events, ids `<revision>-<n>` |
+//! | `{rdzv:ns}:compacted` | string | the oldest revision the log still has |
+//! | `{rdzv:ns}:leases` | sorted set | lease ids scored by deadline (server ms) |
+//! | `{rdzv:ns}:lttl` | hash | each lease's TTL |
+//! | `{rdzv:ns}:lk:<id>` | set | the keys bound to a lease |
+//! | `{rdzv:ns}:leaseid` | string | the last lease id handed out |
+//!
+//! ## Connections and failures
+//! Requests share one auto-reconnecting multiplexed connection; each watch has its own.
+//! Every request is bounded by `request_timeout`. Reads, keep-alives and compaction are
+//! retried within that bound after a connection failure; writes never are (their outcome
+//! is unknown, and resending could apply them twice) — they fail with
+//! [`KvError::Unavailable`](rdzv_core::KvError::Unavailable) or
+//! [`KvError::Timeout`](rdzv_core::KvError::Timeout), which the caller may retry. A client
+//! attaches to the namespace's *epoch*, created by the first client; if the server restarts
+//! without persistence (or is flushed) the epoch is gone, and every operation and watch of
+//! the old client fails with a clear error instead of serving a history that no longer
+//! exists.
+//!
+//! ## Example
+//! ```no_run
+//! use rdzv_core::{Kv, PutMode, PutOptions, PutOutcome};
+//! use rdzv_redis::{RedisConfig, RedisKv};
+//!
+//! # async fn demo() -> Result<(), rdzv_core::KvError> {
+//! let kv = RedisKv::connect(RedisConfig::new("127.0.0.1", 6379)).await?;
+//! match kv.put(b"/jobs/42/leader", b"worker-7", PutOptions::new(PutMode::Create)).await? {
+//!     PutOutcome::Written { revision, .. } => println!("leader since revision {revision}"),
+//!     PutOutcome::Conflict { current } => println!("leader is already {current:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod config;
+mod connect;
+mod error;
+mod factory;
+mod kv;
+mod reaper;
+mod reply;
+mod watch;
+
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::{DEFAULT_NAMESPACE, DEFAULT_PORT, OPTIONS, RedisConfig};
+pub use factory::RedisFactory;
+pub use kv::RedisKv;

@@ -1,0 +1,111 @@
+//! The connection state every operation shares, and the one way to run our script:
+//! bounded by a timeout, retried only when the operation is idempotent.
+
+use std::time::Duration;
+
+use rdzv_core::{KvError, KvResult};
+use redis::aio::ConnectionManager;
+use redis::{Client, Script, Value};
+
+use crate::config::RedisConfig;
+use crate::error::{NAME, from_redis};
+use crate::reply::{Context, Reply};
+
+/// The script: helpers, then the operations and their dispatcher.
+const SOURCE: &str = concat!(include_str!("lua/prelude.lua"), "\n", include_str!("lua/ops.lua"));
+
+/// Whether an operation may be sent again after a failure whose outcome is unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Reads, keep-alive, reaping: running twice is harmless.
+    Idempotent,
+    /// Writes: a lost reply may hide an applied write, so it is never resent.
+    Once,
+}
+
+/// One namespace on one server, attached to the namespace's current epoch.
+pub(crate) struct Shared {
+    pub config: RedisConfig,
+    /// `redis://host:port/db`, for errors.
+    pub endpoint: String,
+    /// `{rdzv:<namespace>}:`.
+    pub base: String,
+    pub client: Client,
+    pub conn: ConnectionManager,
+    pub script: Script,
+    /// The epoch this client attached to; a different one means the server lost our data.
+    pub epoch: String,
+}
+
+impl Shared {
+    /// Connects and attaches to the namespace (creating its epoch if it is new).
+    pub async fn connect(config: RedisConfig) -> KvResult<Shared> {
+        config.validate().map_err(|e| KvError::InvalidArgument(e.to_string()))?;
+        let client = crate::connect::client(&config)?;
+        let conn = crate::connect::manager(&client, &config).await?;
+        let mut shared = Shared {
+            endpoint: config.endpoint_display(),
+            base: config.key_base(),
+            config,
+            client,
+            conn,
+            script: Script::new(SOURCE),
+            epoch: String::new(),
+        };
+        let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
+        let epoch = reply.bytes()?;
+        shared.epoch = String::from_utf8_lossy(&epoch).into_owned();
+        Ok(shared)
+    }
+
+    /// Redis key of the revision counter (routes every call to the namespace's slot).
+    pub fn rev_key(&self) -> String {
+        format!("{}rev", self.base)
+    }
+
+    /// Redis key of the event log.
+    pub fn log_key(&self) -> String {
+        format!("{}log", self.base)
+    }
+
+    pub fn context(&self) -> Context<'_> {
+        Context { endpoint: &self.endpoint, namespace: &self.config.namespace }
+    }
+
+    /// Runs operation `op` of the script with `args`, within the request timeout.
+    /// Returns the reply (tagged), with corrupt-data and lost-epoch replies as errors.
+    pub async fn call(&self, op: &'static str, args: &[&[u8]], retry: Retry) -> KvResult<Reply> {
+        let timeout = self.config.request_timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let result = match tokio::time::timeout_at(deadline, self.invoke(op, args)).await {
+                Ok(r) => r,
+                Err(_) => Err(KvError::Timeout { backend: NAME, operation: op.to_string(), after: timeout }),
+            };
+            match result {
+                Ok(value) => return Reply::parse(value, op, &self.context()),
+                Err(e) if retry == Retry::Idempotent && e.is_retryable() => {
+                    let now = tokio::time::Instant::now();
+                    if now + backoff >= deadline {
+                        return Err(e);
+                    }
+                    tracing::debug!(op, error = %e, "retrying an idempotent redis operation");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn invoke(&self, op: &'static str, args: &[&[u8]]) -> KvResult<Value> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.key(self.rev_key()).arg(&self.base).arg(&self.epoch).arg(self.config.history).arg(op);
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.conn.clone();
+        invocation.invoke_async::<Value>(&mut conn).await.map_err(|e| from_redis(e, &self.endpoint, op))
+    }
+}

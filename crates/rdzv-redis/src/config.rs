@@ -1,0 +1,247 @@
+//! How to reach a Redis server and where our keys live, from a rendezvous URL or built by
+//! hand.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rdzv_core::params::parse_duration;
+use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
+
+/// Default Redis port.
+pub const DEFAULT_PORT: u16 = 6379;
+
+/// Default namespace: all keys live under the hash tag `{rdzv:rdzv}`.
+pub const DEFAULT_NAMESPACE: &str = "rdzv";
+
+/// The URL query options the Redis backend understands.
+pub const OPTIONS: &[&str] = &["db", "cacert", "connect_timeout", "request_timeout", "namespace", "history"];
+
+/// Connection and layout settings of a [`RedisKv`](crate::RedisKv).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// The server.
+    pub endpoint: Endpoint,
+    /// ACL user name, if any.
+    pub username: Option<String>,
+    /// Password, if any (never shown).
+    pub password: Option<Secret>,
+    /// Database number (`db=`, default 0).
+    pub db: i64,
+    /// Connect with TLS (`rediss://`).
+    pub tls: bool,
+    /// PEM file of the CA that signed the server's certificate (`cacert=`); `None`: the
+    /// system's trust store.
+    pub cacert: Option<PathBuf>,
+    /// Bound on establishing a connection (`connect_timeout=`, default 5 s).
+    pub connect_timeout: Duration,
+    /// Bound on every request (`request_timeout=`, default 10 s).
+    pub request_timeout: Duration,
+    /// Namespace of the keys (`namespace=`, default `rdzv`): every key lives under the hash
+    /// tag `{rdzv:<namespace>}`; clients in different namespaces never see each other.
+    pub namespace: String,
+    /// Revisions of watch history kept (`history=`, default 100 000); older ones are
+    /// compacted away.
+    pub history: u64,
+}
+
+impl RedisConfig {
+    /// Settings for a plain-TCP server at `host:port` with every other value at its default.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        RedisConfig {
+            endpoint: Endpoint { host: host.into(), port },
+            username: None,
+            password: None,
+            db: 0,
+            tls: false,
+            cacert: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            history: 100_000,
+        }
+    }
+
+    /// The same settings in namespace `namespace`.
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Settings from a parsed `redis://` or `rediss://` URL. Errors name the bad option:
+    /// several endpoints (Redis takes one), a bad `db`, duration, `history` or namespace,
+    /// an option the backend does not know.
+    pub fn from_url(url: &RendezvousUrl) -> Result<Self, ConfigError> {
+        let tls = match url.scheme.as_str() {
+            "redis" => false,
+            "rediss" => true,
+            other => {
+                return Err(ConfigError::InvalidUrl(format!(
+                    "the Redis backend serves `redis://` and `rediss://`, not `{other}://`"
+                )));
+            }
+        };
+        let endpoint = match url.endpoints.as_slice() {
+            [one] => one.clone(),
+            [] => {
+                return Err(ConfigError::InvalidUrl(
+                    "a Redis URL needs a host, e.g. `redis://127.0.0.1:6379/<run_id>`".into(),
+                ));
+            }
+            many => {
+                return Err(ConfigError::InvalidValue {
+                    option: "endpoints".into(),
+                    value: many.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                    reason: "the Redis backend connects to exactly one server".into(),
+                });
+            }
+        };
+        let mut config = RedisConfig::new(endpoint.host, endpoint.port);
+        config.tls = tls;
+        config.username = url.username.clone().filter(|u| !u.is_empty());
+        config.password = url.password.clone();
+        for (name, value) in &url.options {
+            match name.as_str() {
+                "db" => config.db = parse_db(value)?,
+                "cacert" => config.cacert = Some(PathBuf::from(value)),
+                "connect_timeout" => config.connect_timeout = positive(name, value)?,
+                "request_timeout" => config.request_timeout = positive(name, value)?,
+                "namespace" => config.namespace = value.clone(),
+                "history" => config.history = parse_history(value)?,
+                other => {
+                    return Err(ConfigError::UnknownOption {
+                        option: other.to_string(),
+                        known: OPTIONS.join(", "),
+                    });
+                }
+            }
+        }
+        if config.cacert.is_some() && !config.tls {
+            return Err(ConfigError::InvalidValue {
+                option: "cacert".into(),
+                value: url.options.get("cacert").cloned().unwrap_or_default(),
+                reason: "a CA certificate needs TLS: use `rediss://`".into(),
+            });
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the values a user can get wrong when building the config by hand.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.namespace.is_empty()
+            || self.namespace.chars().any(|c| matches!(c, '{' | '}') || c.is_control())
+        {
+            return Err(ConfigError::InvalidValue {
+                option: "namespace".into(),
+                value: self.namespace.clone(),
+                reason: "expected a non-empty name without `{`, `}` or control characters".into(),
+            });
+        }
+        if self.history == 0 {
+            return Err(ConfigError::InvalidValue {
+                option: "history".into(),
+                value: "0".into(),
+                reason: "at least one revision of history must be kept".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The prefix of every Redis key of this namespace: `{rdzv:<namespace>}:`.
+    pub fn key_base(&self) -> String {
+        format!("{{rdzv:{}}}:", self.namespace)
+    }
+
+    /// The endpoint as shown in errors (never with credentials).
+    pub fn endpoint_display(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://{}/{}", self.endpoint, self.db)
+    }
+}
+
+fn parse_db(value: &str) -> Result<i64, ConfigError> {
+    value.parse::<i64>().ok().filter(|db| *db >= 0).ok_or_else(|| ConfigError::InvalidValue {
+        option: "db".into(),
+        value: value.into(),
+        reason: "expected a database number, 0 or more".into(),
+    })
+}
+
+fn parse_history(value: &str) -> Result<u64, ConfigError> {
+    value.parse::<u64>().ok().filter(|h| *h > 0 && *h <= 1 << 40).ok_or_else(|| ConfigError::InvalidValue {
+        option: "history".into(),
+        value: value.into(),
+        reason: "expected a number of revisions, at least 1".into(),
+    })
+}
+
+fn positive(option: &str, value: &str) -> Result<Duration, ConfigError> {
+    let d = parse_duration(option, value)?;
+    if d.is_zero() {
+        return Err(ConfigError::InvalidValue {
+            option: option.into(),
+            value: value.into(),
+            reason: "must be longer than zero".into(),
+        });
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn url(scheme: &str, options: &[(&str, &str)]) -> RendezvousUrl {
+        RendezvousUrl {
+            scheme: scheme.into(),
+            endpoints: vec![Endpoint { host: "h".into(), port: 7000 }],
+            username: Some("u".into()),
+            password: Some(Secret::new("hunter2")),
+            run_id: "job".into(),
+            options: options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            rendezvous_options: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn options_are_read() {
+        let c = RedisConfig::from_url(&url(
+            "rediss",
+            &[
+                ("db", "3"),
+                ("cacert", "/ca.pem"),
+                ("connect_timeout", "2s"),
+                ("namespace", "t1"),
+                ("history", "10"),
+            ],
+        ))
+        .unwrap();
+        assert!(c.tls);
+        assert_eq!(c.db, 3);
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.key_base(), "{rdzv:t1}:");
+        assert_eq!(c.history, 10);
+        assert_eq!(c.endpoint_display(), "rediss://h:7000/3");
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        for (opts, name) in [
+            (&[("db", "-1")][..], "db"),
+            (&[("history", "0")][..], "history"),
+            (&[("namespace", "a}b")][..], "namespace"),
+            (&[("connect_timeout", "soon")][..], "connect_timeout"),
+            (&[("bogus", "1")][..], "bogus"),
+        ] {
+            let e = RedisConfig::from_url(&url("redis", opts)).unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
+        let e = RedisConfig::from_url(&url("redis", &[("cacert", "/ca.pem")])).unwrap_err();
+        assert!(e.to_string().contains("rediss"), "{e}");
+    }
+}

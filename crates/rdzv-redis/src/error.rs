@@ -1,0 +1,74 @@
+//! Turning what the `redis` client and our scripts report into [`KvError`]s.
+
+use std::time::Duration;
+
+use rdzv_core::KvError;
+use redis::RedisError;
+
+/// Backend name in errors.
+pub(crate) const NAME: &str = "redis";
+
+/// A client-library error as a [`KvError`]: unreachable / dropped connections are
+/// `Unavailable` (with the endpoint, never the password), timeouts `Timeout`, the rest
+/// (script errors included) `Backend` with the source.
+pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str) -> KvError {
+    if err.is_timeout() {
+        return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: Duration::ZERO };
+    }
+    if err.is_io_error()
+        || err.is_connection_refusal()
+        || err.is_connection_dropped()
+        || err.is_unrecoverable_error()
+    {
+        return KvError::Unavailable {
+            backend: NAME,
+            endpoint: endpoint.to_string(),
+            message: format!("{operation} failed: {err}"),
+            source: Some(Box::new(err)),
+        };
+    }
+    KvError::Backend {
+        backend: NAME,
+        message: format!("{operation} failed at {endpoint}: {err}"),
+        source: Some(Box::new(err)),
+    }
+}
+
+/// A reply that does not have the shape our scripts produce.
+pub(crate) fn bad_reply(operation: &str, what: impl std::fmt::Display) -> KvError {
+    KvError::backend(
+        NAME,
+        format!(
+            "{operation}: unexpected reply from the server ({what}); is this the rdzv script on a Redis 7 server?"
+        ),
+    )
+}
+
+/// A value under our keys that we did not write.
+pub(crate) fn corrupt(key: &[u8], message: &str) -> KvError {
+    KvError::backend(
+        NAME,
+        format!(
+            "the Redis key `{}` does not hold what rdzv wrote ({message}); something else wrote \
+             under rdzv's keys: use a separate namespace or database, or delete the damaged keys",
+            String::from_utf8_lossy(key)
+        ),
+    )
+}
+
+/// The namespace's epoch is not the one this client attached to.
+pub(crate) fn lost(endpoint: &str, namespace: &str, found: &[u8]) -> KvError {
+    let what = if found.is_empty() {
+        "its data is gone (the server restarted without persistence, or was flushed)".to_string()
+    } else {
+        "its data was replaced (the namespace was reset by another client after a data loss)".to_string()
+    };
+    KvError::backend(
+        NAME,
+        format!(
+            "the Redis server at {endpoint} lost rdzv's state in namespace `{namespace}`: {what}; \
+             revisions, leases and watch history from before are unknown, so this client stops; \
+             connect a new client and start over"
+        ),
+    )
+}

@@ -1,0 +1,206 @@
+//! [`RedisKv`]: the [`Kv`] contract, each operation one call of our script.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rdzv_core::{
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvResult,
+    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    WatchStream,
+};
+
+use crate::client::{Retry, Shared};
+use crate::config::RedisConfig;
+use crate::error::NAME;
+
+/// The Redis backend: etcd v3 semantics from one Lua script and one stream per namespace
+/// (see the [crate docs](crate)). Cheap to share behind an `Arc`; every clone of that `Arc`
+/// uses one multiplexed connection (plus one per open watch). Dropping the last one stops
+/// its background lease reaper.
+pub struct RedisKv {
+    shared: Arc<Shared>,
+    reaper: tokio::task::AbortHandle,
+}
+
+impl std::fmt::Debug for RedisKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisKv")
+            .field("endpoint", &self.shared.endpoint)
+            .field("namespace", &self.shared.config.namespace)
+            .finish()
+    }
+}
+
+impl Drop for RedisKv {
+    fn drop(&mut self) {
+        self.reaper.abort();
+    }
+}
+
+impl RedisKv {
+    /// Connects to the server of `config` and attaches to its namespace (creating it if
+    /// new). Must run inside a tokio runtime (it starts the lease reaper there).
+    ///
+    /// Errors: [`KvError::Unavailable`] when the server cannot be reached in
+    /// `connect_timeout`; [`KvError::InvalidArgument`] for a bad config (unreadable CA
+    /// file, bad namespace); [`KvError::Backend`] when our keys hold foreign data.
+    pub async fn connect(config: RedisConfig) -> KvResult<RedisKv> {
+        let shared = Arc::new(Shared::connect(config).await?);
+        let reaper = crate::reaper::spawn(Arc::downgrade(&shared));
+        Ok(RedisKv { shared, reaper })
+    }
+
+    /// The settings this client runs with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.shared.config
+    }
+}
+
+fn mode_args(mode: PutMode) -> (&'static [u8], Revision) {
+    match mode {
+        PutMode::Overwrite => (b"o", 0),
+        PutMode::Create => (b"c", 0),
+        PutMode::Update(rev) => (b"u", rev),
+    }
+}
+
+fn lease_arg(lease: Option<LeaseId>) -> KvResult<i64> {
+    match lease {
+        None => Ok(0),
+        Some(id) if id > 0 => Ok(id),
+        Some(id) => Err(KvError::LeaseNotFound(id)),
+    }
+}
+
+fn num(n: impl ToString) -> Vec<u8> {
+    n.to_string().into_bytes()
+}
+
+#[async_trait]
+impl Kv for RedisKv {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { watch_history: true, compaction: true, min_lease_ttl: crate::reaper::MIN_LEASE_TTL }
+    }
+
+    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
+        let mut r = self.shared.call("get", &[key], Retry::Idempotent).await?;
+        let revision = r.int()?;
+        let kv = r.optional_key_value()?;
+        Ok(GetResponse { kv, revision })
+    }
+
+    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
+        let limit = num(options.limit.unwrap_or(0));
+        let max_create = options.max_create_revision.map(num).unwrap_or_default();
+        let order: &[u8] = match options.order {
+            RangeOrder::ByKey => b"key",
+            RangeOrder::ByCreateRevision => b"create",
+        };
+        let flag = |b: bool| -> &'static [u8] { if b { b"1" } else { b"0" } };
+        let args = [prefix, &limit, &max_create, order, flag(options.keys_only), flag(options.count_only)];
+        let mut r = self.shared.call("range", &args, Retry::Idempotent).await?;
+        let revision = r.int()?;
+        let count = r.int()?;
+        let mut records = r.nested()?;
+        let mut kvs = Vec::new();
+        while !records.is_empty() {
+            kvs.push(records.key_value()?);
+        }
+        Ok(RangeResponse { kvs, count: u64::try_from(count).unwrap_or(0), revision })
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        let (mode, expect) = mode_args(options.mode);
+        let lease = lease_arg(options.lease)?;
+        let args = [key, value, mode, &num(expect), &num(lease)];
+        let mut r = self.shared.call("put", &args, Retry::Once).await?;
+        match r.tag.as_str() {
+            "ok" => {
+                let revision = r.int()?;
+                let create_revision = r.int()?;
+                Ok(PutOutcome::Written { revision, create_revision })
+            }
+            "conflict" => Ok(PutOutcome::Conflict { current: r.optional_key_value()? }),
+            "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
+            _ => Err(r.unexpected()),
+        }
+    }
+
+    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
+        let (mode, expect): (&[u8], Revision) = match mode {
+            DeleteMode::Any => (b"a", 0),
+            DeleteMode::IfRevision(rev) => (b"i", rev),
+        };
+        let mut r = self.shared.call("delete", &[key, mode, &num(expect)], Retry::Once).await?;
+        match r.tag.as_str() {
+            "ok" => Ok(DeleteOutcome::Deleted { revision: r.int()? }),
+            "missing" => Ok(DeleteOutcome::Missing),
+            "conflict" => Ok(DeleteOutcome::Conflict { current: r.optional_key_value()? }),
+            _ => Err(r.unexpected()),
+        }
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
+        if prefix.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "delete_prefix needs a non-empty prefix (deleting every key is not allowed)".into(),
+            ));
+        }
+        let mut r = self.shared.call("delete_prefix", &[prefix], Retry::Once).await?;
+        let deleted = r.int()?;
+        let revision = r.int()?;
+        Ok(DeletePrefixResponse { deleted: u64::try_from(deleted).unwrap_or(0), revision })
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
+        if ttl.is_zero() {
+            return Err(KvError::InvalidArgument("a lease TTL must be longer than zero".into()));
+        }
+        let ttl = ttl.max(crate::reaper::MIN_LEASE_TTL);
+        let ms = ttl.as_micros().div_ceil(1000);
+        if ms > 1 << 40 {
+            return Err(KvError::InvalidArgument(format!("lease TTL {ttl:?} is too long")));
+        }
+        let mut r = self.shared.call("grant", &[&num(ms)], Retry::Once).await?;
+        r.int()
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
+        let mut r = self.shared.call("keep_alive", &[&num(lease)], Retry::Idempotent).await?;
+        match r.tag.as_str() {
+            "ok" => Ok(Duration::from_millis(u64::try_from(r.int()?).unwrap_or(0))),
+            "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
+            _ => Err(r.unexpected()),
+        }
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
+        let r = self.shared.call("revoke", &[&num(lease)], Retry::Once).await?;
+        match r.tag.as_str() {
+            "ok" => Ok(()),
+            "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
+            _ => Err(r.unexpected()),
+        }
+    }
+
+    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+        crate::watch::start(&self.shared, key.to_vec(), scope, start_revision).await
+    }
+
+    async fn compact(&self, revision: Revision) -> KvResult<()> {
+        let mut r = self.shared.call("compact", &[&num(revision)], Retry::Idempotent).await?;
+        match r.tag.as_str() {
+            "ok" => Ok(()),
+            "future" => Err(KvError::InvalidArgument(format!(
+                "cannot compact to revision {revision}: the current revision is {}",
+                r.int()?
+            ))),
+            _ => Err(r.unexpected()),
+        }
+    }
+}

@@ -1,0 +1,243 @@
+-- rdzv on Redis: the helpers shared by every operation (see ops.lua for the operations).
+--
+-- Calling convention: KEYS[1] = <base>rev (routes the call to the namespace's slot);
+-- ARGV[1] = <base> = "{rdzv:<namespace>}:", ARGV[2] = the epoch the client attached to,
+-- ARGV[3] = how many revisions of history the event log keeps, ARGV[4] = the operation,
+-- ARGV[5..] = its arguments. Every key touched starts with <base>, so one hash slot.
+--
+-- Nothing here rolls back: Redis applies a script's writes as they happen. So every
+-- operation first reads and validates all it needs (a foreign value under our keys aborts
+-- the script before its first write), then writes.
+
+local B = ARGV[1]
+local K_REV = B .. 'rev'
+local K_EPOCH = B .. 'epoch'
+local K_NAMES = B .. 'names'
+local K_LOG = B .. 'log'
+local K_COMPACTED = B .. 'compacted'
+local K_LEASES = B .. 'leases'
+local K_LTTL = B .. 'lttl'
+local K_LEASEID = B .. 'leaseid'
+local HISTORY = tonumber(ARGV[3])
+
+-- Lua turns numbers into strings with "%.14g"; revisions are integers and must stay exact.
+local function s(n)
+  return string.format('%d', n)
+end
+
+-- Aborts the operation: the client reports a foreign or damaged value under `key`.
+local function corrupt(key, msg)
+  error({ rdzv_corrupt = true, key = key, msg = msg })
+end
+
+-- redis.call that names the key in the error when the key holds a foreign type.
+local function rcall(key, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    corrupt(key, r.err)
+  end
+  return r
+end
+
+-- An integer stored by us as a string, or `default` when absent.
+local function int_at(key, default)
+  local v = rcall(key, 'GET', key)
+  if not v then
+    return default
+  end
+  local n = tonumber(v)
+  if not n or n < 0 or n ~= math.floor(n) then
+    corrupt(key, 'expected a non-negative integer')
+  end
+  return n
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function cur_rev()
+  return int_at(K_REV, 0)
+end
+
+local function compacted()
+  return int_at(K_COMPACTED, 0)
+end
+
+local function next_rev()
+  return redis.call('INCR', K_REV)
+end
+
+local function dkey(k)
+  return B .. 'k:' .. k
+end
+
+local function lease_keys_key(id)
+  return B .. 'lk:' .. s(id)
+end
+
+-- The record of user key `k`, or nil: { v = value or nil, c, m, n (version), l (lease, 0 = none) }.
+local function load(k, with_value)
+  local dk = dkey(k)
+  local h = rcall(dk, 'HMGET', dk, 'c', 'm', 'n', 'l', with_value and 'v' or 'c')
+  if not h[1] then
+    if redis.call('EXISTS', dk) == 1 then
+      corrupt(dk, 'not a key record written by rdzv (no create revision)')
+    end
+    return nil
+  end
+  local c, m, n, l = tonumber(h[1]), tonumber(h[2]), tonumber(h[3]), tonumber(h[4])
+  if not (c and m and n and l) or (with_value and not h[5]) then
+    corrupt(dk, 'not a key record written by rdzv (bad metadata)')
+  end
+  local rec = { c = c, m = m, n = n, l = l }
+  if with_value then
+    rec.v = h[5]
+  end
+  return rec
+end
+
+-- A record as a flat reply: key, value, create, mod, version, lease.
+local function reply_kv(k, rec)
+  return { k, rec.v or '', rec.c, rec.m, rec.n, rec.l }
+end
+
+-- The prefixes that end at a '/' of `k` (and the empty prefix): each has a create-revision
+-- index, so a prefix query ending in '/' counts and orders by creation in O(log N).
+local function dirs(k)
+  local res = { '' }
+  local i = 0
+  while true do
+    i = string.find(k, '/', i + 1, true)
+    if not i then
+      break
+    end
+    res[#res + 1] = string.sub(k, 1, i)
+  end
+  return res
+end
+
+local function ikey(dir)
+  return B .. 'i:' .. dir
+end
+
+local function index_add(k, c)
+  redis.call('ZADD', K_NAMES, 0, k)
+  for _, d in ipairs(dirs(k)) do
+    redis.call('ZADD', ikey(d), c, k)
+  end
+end
+
+local function index_rem(k)
+  redis.call('ZREM', K_NAMES, k)
+  for _, d in ipairs(dirs(k)) do
+    redis.call('ZREM', ikey(d), k)
+  end
+end
+
+-- The exclusive upper bound of the keys starting with `p` for ZRANGEBYLEX, or '+'.
+local function lex_upper(p)
+  while #p > 0 and string.byte(p, #p) == 255 do
+    p = string.sub(p, 1, #p - 1)
+  end
+  if #p == 0 then
+    return '+'
+  end
+  return '(' .. string.sub(p, 1, #p - 1) .. string.char(string.byte(p, #p) + 1)
+end
+
+-- Every key starting with `p`, in key order.
+local function keys_with_prefix(p)
+  if #p == 0 then
+    return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '-', '+')
+  end
+  return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '[' .. p, lex_upper(p))
+end
+
+-- Keeps the last HISTORY revisions in the log; older ones are compacted away.
+local function trim(rev)
+  local oldest = rev - HISTORY + 1
+  if oldest > compacted() then
+    redis.call('SET', K_COMPACTED, s(oldest))
+    redis.call('XTRIM', K_LOG, 'MINID', '~', s(oldest) .. '-0')
+  end
+end
+
+local function log_put(rev, seq, k, rec)
+  redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'p', 'k', k, 'v', rec.v,
+    'c', s(rec.c), 'm', s(rec.m), 'n', s(rec.n), 'l', s(rec.l))
+end
+
+local function log_del(rev, seq, k)
+  redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'd', 'k', k)
+end
+
+-- Removes a (validated) record and its index entries; the caller logs the event.
+local function remove(k, rec)
+  redis.call('DEL', dkey(k))
+  index_rem(k)
+  if rec.l ~= 0 then
+    redis.call('SREM', lease_keys_key(rec.l), k)
+  end
+end
+
+-- Ends lease `id`: its keys are deleted at one new revision (if it has any), with events.
+local function end_lease(id)
+  local lk = lease_keys_key(id)
+  local keys = rcall(lk, 'SMEMBERS', lk)
+  local live = {}
+  for _, k in ipairs(keys) do
+    local rec = load(k, false)
+    if rec and rec.l == id then
+      live[#live + 1] = { k, rec }
+    end
+  end
+  redis.call('DEL', lk)
+  redis.call('ZREM', K_LEASES, s(id))
+  redis.call('HDEL', K_LTTL, s(id))
+  if #live > 0 then
+    table.sort(live, function(a, b) return a[1] < b[1] end)
+    local rev = next_rev()
+    for i, e in ipairs(live) do
+      remove(e[1], e[2])
+      log_del(rev, i - 1, e[1])
+    end
+    trim(rev)
+  end
+end
+
+-- Ends every lease whose deadline (server clock) has passed.
+local function reap()
+  local now = now_ms()
+  local ids = rcall(K_LEASES, 'ZRANGEBYSCORE', K_LEASES, '-inf', now)
+  for _, id in ipairs(ids) do
+    local n = tonumber(id)
+    if not n then
+      corrupt(K_LEASES, 'lease id is not a number')
+    end
+    end_lease(n)
+  end
+  return now
+end
+
+-- Whether lease `id` is alive (after reaping).
+local function lease_alive(id)
+  return redis.call('ZSCORE', K_LEASES, s(id)) ~= false
+end
+
+-- Every operation but `init` starts here: the epoch must be the one the client attached
+-- to (otherwise the server lost or replaced our data), the counters must be ours, and
+-- expired leases are reaped before anything is read.
+local function prologue()
+  local e = rcall(K_EPOCH, 'GET', K_EPOCH)
+  if e ~= ARGV[2] then
+    error({ rdzv_epoch = true, found = e or '' })
+  end
+  cur_rev()
+  compacted()
+  int_at(K_LEASEID, 0)
+  rcall(K_LTTL, 'HLEN', K_LTTL)
+  rcall(K_LOG, 'XLEN', K_LOG)
+  return reap()
+end

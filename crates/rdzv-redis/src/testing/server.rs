@@ -1,0 +1,294 @@
+//! [`RedisServer`]: a real `redis-server` on a free loopback port, for tests.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdzv_core::Kv;
+
+use crate::config::RedisConfig;
+use crate::kv::RedisKv;
+use crate::testing::tls::TlsFiles;
+
+/// Why a test server could not be started or used.
+#[derive(Debug)]
+pub struct HarnessError(pub String);
+
+impl std::fmt::Display for HarnessError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HarnessError {}
+
+/// How long a server may take to answer `PING` after it was started.
+const READY_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A `redis-server` process started by the test: no persistence (`--save ""
+/// --appendonly no`), a temporary directory, loopback only. It is killed on drop (also
+/// when a test panics) and when the test process exits in any way: the server runs under
+/// a small shell that kills it as soon as its standard input — a pipe held by this process
+/// — closes.
+pub struct RedisServer {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    tls: Option<(u16, TlsFiles)>,
+    guard: Option<Child>,
+}
+
+impl std::fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisServer").field("port", &self.port).field("tls_port", &self.tls_port()).finish()
+    }
+}
+
+static NAMESPACES: AtomicU64 = AtomicU64::new(0);
+
+impl RedisServer {
+    /// Starts a plain-TCP server on a free port and waits until it answers `PING`.
+    /// The binary is `$REDIS_SERVER_BIN` or `redis-server` on `PATH`; a missing binary is
+    /// an error saying how to install it.
+    pub fn start() -> Result<RedisServer, HarnessError> {
+        Self::start_inner(false)
+    }
+
+    /// Starts a server that also listens with TLS (certificates generated now, in the
+    /// temporary directory); connect to [`RedisServer::tls_config`]. The plain port stays
+    /// open for the harness' own health checks.
+    pub fn start_tls() -> Result<RedisServer, HarnessError> {
+        Self::start_inner(true)
+    }
+
+    fn start_inner(tls: bool) -> Result<RedisServer, HarnessError> {
+        let bin = find_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("rdzv-redis-")
+            .tempdir()
+            .map_err(|e| HarnessError(format!("cannot create a temporary directory: {e}")))?;
+        let tls = if tls {
+            let files = TlsFiles::generate(dir.path())?;
+            Some((free_port()?, files))
+        } else {
+            None
+        };
+        let mut server = RedisServer { bin, dir, port: free_port()?, tls, guard: None };
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// The plain-TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The TLS port, for a server from [`RedisServer::start_tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls.as_ref().map(|(p, _)| *p)
+    }
+
+    /// The PEM file of the CA that signed the TLS server's certificate.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|(_, f)| f.ca.clone())
+    }
+
+    /// A rendezvous URL for this server: `redis://127.0.0.1:PORT/<run_id>?<query>`
+    /// (`query` without the `?`, may be empty).
+    pub fn url(&self, run_id: &str, query: &str) -> String {
+        let q = if query.is_empty() { String::new() } else { format!("?{query}") };
+        format!("redis://127.0.0.1:{}/{run_id}{q}", self.port)
+    }
+
+    /// Settings for this server (plain TCP) in `namespace`, with short timeouts for tests.
+    pub fn config(&self, namespace: &str) -> RedisConfig {
+        let mut c = RedisConfig::new("127.0.0.1", self.port).with_namespace(namespace);
+        c.connect_timeout = Duration::from_secs(2);
+        c.request_timeout = Duration::from_secs(5);
+        c
+    }
+
+    /// Settings for the TLS port (host `localhost`, the generated CA), or `None` for a
+    /// plain server.
+    pub fn tls_config(&self, namespace: &str) -> Option<RedisConfig> {
+        let (port, files) = self.tls.as_ref()?;
+        let mut c = self.config(namespace);
+        c.endpoint.host = "localhost".into();
+        c.endpoint.port = *port;
+        c.tls = true;
+        c.cacert = Some(files.ca.clone());
+        Some(c)
+    }
+
+    /// A fresh namespace name, unique in this process.
+    pub fn fresh_namespace() -> String {
+        format!("t{}-{}", std::process::id(), NAMESPACES.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// A client in a fresh namespace (so tests sharing a server never see each other).
+    pub async fn kv(&self) -> Arc<dyn Kv> {
+        self.kv_in(&Self::fresh_namespace()).await
+    }
+
+    /// A client in `namespace`; panics with the reason if the server cannot be reached
+    /// (this is a test helper).
+    pub async fn kv_in(&self, namespace: &str) -> Arc<dyn Kv> {
+        match RedisKv::connect(self.config(namespace)).await {
+            Ok(kv) => Arc::new(kv),
+            Err(e) => panic!("cannot connect to the test redis-server on port {}: {e}", self.port),
+        }
+    }
+
+    /// Stops the server (kills it and waits until it is gone). Its data is lost.
+    pub fn stop(&mut self) {
+        if let Some(mut guard) = self.guard.take() {
+            // Closing the pipe makes the guard shell kill the server, then exit.
+            drop(guard.stdin.take());
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match guard.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = guard.kill();
+                        let _ = guard.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+
+    /// Stops the server and starts it again on the same port(s), empty (no persistence).
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        self.launch()
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.guard.as_mut().map(|g| g.try_wait()), Some(Ok(None)))
+    }
+
+    fn launch(&mut self) -> Result<(), HarnessError> {
+        let log = self.dir.path().join("redis.log");
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--save".into(),
+            String::new(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            self.dir.path().display().to_string(),
+            "--logfile".into(),
+            log.display().to_string(),
+        ];
+        if let Some((port, files)) = &self.tls {
+            args.extend([
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                files.cert.display().to_string(),
+                "--tls-key-file".into(),
+                files.key.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                files.ca.display().to_string(),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]);
+        }
+        // The guard shell: start the server, wait for our end of stdin to close (we dropped
+        // it, or this process died), then kill the server and reap it.
+        let script = "\"$0\" \"$@\" </dev/null >/dev/null 2>&1 & pid=$!; cat >/dev/null; kill -9 $pid 2>/dev/null; wait $pid";
+        let guard = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .arg(&self.bin)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| HarnessError(format!("cannot run sh to start {}: {e}", self.bin.display())))?;
+        self.guard = Some(guard);
+        let deadline = Instant::now() + READY_DEADLINE;
+        while Instant::now() < deadline {
+            if ping(self.port) {
+                return Ok(());
+            }
+            if !self.is_running() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop();
+        Err(HarnessError(format!(
+            "redis-server ({}) did not answer PING on 127.0.0.1:{} within {READY_DEADLINE:?}; its log:\n{}",
+            self.bin.display(),
+            self.port,
+            tail(&log)
+        )))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn find_binary() -> Result<PathBuf, HarnessError> {
+    if let Some(bin) = std::env::var_os("REDIS_SERVER_BIN") {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(HarnessError(format!("REDIS_SERVER_BIN={} is not a file", bin.display())));
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("redis-server"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            HarnessError(
+                "redis-server not found on PATH (or set REDIS_SERVER_BIN): install redis-server \
+                 (scripts/setup.sh) to run the Redis tests"
+                    .into(),
+            )
+        })
+}
+
+fn free_port() -> Result<u16, HarnessError> {
+    let l = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| HarnessError(format!("cannot find a free loopback port: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| HarnessError(format!("cannot find a free loopback port: {e}")))
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+    else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
