@@ -1,7 +1,25 @@
-//! The wrappers are transparent when idle: the conformance suite passes through
-//! `CountingKv` around a fault-free `FaultyKv` around `MemKv`.
+//! The wrappers are transparent: the conformance suite passes through `CountingKv` around
+//! a `FaultyKv` around `MemKv`, with no fault and with random latency.
 
-rdzv_core::conformance_suite!(async {
-    let mem: std::sync::Arc<dyn rdzv_core::Kv> = std::sync::Arc::new(rdzv_mem::MemKv::new());
-    rdzv_core::CountingKv::new(rdzv_mem::FaultyKv::new(mem, 1)) as std::sync::Arc<dyn rdzv_core::Kv>
-});
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdzv_core::{CountingKv, Kv};
+use rdzv_mem::{FaultyKv, Latency, MemKv};
+
+fn wrapped(latency: Latency) -> Arc<dyn Kv> {
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 1);
+    faulty.set_latency(latency);
+    CountingKv::new(faulty)
+}
+
+mod idle {
+    rdzv_core::conformance_suite!(async { super::wrapped(rdzv_mem::Latency::None) });
+}
+
+mod slow {
+    rdzv_core::conformance_suite!(async {
+        let (min, max) = (super::Duration::ZERO, super::Duration::from_millis(3));
+        super::wrapped(super::Latency::Uniform { min, max })
+    });
+}
