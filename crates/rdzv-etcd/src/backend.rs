@@ -1,0 +1,477 @@
+//! [`EtcdKv`]: the [`Kv`] contract on etcd v3. Every precondition is a compare in one
+//! transaction whose failure branch reads the key, so a lost race costs one round trip and
+//! tells the loser the winner.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, ResponseHeader, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use rdzv_core::{
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, Kv, KvError,
+    KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision,
+    WatchScope, WatchStream,
+};
+
+use crate::client::{self, ConnectError, Shared};
+use crate::errors::{self, BACKEND};
+use crate::keys::Namespace;
+use crate::options::{DEFAULT_REQUEST_TIMEOUT, EtcdOptions};
+use crate::watch;
+
+/// The smallest lease TTL etcd honours with its default timing flags: it grants at least
+/// `ceil(1.5 × election timeout)` = `ceil(1.5 × 1 s)` = 2 s, whatever is asked.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// The etcd v3 backend: a [`Kv`] over a shared `etcd-client` client.
+///
+/// Cheap to clone; clones share the client. Build it with [`EtcdKv::connect`] (which shares
+/// one client per connection settings and runtime) or [`EtcdKv::from_client`].
+#[derive(Clone)]
+pub struct EtcdKv {
+    shared: Arc<Shared>,
+    namespace: Namespace,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdKv")
+            .field("endpoints", &self.shared.endpoints)
+            .field("username", &self.shared.username)
+            .field("namespace", &String::from_utf8_lossy(self.namespace.as_bytes()))
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdKv {
+    /// Connects to the cluster of `options`, or attaches to the client already connected
+    /// with the same endpoints, credentials, TLS files and connect timeout in this tokio
+    /// runtime. The first connect checks that the cluster answers within
+    /// `options.connect_timeout`.
+    ///
+    /// Errors: [`KvError::Unavailable`] (naming the endpoints) when no endpoint answers or
+    /// TLS fails; [`KvError::InvalidArgument`] for unreadable TLS files;
+    /// [`KvError::Backend`] when authentication fails.
+    pub async fn connect(options: EtcdOptions) -> KvResult<EtcdKv> {
+        EtcdKv::open(&options).await.map_err(|e| match e {
+            ConnectError::Config(e) => KvError::InvalidArgument(e.to_string()),
+            ConnectError::Kv(e) => e,
+        })
+    }
+
+    /// [`EtcdKv::connect`], keeping configuration errors apart.
+    pub(crate) async fn open(options: &EtcdOptions) -> Result<EtcdKv, ConnectError> {
+        Ok(EtcdKv {
+            shared: client::shared(options).await?,
+            namespace: Namespace::default(),
+            request_timeout: options.request_timeout,
+        })
+    }
+
+    /// Wraps a client the caller connected. `endpoints` is only shown in errors (give the
+    /// endpoints, never credentials). Requests time out after 10 s; see
+    /// [`EtcdKv::with_request_timeout`].
+    pub fn from_client(client: Client, endpoints: impl Into<String>) -> EtcdKv {
+        EtcdKv {
+            shared: Arc::new(Shared::new(client, endpoints.into(), None)),
+            namespace: Namespace::default(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    /// The same backend (sharing the client), with every key under `prefix`: keys are
+    /// prefixed on the way in and cut on the way out, ranges and watches stay inside it.
+    /// Revisions stay cluster-wide.
+    pub fn with_namespace(mut self, prefix: impl Into<Vec<u8>>) -> EtcdKv {
+        let mut full = self.namespace.as_bytes().to_vec();
+        full.extend(prefix.into());
+        self.namespace = Namespace::new(full);
+        self
+    }
+
+    /// The same backend (sharing the client), with another per-request timeout.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> EtcdKv {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The underlying client, e.g. for administration the [`Kv`] trait does not cover.
+    pub fn client(&self) -> &Client {
+        &self.shared.client
+    }
+
+    /// The endpoints as shown in errors (`http://host:port,…`).
+    pub fn endpoints(&self) -> &str {
+        &self.shared.endpoints
+    }
+
+    /// Whether `self` and `other` use one and the same client (and connections).
+    pub fn shares_client_with(&self, other: &EtcdKv) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// How many clients [`EtcdKv::connect`] currently keeps for reuse, over all settings
+    /// and runtimes (a diagnostic for "one client per process").
+    pub fn cached_clients() -> usize {
+        client::cached_clients()
+    }
+
+    /// Runs one request under the request timeout, classifying its error.
+    async fn call<T>(
+        &self,
+        operation: &str,
+        lease: Option<LeaseId>,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> KvResult<T> {
+        let ctx = self.shared.context(self.request_timeout, lease);
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(errors::classify(operation, e, ctx)),
+            Err(_) => Err(errors::timeout(operation, ctx)),
+        }
+    }
+
+    fn convert(&self, kv: etcd_client::KeyValue) -> KeyValue {
+        self.namespace.convert(kv)
+    }
+
+    /// The first key of the `index`-th response of a transaction, if it is a read.
+    fn read_in_txn(&self, response: &mut [TxnOpResponse], index: usize) -> Option<KeyValue> {
+        match response.get_mut(index) {
+            Some(TxnOpResponse::Get(get)) => get.take_kvs().into_iter().next().map(|kv| self.convert(kv)),
+            _ => None,
+        }
+    }
+
+    async fn txn(&self, operation: &str, lease: Option<LeaseId>, txn: Txn) -> KvResult<TxnResponse> {
+        let mut kv = self.shared.kv.clone();
+        self.call(operation, lease, async move { kv.txn(txn).await }).await
+    }
+}
+
+/// The revision of a response header; etcd always sends one.
+fn revision(header: Option<&ResponseHeader>) -> KvResult<Revision> {
+    header
+        .map(ResponseHeader::revision)
+        .ok_or_else(|| KvError::backend(BACKEND, "etcd sent a response without a header"))
+}
+
+/// Ceil of a TTL in whole seconds, at least 1 (etcd's granularity).
+fn ttl_seconds(ttl: Duration) -> KvResult<i64> {
+    let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(whole.max(1))
+        .map_err(|_| KvError::InvalidArgument(format!("lease TTL {ttl:?} is too long")))
+}
+
+#[async_trait]
+impl Kv for EtcdKv {
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+    }
+
+    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
+        let mut kv = self.shared.kv.clone();
+        let key = self.namespace.key(key);
+        let mut response = self.call("get", None, async move { kv.get(key, None).await }).await?;
+        Ok(GetResponse {
+            revision: revision(response.header())?,
+            kv: response.take_kvs().into_iter().next().map(|kv| self.convert(kv)),
+        })
+    }
+
+    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
+        let (start, end) = self.namespace.prefix_range(prefix);
+        let mut get = GetOptions::new().with_range(end.clone());
+        if options.order == RangeOrder::ByCreateRevision {
+            get = get.with_sort(SortTarget::Create, SortOrder::Ascend);
+        }
+        let limit = options.limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX));
+        let Some(max_create) = options.max_create_revision else {
+            // etcd's count is exact here: all matches, before the limit.
+            if options.count_only || limit == Some(0) {
+                get = get.with_count_only();
+            } else if let Some(limit) = limit {
+                get = get.with_limit(limit);
+            }
+            if options.keys_only {
+                get = get.with_keys_only();
+            }
+            let mut kv = self.shared.kv.clone();
+            let mut response =
+                self.call("range", None, async move { kv.get(start, Some(get)).await }).await?;
+            let kvs = if options.count_only || limit == Some(0) {
+                Vec::new()
+            } else {
+                response.take_kvs().into_iter().map(|kv| self.convert(kv)).collect()
+            };
+            return Ok(RangeResponse {
+                count: u64::try_from(response.count()).unwrap_or(0),
+                revision: revision(response.header())?,
+                kvs,
+            });
+        };
+        // etcd counts the range *before* the creation-revision filter, so the count comes
+        // from the filtered keys themselves (keys only, no values), in the same transaction
+        // as the values when those are wanted.
+        if max_create < 1 {
+            // Nothing was created at or before revision 0; only the read's revision counts.
+            let mut kv = self.shared.kv.clone();
+            let probe = GetOptions::new().with_range(end).with_count_only();
+            let response = self.call("range", None, async move { kv.get(start, Some(probe)).await }).await?;
+            return Ok(RangeResponse { kvs: Vec::new(), count: 0, revision: revision(response.header())? });
+        }
+        let get = get.with_max_create_revision(max_create);
+        let keys = get.clone().with_keys_only();
+        let wants_values = !options.count_only && !options.keys_only && limit != Some(0);
+        let mut ops = vec![TxnOp::get(start.clone(), Some(keys))];
+        if wants_values {
+            let values = match limit {
+                Some(limit) => get.with_limit(limit),
+                None => get,
+            };
+            ops.push(TxnOp::get(start, Some(values)));
+        }
+        let response = self.txn("range", None, Txn::new().and_then(ops)).await?;
+        let rev = revision(response.header())?;
+        let mut responses = response.op_responses();
+        let mut keys: Vec<KeyValue> = match responses.get_mut(0) {
+            Some(TxnOpResponse::Get(get)) => get.take_kvs().into_iter().map(|kv| self.convert(kv)).collect(),
+            _ => return Err(KvError::backend(BACKEND, "etcd sent no range response")),
+        };
+        let count = keys.len() as u64;
+        let kvs = if options.count_only || limit == Some(0) {
+            Vec::new()
+        } else if wants_values {
+            match responses.get_mut(1) {
+                Some(TxnOpResponse::Get(get)) => {
+                    get.take_kvs().into_iter().map(|kv| self.convert(kv)).collect()
+                }
+                _ => return Err(KvError::backend(BACKEND, "etcd sent no range response")),
+            }
+        } else {
+            if let Some(limit) = options.limit {
+                keys.truncate(limit);
+            }
+            keys
+        };
+        Ok(RangeResponse { kvs, count, revision: rev })
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        let key = self.namespace.key(key);
+        let mut put_options = etcd_client::PutOptions::new();
+        if let Some(lease) = options.lease {
+            put_options = put_options.with_lease(lease);
+        }
+        let write = TxnOp::put(key.clone(), value, Some(put_options));
+        // Read back after the write for the key's create revision (keys only: no value).
+        let read_back = || TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only()));
+        let current = || TxnOp::get(key.clone(), None);
+        let txn = match options.mode {
+            PutMode::Overwrite => Txn::new().and_then(vec![write, read_back()]),
+            PutMode::Create => Txn::new()
+                .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then(vec![write])
+                .or_else(vec![current()]),
+            PutMode::Update(expected) => Txn::new()
+                .when(vec![
+                    Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                    // "Exists" too, so that Update(0) never creates.
+                    Compare::version(key.clone(), CompareOp::Greater, 0),
+                ])
+                .and_then(vec![write, read_back()])
+                .or_else(vec![current()]),
+        };
+        let response = self.txn("put", options.lease, txn).await?;
+        let rev = revision(response.header())?;
+        let mut responses = response.op_responses();
+        if !response.succeeded() {
+            return Ok(PutOutcome::Conflict { current: self.read_in_txn(&mut responses, 0) });
+        }
+        let create_revision = match options.mode {
+            PutMode::Create => rev,
+            _ => self.read_in_txn(&mut responses, 1).map_or(rev, |kv| kv.create_revision),
+        };
+        Ok(PutOutcome::Written { revision: rev, create_revision })
+    }
+
+    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
+        let key = self.namespace.key(key);
+        match mode {
+            DeleteMode::Any => {
+                let mut kv = self.shared.kv.clone();
+                let response = self.call("delete", None, async move { kv.delete(key, None).await }).await?;
+                if response.deleted() > 0 {
+                    Ok(DeleteOutcome::Deleted { revision: revision(response.header())? })
+                } else {
+                    Ok(DeleteOutcome::Missing)
+                }
+            }
+            DeleteMode::IfRevision(expected) => {
+                let txn = Txn::new()
+                    .when(vec![
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                        Compare::version(key.clone(), CompareOp::Greater, 0),
+                    ])
+                    .and_then(vec![TxnOp::delete(key.clone(), None)])
+                    .or_else(vec![TxnOp::get(key, None)]);
+                let response = self.txn("delete", None, txn).await?;
+                let rev = revision(response.header())?;
+                let mut responses = response.op_responses();
+                if response.succeeded() {
+                    Ok(DeleteOutcome::Deleted { revision: rev })
+                } else {
+                    Ok(DeleteOutcome::Conflict { current: self.read_in_txn(&mut responses, 0) })
+                }
+            }
+        }
+    }
+
+    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
+        if prefix.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "delete_prefix needs a non-empty prefix (refusing to delete every key)".to_string(),
+            ));
+        }
+        let (start, end) = self.namespace.prefix_range(prefix);
+        let mut kv = self.shared.kv.clone();
+        let response = self
+            .call("delete_prefix", None, async move {
+                kv.delete(start, Some(DeleteOptions::new().with_range(end))).await
+            })
+            .await?;
+        Ok(DeletePrefixResponse {
+            deleted: u64::try_from(response.deleted()).unwrap_or(0),
+            revision: revision(response.header())?,
+        })
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
+        let seconds = ttl_seconds(ttl)?;
+        let mut lease = self.shared.lease.clone();
+        let response =
+            self.call("lease_grant", None, async move { lease.grant(seconds, None).await }).await?;
+        if !response.error().is_empty() {
+            return Err(KvError::backend(BACKEND, format!("lease_grant failed: {}", response.error())));
+        }
+        let id = response.id();
+        if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
+            ttls.insert(id, response.ttl());
+        }
+        Ok(id)
+    }
+
+    async fn lease_keep_alive(&self, id: LeaseId) -> KvResult<Duration> {
+        let known_ttl = self.shared.lease_ttls.lock().ok().and_then(|ttls| ttls.get(&id).copied());
+        let mut lease = self.shared.lease.clone();
+        let result = self
+            .call("lease_keep_alive", Some(id), async move {
+                // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
+                // etcd-client reports as "lease not found").
+                let (mut keeper, mut responses) = lease.keep_alive(id).await?;
+                if let Some(ttl) = known_ttl {
+                    return Ok(ttl);
+                }
+                // Granted elsewhere: a second refresh on the same stream tells the TTL.
+                keeper.keep_alive().await?;
+                match responses.message().await? {
+                    Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
+                    Some(_) => Err(etcd_client::Error::LeaseKeepAliveError("lease not found".to_string())),
+                    None => {
+                        Err(etcd_client::Error::LeaseKeepAliveError("keep-alive stream closed".to_string()))
+                    }
+                }
+            })
+            .await;
+        match result {
+            Ok(ttl) => {
+                if known_ttl.is_none() {
+                    if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
+                        ttls.insert(id, ttl);
+                    }
+                }
+                Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)))
+            }
+            Err(e) => {
+                if matches!(e, KvError::LeaseNotFound(_)) {
+                    if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
+                        ttls.remove(&id);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn lease_revoke(&self, id: LeaseId) -> KvResult<()> {
+        let mut lease = self.shared.lease.clone();
+        let result = self.call("lease_revoke", Some(id), async move { lease.revoke(id).await }).await;
+        if matches!(result, Ok(_) | Err(KvError::LeaseNotFound(_))) {
+            if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
+                ttls.remove(&id);
+            }
+        }
+        result.map(|_| ())
+    }
+
+    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+        let (start, end) = match scope {
+            WatchScope::Key => (self.namespace.key(key), None),
+            WatchScope::Prefix => {
+                let (start, end) = self.namespace.prefix_range(key);
+                (start, Some(end))
+            }
+        };
+        watch::open(
+            watch::Target {
+                shared: self.shared.clone(),
+                namespace: self.namespace.clone(),
+                key: start,
+                range_end: end,
+                request_timeout: self.request_timeout,
+            },
+            start_revision.max(1),
+        )
+        .await
+    }
+
+    async fn compact(&self, revision: Revision) -> KvResult<()> {
+        let mut kv = self.shared.kv.clone();
+        let result = self
+            .call("compact", None, async move {
+                // Physical: return once the history is really gone, so that a watch from an
+                // older revision fails right after.
+                kv.compact(revision, Some(CompactionOptions::new().with_physical())).await
+            })
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // Already compacted at or past `revision`: nothing left to do.
+            Err(KvError::InvalidArgument(message)) if message.contains("has been compacted") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_seconds(Duration::from_millis(1)).ok(), Some(1));
+        assert_eq!(ttl_seconds(Duration::ZERO).ok(), Some(1));
+        assert_eq!(ttl_seconds(Duration::from_millis(1500)).ok(), Some(2));
+        assert_eq!(ttl_seconds(Duration::from_secs(3)).ok(), Some(3));
+    }
+}

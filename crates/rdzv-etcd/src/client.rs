@@ -1,0 +1,234 @@
+//! One `etcd-client` client per runtime and connection settings, shared by every
+//! [`EtcdKv`](crate::EtcdKv) built from those settings: a thousand handlers in one process
+//! use one HTTP/2 connection per endpoint, not a thousand.
+//!
+//! The cache is keyed by the tokio runtime too, because a client's connection tasks live on
+//! the runtime that created it and die with it; an entry whose runtime is gone is replaced.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, ConnectOptions, Identity, KvClient, LeaseClient, TlsOptions, WatchClient,
+};
+use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId};
+use tokio::sync::OnceCell;
+
+use crate::errors::{self, BACKEND, Context};
+use crate::options::{EtcdOptions, TlsFiles};
+
+/// etcd's own Go client accepts responses up to 2 GiB; tonic's default of 4 MiB would make
+/// a watch that replays a few 1 MiB values fail to decode.
+const MAX_MESSAGE_SIZE: usize = i32::MAX as usize;
+
+/// HTTP/2 keep-alive pings while streams are open, so that a watch on a connection that died
+/// silently (no FIN, no RST) ends instead of waiting forever. etcd refuses pings more often
+/// than every 5 s (`--grpc-keepalive-min-time`) and pings without open streams.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connected client and what errors need to know about it.
+pub(crate) struct Shared {
+    pub client: Client,
+    pub kv: KvClient,
+    pub watch: WatchClient,
+    pub lease: LeaseClient,
+    /// `http(s)://host:port,…`, for errors; never credentials.
+    pub endpoints: String,
+    pub username: Option<String>,
+    /// TTLs of the leases granted through this client, so that a keep-alive can return the
+    /// TTL without a second round trip (etcd-client swallows the first answer's TTL).
+    pub lease_ttls: Mutex<HashMap<LeaseId, i64>>,
+}
+
+impl Shared {
+    /// Wraps an already connected client.
+    pub fn new(client: Client, endpoints: String, username: Option<String>) -> Shared {
+        Shared {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE),
+            watch: client.watch_client().max_decoding_message_size(MAX_MESSAGE_SIZE),
+            lease: client.lease_client(),
+            client,
+            endpoints,
+            username,
+            lease_ttls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Error context for requests through this client.
+    pub fn context(&self, timeout: Duration, lease: Option<LeaseId>) -> Context<'_> {
+        Context { endpoints: &self.endpoints, lease, timeout }
+    }
+}
+
+/// Why a connection could not be set up.
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    /// The settings are wrong (unreadable TLS file…): retrying will not help.
+    Config(ConfigError),
+    /// The cluster did not answer, or refused us.
+    Kv(KvError),
+}
+
+/// The settings that make two clients interchangeable. Not `Debug`: it holds the password.
+#[derive(PartialEq, Eq, Hash)]
+struct CacheKey {
+    runtime: tokio::runtime::Id,
+    endpoints: Vec<Endpoint>,
+    username: Option<String>,
+    password: Option<String>,
+    tls: Option<TlsFiles>,
+    connect_timeout: Duration,
+}
+
+struct Entry {
+    cell: Arc<OnceCell<Arc<Shared>>>,
+    /// Dropped when the runtime that owns the client's tasks shuts down.
+    runtime_alive: Weak<()>,
+}
+
+static CACHE: LazyLock<Mutex<HashMap<CacheKey, Entry>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The shared client for `options`, connecting (and checking that the cluster answers) the
+/// first time.
+pub(crate) async fn shared(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+        ConnectError::Kv(KvError::backend(BACKEND, "the etcd backend must be used inside a tokio runtime"))
+    })?;
+    let key = CacheKey {
+        runtime: runtime.id(),
+        endpoints: options.endpoints.clone(),
+        username: options.username.clone(),
+        password: options.password.as_ref().map(|p| p.expose().to_string()),
+        tls: options.tls.clone(),
+        connect_timeout: options.connect_timeout,
+    };
+    let cell = {
+        let mut cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache.retain(|_, entry| entry.runtime_alive.strong_count() > 0);
+        let entry = cache.entry(key).or_insert_with(|| {
+            let alive = Arc::new(());
+            let runtime_alive = Arc::downgrade(&alive);
+            // Lives exactly as long as the runtime: dropped with its tasks at shutdown.
+            runtime.spawn(async move {
+                let _alive = alive;
+                std::future::pending::<()>().await;
+            });
+            Entry { cell: Arc::new(OnceCell::new()), runtime_alive }
+        });
+        entry.cell.clone()
+    };
+    // Concurrent first connects wait for one attempt; a failed attempt leaves the cell
+    // empty for the next caller to retry.
+    cell.get_or_try_init(|| connect(options)).await.cloned()
+}
+
+/// Number of live cached clients (for tests of the sharing).
+pub(crate) fn cached_clients() -> usize {
+    let cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    cache.values().filter(|e| e.runtime_alive.strong_count() > 0 && e.cell.initialized()).count()
+}
+
+/// Connects a new client and checks that the cluster answers within the connect timeout.
+async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
+    if options.endpoints.is_empty() {
+        return Err(ConnectError::Config(ConfigError::InvalidUrl("no etcd endpoint given".to_string())));
+    }
+    let endpoint_list = options.endpoint_list();
+    let scheme = if options.tls.is_some() { "https" } else { "http" };
+    let urls: Vec<String> = options.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect();
+    let mut connect_options = ConnectOptions::new()
+        .with_connect_timeout(options.connect_timeout)
+        .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
+        .with_keep_alive_while_idle(false)
+        .with_tcp_keepalive(KEEP_ALIVE_INTERVAL);
+    if let Some(user) = &options.username {
+        let password = options.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default();
+        // Simple tokens expire (5 min by default); re-authenticate instead of failing.
+        connect_options = connect_options.with_user(user.clone(), password).with_auto_token_refresh(true);
+    }
+    if let Some(tls) = &options.tls {
+        connect_options = connect_options.with_tls(tls_options(tls)?);
+    }
+    let operation = "connect";
+    let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
+    // With credentials, `Client::connect` authenticates, which is a first contact already.
+    let client =
+        match tokio::time::timeout(options.connect_timeout, Client::connect(&urls, Some(connect_options)))
+            .await
+        {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => return Err(ConnectError::Kv(errors::classify(operation, e, ctx))),
+            Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
+        };
+    // Without credentials nothing has touched the network yet: ask for the status, so that a
+    // wrong address or a TLS mismatch is reported here rather than at the first operation.
+    let mut maintenance = client.maintenance_client();
+    match tokio::time::timeout(options.connect_timeout, maintenance.status()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(ConnectError::Kv(errors::classify(operation, e, ctx))),
+        Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
+    }
+    tracing::debug!(endpoints = %endpoint_list, "connected to etcd");
+    Ok(Arc::new(Shared::new(client, endpoint_list, options.username.clone())))
+}
+
+fn no_answer(endpoint_list: &str, options: &EtcdOptions) -> KvError {
+    KvError::Unavailable {
+        backend: BACKEND,
+        endpoint: endpoint_list.to_string(),
+        message: format!("no answer within the connect timeout of {:?}", options.connect_timeout),
+        source: None,
+    }
+}
+
+/// Reads the PEM files of `tls`.
+pub(crate) fn tls_options(tls: &TlsFiles) -> Result<TlsOptions, ConnectError> {
+    let ca = read_pem("cacert", &tls.ca_cert)?;
+    let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+    match (&tls.client_cert, &tls.client_key) {
+        (Some(cert), Some(key)) => {
+            let cert = read_pem("cert", cert)?;
+            let key = read_pem("key", key)?;
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        (None, None) => {}
+        (Some(cert), None) => {
+            return Err(ConnectError::Config(ConfigError::InvalidValue {
+                option: "cert".to_string(),
+                value: cert.display().to_string(),
+                reason: "a client certificate needs its private key (option `key`)".to_string(),
+            }));
+        }
+        (None, Some(key)) => {
+            return Err(ConnectError::Config(ConfigError::InvalidValue {
+                option: "key".to_string(),
+                value: key.display().to_string(),
+                reason: "a client key needs its certificate (option `cert`)".to_string(),
+            }));
+        }
+    }
+    Ok(config)
+}
+
+fn read_pem(option: &str, path: &Path) -> Result<Vec<u8>, ConnectError> {
+    let invalid = |reason: String| {
+        ConnectError::Config(ConfigError::InvalidValue {
+            option: option.to_string(),
+            value: path.display().to_string(),
+            reason,
+        })
+    };
+    let bytes = std::fs::read(path).map_err(|e| invalid(format!("cannot read the file: {e}")))?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(invalid(
+            "the file is not PEM (no `-----BEGIN` line); give a PEM certificate or key".to_string(),
+        ));
+    }
+    Ok(bytes)
+}

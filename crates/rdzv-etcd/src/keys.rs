@@ -1,0 +1,104 @@
+//! Key ranges and key conversion: etcd addresses "every key starting with P" as the range
+//! `[P, P+1)`, and an optional namespace is prepended to every key on the way in and cut off
+//! on the way out.
+
+use rdzv_core::KeyValue;
+
+/// The smallest key greater than every key that starts with `prefix`: the prefix with its
+/// last byte below 0xff incremented and everything after it dropped. `"\0"` (etcd's "to the
+/// end of the key space") when there is no such key (empty prefix, or only 0xff bytes).
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&b| b < 0xff) {
+        Some(i) => {
+            let mut end = prefix[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        None => vec![0],
+    }
+}
+
+/// A namespace: a byte prefix that isolates one user's keys from another's on the same
+/// cluster (like etcd's `--namespace` proxy).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Namespace(Vec<u8>);
+
+impl Namespace {
+    pub fn new(prefix: Vec<u8>) -> Namespace {
+        Namespace(prefix)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The etcd key of a user key.
+    pub fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut full = Vec::with_capacity(self.0.len() + key.len());
+        full.extend_from_slice(&self.0);
+        full.extend_from_slice(key);
+        full
+    }
+
+    /// The etcd range `[start, end)` of a user prefix (an empty prefix: the whole namespace).
+    pub fn prefix_range(&self, prefix: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let start = self.key(prefix);
+        if start.is_empty() {
+            // The whole key space: from "\0" (the smallest non-empty key) to the end.
+            return (vec![0], vec![0]);
+        }
+        let end = prefix_end(&start);
+        (start, end)
+    }
+
+    /// The user key of an etcd key (keys outside the namespace are returned whole; etcd
+    /// never sends them for a namespaced request).
+    pub fn strip(&self, mut key: Vec<u8>) -> Vec<u8> {
+        if key.starts_with(&self.0) {
+            key.drain(..self.0.len());
+        }
+        key
+    }
+
+    /// Converts an etcd key-value, taking its value without copying.
+    pub fn convert(&self, kv: etcd_client::KeyValue) -> KeyValue {
+        let create_revision = kv.create_revision();
+        let mod_revision = kv.mod_revision();
+        let version = kv.version();
+        let lease = kv.lease();
+        let (key, value) = kv.into_key_value();
+        KeyValue {
+            key: self.strip(key),
+            value,
+            create_revision,
+            mod_revision,
+            version,
+            lease: (lease != 0).then_some(lease),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_increments_the_last_byte_below_ff() {
+        assert_eq!(prefix_end(b"abc"), b"abd".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"a\xfe\xff\xff"), b"a\xff".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        assert_eq!(prefix_end(b""), vec![0]);
+    }
+
+    #[test]
+    fn namespace_ranges() {
+        let none = Namespace::default();
+        assert_eq!(none.prefix_range(b""), (vec![0], vec![0]));
+        assert_eq!(none.prefix_range(b"k/"), (b"k/".to_vec(), b"k0".to_vec()));
+        let ns = Namespace::new(b"ns/".to_vec());
+        assert_eq!(ns.prefix_range(b""), (b"ns/".to_vec(), b"ns0".to_vec()));
+        assert_eq!(ns.key(b"a"), b"ns/a".to_vec());
+        assert_eq!(ns.strip(b"ns/a".to_vec()), b"a".to_vec());
+    }
+}

@@ -1,0 +1,289 @@
+//! How to reach an etcd cluster: endpoints, credentials, TLS files and timeouts, from a
+//! rendezvous URL (SURFACE.md) or built by hand.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
+
+/// The query options the etcd backend understands (besides the rendezvous parameters).
+pub const OPTIONS: &[&str] = &["cacert", "cert", "key", "connect_timeout", "request_timeout"];
+
+/// Default port of an etcd endpoint.
+pub const DEFAULT_PORT: u16 = 2379;
+
+/// Default [`EtcdOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default [`EtcdOptions::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS settings: the CA that signed the servers' certificates, and optionally a client
+/// certificate and its key (for servers started with `--client-cert-auth`). All PEM files.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TlsFiles {
+    /// PEM file of the CA certificate(s) to trust (URL option `cacert`).
+    pub ca_cert: PathBuf,
+    /// PEM file of the client certificate (URL option `cert`); requires `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (URL option `key`).
+    pub client_key: Option<PathBuf>,
+}
+
+/// Everything needed to connect to an etcd cluster. Two [`EtcdKv`](crate::EtcdKv)s built
+/// from equal options (in one tokio runtime) share one client and its connections.
+///
+/// `Debug` never shows the password.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// The cluster members to talk to (at least one); requests are balanced over them.
+    pub endpoints: Vec<Endpoint>,
+    /// User name for etcd authentication, if the cluster has auth enabled.
+    pub username: Option<String>,
+    /// Password for `username`.
+    pub password: Option<Secret>,
+    /// TLS settings; `None` means plain-text gRPC.
+    pub tls: Option<TlsFiles>,
+    /// How long establishing a connection (TCP + TLS) may take, and how long the first
+    /// contact with the cluster in [`EtcdKv::connect`](crate::EtcdKv::connect) may take.
+    pub connect_timeout: Duration,
+    /// How long any single request may take before it fails with
+    /// [`KvError::Timeout`](rdzv_core::KvError::Timeout).
+    pub request_timeout: Duration,
+}
+
+impl EtcdOptions {
+    /// Options for plain-text connections to `endpoints`, without credentials, with the
+    /// default timeouts.
+    pub fn new(endpoints: Vec<Endpoint>) -> Self {
+        EtcdOptions {
+            endpoints,
+            username: None,
+            password: None,
+            tls: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    /// The same options, logging in as `username` with `password`.
+    pub fn with_user(mut self, username: impl Into<String>, password: Secret) -> Self {
+        self.username = Some(username.into());
+        self.password = Some(password);
+        self
+    }
+
+    /// The same options, with TLS.
+    pub fn with_tls(mut self, tls: TlsFiles) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The same options, with another per-request timeout.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The same options, with another connect timeout.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Reads the options of a parsed `etcd://` or `etcds://` URL: its endpoints, user and
+    /// password, and the query options `cacert`, `cert`, `key` (TLS, only with `etcds`, where
+    /// `cacert` is required), `connect_timeout` and `request_timeout` (seconds, or a duration
+    /// like `500ms`, `10s`). Other query options are ignored here (the registry rejects the
+    /// unknown ones before a backend sees them).
+    pub fn from_url(url: &RendezvousUrl) -> Result<Self, ConfigError> {
+        let tls_wanted = match url.scheme.as_str() {
+            "etcd" => false,
+            "etcds" => true,
+            other => {
+                return Err(ConfigError::InvalidUrl(format!(
+                    "the etcd backend serves the schemes `etcd` and `etcds`, not `{other}`"
+                )));
+            }
+        };
+        if url.endpoints.is_empty() {
+            return Err(ConfigError::InvalidUrl(
+                "the URL names no etcd endpoint; expected etcd://host:2379/<run_id>".to_string(),
+            ));
+        }
+        if let Some(bad) = url.endpoints.iter().find(|e| e.port == 0) {
+            return Err(ConfigError::InvalidUrl(format!(
+                "etcd endpoint `{}` has port 0; give a port between 1 and 65535 (etcd's is 2379)",
+                bad.host
+            )));
+        }
+        if url.password.is_some() && url.username.is_none() {
+            return Err(ConfigError::InvalidUrl(
+                "the URL gives a password without a user name; write etcd://user:password@host/…".to_string(),
+            ));
+        }
+        let option = |name: &str| url.options.get(name).map(String::as_str);
+        let mut options = EtcdOptions::new(url.endpoints.clone());
+        options.username = url.username.clone();
+        options.password = url.password.clone();
+        if let Some(value) = option("connect_timeout") {
+            options.connect_timeout = parse_timeout("connect_timeout", value)?;
+        }
+        if let Some(value) = option("request_timeout") {
+            options.request_timeout = parse_timeout("request_timeout", value)?;
+        }
+        let (cacert, cert, key) = (option("cacert"), option("cert"), option("key"));
+        if !tls_wanted {
+            if let Some((name, value)) = [("cacert", cacert), ("cert", cert), ("key", key)]
+                .into_iter()
+                .find_map(|(n, v)| v.map(|v| (n, v)))
+            {
+                return Err(ConfigError::InvalidValue {
+                    option: name.to_string(),
+                    value: value.to_string(),
+                    reason: "TLS files need TLS: use the scheme etcds:// (or protocol=https)".to_string(),
+                });
+            }
+            return Ok(options);
+        }
+        let ca_cert = match cacert {
+            Some(path) if !path.is_empty() => PathBuf::from(path),
+            _ => {
+                return Err(ConfigError::MissingOption(
+                    "cacert (etcds:// needs the PEM file of the CA that signed the etcd \
+                     servers' certificates: cacert=/path/ca.pem)"
+                        .to_string(),
+                ));
+            }
+        };
+        let (client_cert, client_key) = match (cert, key) {
+            (None, None) => (None, None),
+            (Some(cert), Some(key)) => (Some(PathBuf::from(cert)), Some(PathBuf::from(key))),
+            (Some(cert), None) => {
+                return Err(ConfigError::InvalidValue {
+                    option: "cert".to_string(),
+                    value: cert.to_string(),
+                    reason: "a client certificate needs its private key: add key=/path/client.key"
+                        .to_string(),
+                });
+            }
+            (None, Some(key)) => {
+                return Err(ConfigError::InvalidValue {
+                    option: "key".to_string(),
+                    value: key.to_string(),
+                    reason: "a client key needs its certificate: add cert=/path/client.pem".to_string(),
+                });
+            }
+        };
+        options.tls = Some(TlsFiles { ca_cert, client_cert, client_key });
+        Ok(options)
+    }
+
+    /// The endpoints, comma-separated, as shown in errors (never with credentials).
+    pub fn endpoint_list(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// Parses a timeout: plain seconds (`30`, `0.5`) or a humane duration (`500ms`, `10s`,
+/// `1m`); zero is refused because it would fail every request.
+fn parse_timeout(option: &str, value: &str) -> Result<Duration, ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidValue {
+        option: option.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    let expected = "expected seconds (`5`, `0.5`) or a duration such as `500ms`, `10s`, `1m`";
+    let plain_number = !value.is_empty()
+        && value.chars().all(|c| c.is_ascii_digit() || c == '.')
+        && value.chars().filter(|c| *c == '.').count() <= 1
+        && value.chars().any(|c| c.is_ascii_digit());
+    let duration = if plain_number {
+        let seconds: f64 = value.parse().map_err(|_| invalid(expected))?;
+        Duration::try_from_secs_f64(seconds).map_err(|_| invalid("the duration is too long"))?
+    } else {
+        humantime::parse_duration(value).map_err(|_| invalid(expected))?
+    };
+    if duration.is_zero() {
+        return Err(invalid("a timeout must be longer than zero"));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn url(scheme: &str, options: &[(&str, &str)]) -> RendezvousUrl {
+        RendezvousUrl {
+            scheme: scheme.to_string(),
+            endpoints: vec![Endpoint { host: "127.0.0.1".to_string(), port: 2379 }],
+            username: None,
+            password: None,
+            run_id: "job".to_string(),
+            options: options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+            rendezvous_options: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn plain_url_gives_defaults() {
+        let options = EtcdOptions::from_url(&url("etcd", &[])).unwrap();
+        assert_eq!(options.tls, None);
+        assert_eq!(options.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(options.request_timeout, DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(options.endpoint_list(), "http://127.0.0.1:2379");
+    }
+
+    #[test]
+    fn timeouts_parse_in_both_forms() {
+        let options =
+            EtcdOptions::from_url(&url("etcd", &[("connect_timeout", "1.5"), ("request_timeout", "250ms")]))
+                .unwrap();
+        assert_eq!(options.connect_timeout, Duration::from_millis(1500));
+        assert_eq!(options.request_timeout, Duration::from_millis(250));
+        for bad in ["", "0", "abc", "-1", "1.2.3"] {
+            let err = EtcdOptions::from_url(&url("etcd", &[("request_timeout", bad)])).unwrap_err();
+            assert!(err.to_string().contains("request_timeout"), "{err}");
+        }
+    }
+
+    #[test]
+    fn tls_needs_etcds_and_a_ca() {
+        let err = EtcdOptions::from_url(&url("etcd", &[("cacert", "/ca.pem")])).unwrap_err();
+        assert!(err.to_string().contains("etcds"), "{err}");
+        let err = EtcdOptions::from_url(&url("etcds", &[])).unwrap_err();
+        assert!(err.to_string().contains("cacert"), "{err}");
+        let err = EtcdOptions::from_url(&url("etcds", &[("cacert", "/ca"), ("cert", "/c")])).unwrap_err();
+        assert!(err.to_string().contains("key="), "{err}");
+        let options =
+            EtcdOptions::from_url(&url("etcds", &[("cacert", "/ca"), ("cert", "/c"), ("key", "/k")]))
+                .unwrap();
+        let tls = options.tls.clone().unwrap();
+        assert_eq!(tls.ca_cert, PathBuf::from("/ca"));
+        assert_eq!(tls.client_key, Some(PathBuf::from("/k")));
+        assert_eq!(options.endpoint_list(), "https://127.0.0.1:2379");
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let mut u = url("etcd", &[]);
+        u.username = Some("root".to_string());
+        u.password = Some(Secret::new("hunter2-secret"));
+        let options = EtcdOptions::from_url(&u).unwrap();
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("root"), "{shown}");
+    }
+
+    #[test]
+    fn other_schemes_are_refused() {
+        let err = EtcdOptions::from_url(&url("redis", &[])).unwrap_err();
+        assert!(err.to_string().contains("redis"), "{err}");
+    }
+}

@@ -1,0 +1,471 @@
+//! [`EtcdServer`]: one real `etcd` process on free loopback ports.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions};
+use rdzv_core::{Endpoint, Kv, Secret};
+use tempfile::TempDir;
+
+use super::HarnessError;
+use super::certs::TlsMaterial;
+use super::metrics::{self, PROPOSALS_COMMITTED, metric_value};
+use crate::backend::EtcdKv;
+use crate::client::{ConnectError, tls_options};
+use crate::options::EtcdOptions;
+
+/// How long a starting server may take to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a stopping server may take to exit before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The watchdog: runs etcd in the background and waits on stdin. A line `kill` ends etcd
+/// with SIGKILL, `term` with SIGTERM; end of input (the test process died or exited
+/// without dropping the server) ends it with SIGTERM and removes `$RDZV_ETCD_CLEANUP` if
+/// set. So etcd never outlives the test process.
+const WATCHDOG: &str = r#"
+"$0" "$@" &
+pid=$!
+if read -r command; then
+  if [ "$command" = kill ]; then kill -9 "$pid" 2>/dev/null; else kill "$pid" 2>/dev/null; fi
+  wait "$pid"
+else
+  kill "$pid" 2>/dev/null
+  wait "$pid"
+  if [ -n "$RDZV_ETCD_CLEANUP" ]; then rm -rf "$RDZV_ETCD_CLEANUP"; fi
+fi
+"#;
+
+/// A running (or stopped, for outage tests) `etcd` server on `127.0.0.1`.
+///
+/// Dropping it kills the server and deletes its data directory.
+pub struct EtcdServer {
+    binary: PathBuf,
+    client_port: u16,
+    peer_port: u16,
+    metrics_port: u16,
+    dir: TempDir,
+    tls: Option<TlsMaterial>,
+    auth: Option<(String, Secret)>,
+    process: Option<Process>,
+}
+
+impl std::fmt::Debug for EtcdServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdServer")
+            .field("client_port", &self.client_port)
+            .field("tls", &self.tls.is_some())
+            .field("auth", &self.auth.as_ref().map(|(user, _)| user))
+            .field("running", &self.process.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Process {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl EtcdServer {
+    /// Starts a plain-text server and waits until it answers.
+    pub async fn start() -> Result<EtcdServer, HarnessError> {
+        EtcdServer::launch(false, None).await
+    }
+
+    /// Starts a TLS server that requires a client certificate (`--client-cert-auth`), with
+    /// a CA, server and client certificates generated now ([`EtcdServer::tls`]).
+    pub async fn start_tls() -> Result<EtcdServer, HarnessError> {
+        EtcdServer::launch(true, None).await
+    }
+
+    /// Starts a plain-text server with authentication enabled: user `root` with
+    /// `password` (role `root`). [`EtcdServer::options`] and [`EtcdServer::url`] carry the
+    /// credentials.
+    pub async fn start_with_auth(password: &str) -> Result<EtcdServer, HarnessError> {
+        EtcdServer::launch(false, Some(("root".to_string(), Secret::new(password)))).await
+    }
+
+    async fn launch(tls: bool, auth: Option<(String, Secret)>) -> Result<EtcdServer, HarnessError> {
+        let binary = find_binary()?;
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("rdzv-etcd-test-");
+        // etcd fsyncs every commit; on tmpfs that costs nothing, which keeps tests quick.
+        let shm = Path::new("/dev/shm");
+        let dir = if shm.is_dir() {
+            builder.tempdir_in(shm).or_else(|_| builder.tempdir())
+        } else {
+            builder.tempdir()
+        }
+        .map_err(|e| HarnessError::new(format!("cannot create a temporary directory: {e}")))?;
+        let tls = if tls { Some(TlsMaterial::generate(dir.path())?) } else { None };
+        let mut server = EtcdServer {
+            binary,
+            client_port: 0,
+            peer_port: 0,
+            metrics_port: 0,
+            dir,
+            tls,
+            auth: None,
+            process: None,
+        };
+        let mut attempts = 0;
+        // A free port can be taken between choosing and binding it; choose again then.
+        loop {
+            attempts += 1;
+            [server.client_port, server.peer_port, server.metrics_port] = free_ports()?;
+            let _ = std::fs::remove_dir_all(server.data_dir());
+            match server.spawn_and_wait().await {
+                Ok(()) => break,
+                Err(e) if attempts < 3 && e.to_string().contains("address already in use") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some((user, password)) = auth {
+            server.enable_auth(&user, &password).await?;
+            server.auth = Some((user, password));
+        }
+        Ok(server)
+    }
+
+    /// The client endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint { host: "127.0.0.1".to_string(), port: self.client_port }
+    }
+
+    /// The client URL (`http://127.0.0.1:PORT` or `https://…`).
+    pub fn client_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The generated certificates of a TLS server.
+    pub fn tls(&self) -> Option<&TlsMaterial> {
+        self.tls.as_ref()
+    }
+
+    /// The data directory (kept across [`EtcdServer::restart`]).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A rendezvous URL for this server: `etcd://127.0.0.1:PORT/<rest>` (`rest` is the run id
+    /// and query, e.g. `"job?min_workers=2"`). A TLS server gets `etcds://` and its `cacert`,
+    /// `cert` and `key` options; a server with auth gets `root:password@`.
+    pub fn url(&self, rest: &str) -> String {
+        let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
+        let user = match &self.auth {
+            Some((user, password)) => {
+                format!("{}:{}@", percent_encode(user), percent_encode(password.expose()))
+            }
+            None => String::new(),
+        };
+        let mut url =
+            format!("{scheme}://{user}127.0.0.1:{}/{}", self.client_port, rest.trim_start_matches('/'));
+        if let Some(tls) = &self.tls {
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str(&format!(
+                "cacert={}&cert={}&key={}",
+                percent_encode(&tls.ca_cert.display().to_string()),
+                percent_encode(&tls.client_cert.display().to_string()),
+                percent_encode(&tls.client_key.display().to_string()),
+            ));
+        }
+        url
+    }
+
+    /// Connection options for this server (TLS files and credentials included).
+    pub fn options(&self) -> EtcdOptions {
+        let mut options = EtcdOptions::new(vec![self.endpoint()]);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.client_files());
+        }
+        if let Some((user, password)) = &self.auth {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        options
+    }
+
+    /// A connected backend, as `Arc<dyn Kv>`.
+    ///
+    /// # Panics
+    /// If the server does not answer: this is a test harness, and a test without its
+    /// server must fail. Use [`EtcdServer::try_kv`] to handle the error.
+    pub async fn kv(&self) -> Arc<dyn Kv> {
+        match self.try_kv().await {
+            Ok(kv) => Arc::new(kv),
+            Err(e) => panic!("cannot connect to the test etcd at {}: {e}", self.client_url()),
+        }
+    }
+
+    /// A connected backend.
+    pub async fn try_kv(&self) -> Result<EtcdKv, rdzv_core::KvError> {
+        EtcdKv::connect(self.options()).await
+    }
+
+    /// Fetches the server's Prometheus metrics (text format).
+    pub async fn metrics(&self) -> Result<String, HarnessError> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.metrics_port));
+        tokio::task::spawn_blocking(move || metrics::fetch(addr))
+            .await
+            .map_err(|e| HarnessError::new(format!("metrics fetch task failed: {e}")))?
+    }
+
+    /// The server's `etcd_server_proposals_committed_total`: how many writes went through
+    /// Raft so far.
+    pub async fn proposals_committed(&self) -> Result<u64, HarnessError> {
+        let text = self.metrics().await?;
+        metric_value(&text, PROPOSALS_COMMITTED)
+            .map(|v| v as u64)
+            .ok_or_else(|| HarnessError::new(format!("no `{PROPOSALS_COMMITTED}` in /metrics")))
+    }
+
+    /// Whether the process is running (not stopped).
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// Stops the server gracefully (SIGTERM) and waits for it to exit; its ports and data
+    /// directory are kept for [`EtcdServer::restart`].
+    pub async fn stop(&mut self) -> Result<(), HarnessError> {
+        self.end("term").await
+    }
+
+    /// Kills the server (SIGKILL), like a crash; see [`EtcdServer::stop`].
+    pub async fn kill(&mut self) -> Result<(), HarnessError> {
+        self.end("kill").await
+    }
+
+    /// Starts the server again on the same ports and data directory (stopping it first if
+    /// it runs), and waits until it answers.
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        if self.process.is_some() {
+            self.stop().await?;
+        }
+        self.spawn_and_wait().await
+    }
+
+    async fn end(&mut self, how: &'static str) -> Result<(), HarnessError> {
+        let Some(process) = self.process.take() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || end_process(process, how))
+            .await
+            .map_err(|e| HarnessError::new(format!("stop task failed: {e}")))?
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    fn spawn(&mut self) -> Result<(), HarnessError> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let metrics = format!("http://127.0.0.1:{}", self.metrics_port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .map_err(|e| HarnessError::new(format!("cannot open the etcd log: {e}")))?;
+        let log_err =
+            log.try_clone().map_err(|e| HarnessError::new(format!("cannot open the etcd log: {e}")))?;
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg(&self.binary)
+            .args(["--name", "rdzv-test"])
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("rdzv-test={peer}")])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--listen-metrics-urls", &metrics])
+            .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
+            .env("RDZV_ETCD_CLEANUP", self.dir.path())
+            .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
+            .stdin(Stdio::piped())
+            .stdout(log)
+            .stderr(log_err);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca_cert)
+                .arg("--client-cert-auth");
+        }
+        let mut child = command.spawn().map_err(|e| {
+            HarnessError::new(format!("cannot run {} through sh: {e}", self.binary.display()))
+        })?;
+        let stdin = child.stdin.take();
+        self.process = Some(Process { child, stdin });
+        Ok(())
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), HarnessError> {
+        self.spawn()?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(process) = self.process.as_mut() {
+                if let Ok(Some(status)) = process.child.try_wait() {
+                    self.process = None;
+                    return Err(HarnessError::new(format!(
+                        "etcd exited during start-up ({status}); its log says:\n{}",
+                        self.log_tail()
+                    )));
+                }
+            }
+            let last = match self.probe().await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                let _ = self.kill().await;
+                return Err(HarnessError::new(format!(
+                    "etcd on port {} did not answer within {START_TIMEOUT:?} ({last}); its log says:\n{}",
+                    self.client_port,
+                    self.log_tail()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// One health request with a deadline: a fresh client asks for the server's status.
+    async fn probe(&self) -> Result<(), String> {
+        let mut options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
+        if let Some(tls) = &self.tls {
+            let files = tls.client_files();
+            options = options.with_tls(tls_options(&files).map_err(|e| match e {
+                ConnectError::Config(e) => e.to_string(),
+                ConnectError::Kv(e) => e.to_string(),
+            })?);
+        }
+        let attempt = async {
+            let client = Client::connect([self.client_url()], Some(options)).await?;
+            client.maintenance_client().status().await
+        };
+        match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("status request timed out".to_string()),
+        }
+    }
+
+    async fn enable_auth(&self, user: &str, password: &Secret) -> Result<(), HarnessError> {
+        let fail = |what: &str, e: etcd_client::Error| {
+            HarnessError::new(format!("cannot enable etcd auth ({what}): {e}"))
+        };
+        let mut client = Client::connect([self.client_url()], None).await.map_err(|e| fail("connect", e))?;
+        client.user_add(user, password.expose(), None).await.map_err(|e| fail("user add", e))?;
+        client.user_grant_role(user, "root").await.map_err(|e| fail("grant role root", e))?;
+        client.auth_enable().await.map_err(|e| fail("auth enable", e))?;
+        Ok(())
+    }
+
+    /// The last lines of the server's log, for error messages.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        if let Some(process) = self.process.take() {
+            let _ = end_process(process, "kill");
+        }
+    }
+}
+
+/// Tells the watchdog how to end etcd, then waits for it (bounded; SIGKILL of the
+/// watchdog as the last resort).
+fn end_process(mut process: Process, how: &str) -> Result<(), HarnessError> {
+    if let Some(mut stdin) = process.stdin.take() {
+        let _ = writeln!(stdin, "{how}");
+        drop(stdin);
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    loop {
+        match process.child.try_wait() {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = process.child.kill();
+                let _ = process.child.wait();
+                return Err(HarnessError::new(format!(
+                    "etcd did not exit within {STOP_TIMEOUT:?}; killed its watchdog"
+                )));
+            }
+        }
+    }
+}
+
+/// The etcd binary: `$ETCD_BIN`, else `etcd` on `PATH`.
+fn find_binary() -> Result<PathBuf, HarnessError> {
+    let missing = |detail: String| {
+        HarnessError::new(format!(
+            "{detail}; the etcd tests need a real etcd server: install etcd-server \
+             (scripts/setup.sh, or `apt-get install etcd-server`) or set ETCD_BIN"
+        ))
+    };
+    if let Some(path) = std::env::var_os("ETCD_BIN") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(missing(format!("ETCD_BIN={} is not a file", path.display())))
+        };
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| is_executable(candidate))
+        .ok_or_else(|| missing("no `etcd` binary on PATH".to_string()))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+/// Three distinct free loopback ports (held open together so that they differ).
+fn free_ports() -> Result<[u16; 3], HarnessError> {
+    let bind = || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| Ok((l.local_addr()?.port(), l)))
+            .map_err(|e| HarnessError::new(format!("cannot find a free loopback port: {e}")))
+    };
+    let (a, _la) = bind()?;
+    let (b, _lb) = bind()?;
+    let (c, _lc) = bind()?;
+    Ok([a, b, c])
+}
+
+/// Percent-encodes everything but unreserved characters and `/`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
