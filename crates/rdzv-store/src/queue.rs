@@ -96,7 +96,15 @@ async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>,
                 }
                 Some(Ok(_)) => {}
                 // The history we needed is gone: read the queue afresh.
-                Some(Err(KvError::Compacted { .. })) => break,
+                Some(Err(KvError::Compacted { requested, oldest })) => {
+                    tracing::debug!(
+                        requested,
+                        oldest,
+                        "popping from `{}`: watch start compacted away; reading again",
+                        rdzv_core::ext::show(prefix)
+                    );
+                    break;
+                }
                 Some(Err(e)) => return Err(e),
                 None => return Err(watch_ended(kv, prefix)),
             }

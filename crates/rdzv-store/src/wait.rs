@@ -20,7 +20,15 @@ pub(crate) async fn key_exists(kv: &dyn Kv, key: &[u8]) -> KvResult<KeyValue> {
             match events.next().await {
                 Some(Ok(event)) if event.kind == EventKind::Put => return Ok(event.kv),
                 Some(Ok(_)) => {}
-                Some(Err(KvError::Compacted { .. })) => break,
+                Some(Err(KvError::Compacted { requested, oldest })) => {
+                    tracing::debug!(
+                        requested,
+                        oldest,
+                        "waiting for `{}`: watch start compacted away; reading again",
+                        rdzv_core::ext::show(key)
+                    );
+                    break;
+                }
                 Some(Err(e)) => return Err(e),
                 None => return Err(watch_ended(kv, key)),
             }
