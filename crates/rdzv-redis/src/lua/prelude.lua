@@ -155,12 +155,14 @@ local function keys_with_prefix(p)
   return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '[' .. p, lex_upper(p))
 end
 
--- Keeps the last HISTORY revisions in the log; older ones are compacted away.
+-- Keeps the last HISTORY revisions in the log; older ones are compacted away. Exact
+-- trimming (not '~'): it removes whole revisions only, which is what lets a watch tell a
+-- compacted gap from a complete revision.
 local function trim(rev)
   local oldest = rev - HISTORY + 1
   if oldest > compacted() then
     redis.call('SET', K_COMPACTED, s(oldest))
-    redis.call('XTRIM', K_LOG, 'MINID', '~', s(oldest) .. '-0')
+    redis.call('XTRIM', K_LOG, 'MINID', s(oldest) .. '-0')
   end
 end
 

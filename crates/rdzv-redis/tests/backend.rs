@@ -1,0 +1,318 @@
+//! What the conformance suite cannot see: server-clock leases, history trimming, server
+//! restarts and dropped connections, foreign data under our keys, TLS, URLs.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdzv_core::{
+    BackendFactory, Endpoint, EventKind, Kv, KvError, PutOptions, PutOutcome, RangeOptions, RendezvousUrl,
+    Secret, WatchScope, WatchStream,
+};
+use rdzv_redis::testing::{RedisServer, shared};
+use rdzv_redis::{RedisConfig, RedisFactory, RedisKv};
+
+/// Bound of every wait in these tests.
+const WAIT: Duration = Duration::from_secs(15);
+
+async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f).await.unwrap_or_else(|_| panic!("timed out {what}"))
+}
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{}/", server.port())).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
+async fn connect(config: RedisConfig) -> Arc<dyn Kv> {
+    Arc::new(within("connecting", RedisKv::connect(config)).await.expect("connect"))
+}
+
+async fn put(kv: &dyn Kv, key: &[u8], value: &[u8], options: PutOptions) -> i64 {
+    match within("put", kv.put(key, value, options)).await.expect("put") {
+        PutOutcome::Written { revision, .. } => revision,
+        other => panic!("not written: {other:?}"),
+    }
+}
+
+async fn next(events: &mut WatchStream) -> rdzv_core::KvResult<rdzv_core::Event> {
+    within("waiting for a watch event", events.next()).await.expect("watch ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_deadline_comes_from_the_server_clock_and_expires_without_writes() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    let watcher = connect(server.config(&ns)).await;
+    let mut events = within("watch", watcher.watch(b"/a/", WatchScope::Prefix, 0)).await.unwrap();
+
+    let lease = within("grant", kv.lease_grant(Duration::from_secs(1))).await.unwrap();
+    let mut conn = raw(server).await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let server_now_ms = secs * 1000 + micros / 1000;
+    let deadline: f64 = redis::cmd("ZSCORE")
+        .arg(format!("{{rdzv:{ns}}}:leases"))
+        .arg(lease)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let delta = deadline as i64 - server_now_ms as i64;
+    assert!((800..=1000).contains(&delta), "deadline is {delta} ms after the server's now, not ~1000");
+
+    let r1 = put(&*kv, b"/a/1", b"x", PutOptions::OVERWRITE.with_lease(Some(lease))).await;
+    let r2 = put(&*kv, b"/a/2", b"y", PutOptions::OVERWRITE.with_lease(Some(lease))).await;
+    assert_eq!(next(&mut events).await.unwrap().revision(), r1);
+    assert_eq!(next(&mut events).await.unwrap().revision(), r2);
+    // Nobody writes or reads from now on: the reapers alone must end the lease.
+    let started = tokio::time::Instant::now();
+    let d1 = next(&mut events).await.unwrap();
+    let d2 = next(&mut events).await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!((d1.kind, d2.kind), (EventKind::Delete, EventKind::Delete));
+    assert_eq!(d1.revision(), d2.revision(), "keys of one lease go at one revision");
+    assert!(d1.revision() > r2);
+    assert!(waited < Duration::from_millis(1600), "expiry took {waited:?}");
+    assert!(matches!(kv.lease_keep_alive(lease).await, Err(KvError::LeaseNotFound(l)) if l == lease));
+    // The lease is server state: another client sees it gone too.
+    assert!(matches!(watcher.lease_revoke(lease).await, Err(KvError::LeaseNotFound(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_trimmed_to_its_bound_and_detected_exactly() {
+    let server = shared();
+    let mut config = server.config(&RedisServer::fresh_namespace());
+    config.history = 10;
+    let kv = connect(config.clone()).await;
+    let mut last = 0;
+    for i in 0..30 {
+        last = put(&*kv, b"k", format!("{i}").as_bytes(), PutOptions::OVERWRITE).await;
+    }
+    assert_eq!(last, 30);
+    let oldest = last - 10 + 1;
+    match kv.watch(b"k", WatchScope::Key, oldest - 1).await {
+        Err(KvError::Compacted { requested, oldest: o }) => assert_eq!((requested, o), (oldest - 1, oldest)),
+        Err(e) => panic!("expected Compacted, got {e}"),
+        Ok(_) => panic!("expected Compacted, got a watch"),
+    }
+    let mut events = within("watch", kv.watch(b"k", WatchScope::Key, oldest)).await.unwrap();
+    for rev in oldest..=last {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+    let mut conn = raw(server).await;
+    let len: u64 =
+        redis::cmd("XLEN").arg(format!("{}log", config.key_base())).query_async(&mut conn).await.unwrap();
+    assert_eq!(len, 10, "the log keeps exactly `history` revisions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_after_its_connection_is_killed() {
+    let server = RedisServer::start().expect("redis-server");
+    let kv = connect(server.config("resume")).await;
+    let mut events = within("watch", kv.watch(b"/w/", WatchScope::Prefix, 0)).await.unwrap();
+    let r1 = put(&*kv, b"/w/1", b"1", PutOptions::OVERWRITE).await;
+    assert_eq!(next(&mut events).await.unwrap().revision(), r1);
+    // Kill every client connection but the killer's; the server keeps its data.
+    let mut conn = raw(&server).await;
+    let _: redis::Value =
+        redis::cmd("CLIENT").arg("KILL").arg("SKIPME").arg("yes").query_async(&mut conn).await.unwrap();
+    // Writes are never retried blindly: the first after the kill may fail, later ones work.
+    let mut revisions = Vec::new();
+    for i in 2..=6 {
+        let key = format!("/w/{i}");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match kv.put(key.as_bytes(), b"v", PutOptions::OVERWRITE).await {
+                Ok(PutOutcome::Written { revision, .. }) => {
+                    revisions.push(revision);
+                    break;
+                }
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {}
+                other => panic!("put after reconnect: {other:?}"),
+            }
+        }
+    }
+    for rev in revisions {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev, "no gap, no duplicate");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_is_unavailable_then_reported_as_lost_data() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let mut config = server.config("restart");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let rev = put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"k", WatchScope::Key, rev + 1)).await.unwrap();
+
+    server.stop();
+    let started = tokio::time::Instant::now();
+    for op in 0..3 {
+        let e = within("an operation during the outage", kv.get(b"k")).await.unwrap_err();
+        assert!(matches!(e, KvError::Unavailable { .. } | KvError::Timeout { .. }), "op {op}: {e}");
+        let text = e.to_string();
+        assert!(text.contains(&format!("127.0.0.1:{}", server.port())), "{text}");
+    }
+    let e = within("a write during the outage", kv.put(b"k", b"w", PutOptions::OVERWRITE)).await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(12), "the outage errors took {:?}", started.elapsed());
+
+    server.restart().expect("restart");
+    // The restarted server is empty: the old client must say so, not serve a new history.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let lost = loop {
+        match kv.get(b"k").await {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => break e,
+            Ok(r) => panic!("a read after the data loss succeeded: {r:?}"),
+        }
+    };
+    assert!(matches!(lost, KvError::Backend { .. }), "{lost}");
+    assert!(lost.to_string().contains("lost"), "{lost}");
+    // The open watch ends with an error: the outage outlasted its reconnect window, or it
+    // came back to a namespace that is not the one it watched.
+    let e = next(&mut events).await.unwrap_err();
+    assert!(e.is_retryable() || e.to_string().contains("lost"), "{e}");
+    assert!(within("watch end", events.next()).await.is_none());
+    // A new client starts over.
+    let fresh = connect(config).await;
+    assert!(within("get", fresh.get(b"k")).await.unwrap().kv.is_none());
+    // And the old one still refuses (the namespace is not the one it knew).
+    assert!(matches!(kv.get(b"k").await, Err(KvError::Backend { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_nothing_is_unavailable_in_time() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut config = RedisConfig::new("127.0.0.1", port);
+    config.connect_timeout = Duration::from_millis(500);
+    config.password = Some(Secret::new("sekrit-pw"));
+    let e = within("connect", RedisKv::connect(config)).await.unwrap_err();
+    assert!(matches!(e, KvError::Unavailable { .. }), "{e}");
+    let text = format!("{e} {e:?}");
+    assert!(text.contains(&port.to_string()) && !text.contains("sekrit-pw"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_data_under_our_keys_is_a_clear_error() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    put(&*kv, b"/x/good", b"1", PutOptions::OVERWRITE).await;
+    let base = format!("{{rdzv:{ns}}}:");
+    let mut conn = raw(server).await;
+
+    // A string where a key record (a hash) belongs.
+    let _: () =
+        redis::cmd("SET").arg(format!("{base}k:/x/bad")).arg("garbage").query_async(&mut conn).await.unwrap();
+    let e = kv.get(b"/x/bad").await.unwrap_err();
+    assert!(matches!(e, KvError::Backend { .. }) && e.to_string().contains("/x/bad"), "{e}");
+    let e = kv.put(b"/x/bad", b"v", PutOptions::OVERWRITE).await.unwrap_err();
+    assert!(e.to_string().contains("/x/bad"), "{e}");
+    // A hash without our metadata.
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{base}k:/x/odd"))
+        .arg("v")
+        .arg("1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let e = kv.get(b"/x/odd").await.unwrap_err();
+    assert!(e.to_string().contains("/x/odd"), "{e}");
+    // A hash with bad metadata on an indexed key: a range names it.
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{base}k:/x/good"))
+        .arg("m")
+        .arg("soon")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let e = kv.range(b"/x/", RangeOptions::default()).await.unwrap_err();
+    assert!(e.to_string().contains("/x/good"), "{e}");
+    // Other keys still work; the damage is named, not spread.
+    put(&*kv, b"/y/1", b"1", PutOptions::OVERWRITE).await;
+    // A revision counter that is not a number stops every operation, naming it.
+    let _: () = redis::cmd("SET").arg(format!("{base}rev")).arg("many").query_async(&mut conn).await.unwrap();
+    let e = kv.get(b"/y/1").await.unwrap_err();
+    assert!(e.to_string().contains(&format!("{base}rev")), "{e}");
+    // A log of the wrong type ends a watch with an error naming it.
+    let _: () = redis::cmd("SET").arg(format!("{base}rev")).arg("5").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("DEL").arg(format!("{base}log")).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("SET").arg(format!("{base}log")).arg("x").query_async(&mut conn).await.unwrap();
+    let e = match kv.watch(b"/y/", WatchScope::Prefix, 0).await {
+        Err(e) => e,
+        Ok(mut events) => next(&mut events).await.unwrap_err(),
+    };
+    assert!(e.to_string().contains(&format!("{base}log")), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connects_with_the_ca_and_refuses_another() {
+    let server = RedisServer::start_tls().expect("redis-server with TLS");
+    let config = server.tls_config("tls").expect("tls server");
+    let kv = connect(config.clone()).await;
+    let rev = put(&*kv, b"k", b"over tls", PutOptions::OVERWRITE).await;
+    let got = within("get", kv.get(b"k")).await.unwrap();
+    assert_eq!((got.revision, got.kv.unwrap().value), (rev, b"over tls".to_vec()));
+
+    let other = tempfile::tempdir().unwrap();
+    let wrong = rdzv_redis::testing::TlsFiles::generate(other.path()).unwrap();
+    let mut bad = config.clone();
+    bad.cacert = Some(wrong.ca);
+    let e = within("connect with the wrong CA", RedisKv::connect(bad)).await.unwrap_err();
+    assert!(e.to_string().contains(&format!(":{}", server.tls_port().unwrap())), "{e}");
+
+    let mut missing = config;
+    missing.cacert = Some(other.path().join("nope.pem"));
+    let e = within("connect with a missing CA file", RedisKv::connect(missing)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)) && e.to_string().contains("nope.pem"), "{e}");
+}
+
+fn url(server: &RedisServer, options: &[(&str, &str)]) -> RendezvousUrl {
+    RendezvousUrl {
+        scheme: "redis".into(),
+        endpoints: vec![Endpoint { host: "127.0.0.1".into(), port: server.port() }],
+        username: None,
+        password: None,
+        run_id: "job".into(),
+        options: options.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        rendezvous_options: BTreeMap::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn factory_connects_from_a_url() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let factory = RedisFactory;
+    assert_eq!(factory.default_port(), Some(6379));
+    assert!(factory.options().contains(&"db"));
+    let kv = within("connect", factory.connect(&url(server, &[("namespace", &ns), ("db", "2")])))
+        .await
+        .expect("connect");
+    assert_eq!(kv.name(), "redis");
+    let rev = put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+    // The data went to database 2.
+    let mut conn = raw(server).await;
+    let _: () = redis::cmd("SELECT").arg(2).query_async(&mut conn).await.unwrap();
+    let stored: Option<String> =
+        redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:rev")).query_async(&mut conn).await.unwrap();
+    assert_eq!(stored, Some(rev.to_string()));
+
+    let e = factory.connect(&url(server, &[("bogus", "1")])).await.unwrap_err();
+    assert!(e.to_string().contains("bogus"), "{e}");
+    let mut with_password = url(server, &[("namespace", &ns)]);
+    with_password.password = Some(Secret::new("sekrit-pw"));
+    let e = within("connect with a password", factory.connect(&with_password)).await.unwrap_err();
+    let text = format!("{e} {e:?}");
+    assert!(!text.contains("sekrit-pw"), "{text}");
+}
