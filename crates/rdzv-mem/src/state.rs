@@ -47,6 +47,9 @@ pub(crate) struct State {
     keys: BTreeMap<Vec<u8>, KeyValue>,
     leases: HashMap<LeaseId, Lease>,
     next_lease: LeaseId,
+    /// A lower bound of every lease deadline (keep-alives only move deadlines later), so
+    /// that most calls can skip scanning the leases.
+    earliest_deadline: Option<Instant>,
     /// Events of the retained revisions, in revision order.
     history: VecDeque<Event>,
     /// Number of distinct revisions in `history`.
@@ -66,6 +69,7 @@ impl State {
             keys: BTreeMap::new(),
             leases: HashMap::new(),
             next_lease: 1,
+            earliest_deadline: None,
             history: VecDeque::new(),
             history_revisions: 0,
             history_limit: history_limit.max(1),
@@ -308,6 +312,7 @@ impl State {
         let id = self.next_lease;
         self.next_lease += 1;
         self.leases.insert(id, Lease { ttl, deadline, keys: BTreeSet::new() });
+        self.earliest_deadline = Some(self.earliest_deadline.map_or(deadline, |e| e.min(deadline)));
         Ok(id)
     }
 
@@ -325,8 +330,12 @@ impl State {
     }
 
     /// Ends every lease whose deadline is at or before `now`, earliest first (ties by id),
-    /// each deleting its keys in one revision. Returns the next deadline, if any.
+    /// each deleting its keys in one revision. Returns when to look again: a time after `now`
+    /// and at or before the next deadline, or `None` without leases.
     pub(crate) fn expire_leases(&mut self, now: Instant) -> Option<Instant> {
+        if self.earliest_deadline.is_none_or(|earliest| earliest > now) {
+            return self.earliest_deadline;
+        }
         let mut due: Vec<(Instant, LeaseId)> =
             self.leases.iter().filter(|(_, l)| l.deadline <= now).map(|(id, l)| (l.deadline, *id)).collect();
         due.sort();
@@ -336,10 +345,7 @@ impl State {
                 self.delete_all(lease.keys.into_iter().collect());
             }
         }
-        self.next_deadline()
-    }
-
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.leases.values().map(|l| l.deadline).min()
+        self.earliest_deadline = self.leases.values().map(|l| l.deadline).min();
+        self.earliest_deadline
     }
 }

@@ -33,7 +33,6 @@ pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 ///
 /// History keeps the last [`MemKvBuilder::history_limit`] revisions; a watch from an older
 /// revision, or from one before [`Kv::compact`], fails with [`KvError::Compacted`].
-#[derive(Debug)]
 pub struct MemKv {
     pub(crate) shared: Arc<Shared>,
     signal: Arc<ReaperSignal>,
@@ -129,6 +128,18 @@ impl MemKv {
         {
             reaper::spawn(Arc::downgrade(&self.shared), self.signal.clone());
         }
+    }
+}
+
+impl std::fmt::Debug for MemKv {
+    /// A summary; the keys and history could be large.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("MemKv")
+            .field("revision", &state.revision())
+            .field("oldest_revision", &state.first_available())
+            .field("watchers", &state.watcher_count())
+            .finish_non_exhaustive()
     }
 }
 
