@@ -186,27 +186,16 @@ impl EtcdOptions {
     }
 }
 
-/// Parses a timeout: plain seconds (`30`, `0.5`) or a humane duration (`500ms`, `10s`,
-/// `1m`); zero is refused because it would fail every request.
+/// Parses a timeout like every duration option (plain seconds or `500ms`, `10s`, `1m`);
+/// zero is refused because it would fail every request.
 fn parse_timeout(option: &str, value: &str) -> Result<Duration, ConfigError> {
-    let invalid = |reason: &str| ConfigError::InvalidValue {
-        option: option.to_string(),
-        value: value.to_string(),
-        reason: reason.to_string(),
-    };
-    let expected = "expected seconds (`5`, `0.5`) or a duration such as `500ms`, `10s`, `1m`";
-    let plain_number = !value.is_empty()
-        && value.chars().all(|c| c.is_ascii_digit() || c == '.')
-        && value.chars().filter(|c| *c == '.').count() <= 1
-        && value.chars().any(|c| c.is_ascii_digit());
-    let duration = if plain_number {
-        let seconds: f64 = value.parse().map_err(|_| invalid(expected))?;
-        Duration::try_from_secs_f64(seconds).map_err(|_| invalid("the duration is too long"))?
-    } else {
-        humantime::parse_duration(value).map_err(|_| invalid(expected))?
-    };
+    let duration = rdzv_core::params::parse_duration(option, value)?;
     if duration.is_zero() {
-        return Err(invalid("a timeout must be longer than zero"));
+        return Err(ConfigError::InvalidValue {
+            option: option.to_string(),
+            value: value.to_string(),
+            reason: "a timeout must be longer than zero".to_string(),
+        });
     }
     Ok(duration)
 }
