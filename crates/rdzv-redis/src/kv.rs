@@ -192,6 +192,24 @@ impl Kv for RedisKv {
         crate::watch::start(&self.shared, key.to_vec(), scope, start_revision).await
     }
 
+    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        // Lua numbers are doubles: beyond 2^53 the script declines and compare-and-swap,
+        // which is exact, takes over.
+        if delta.unsigned_abs() >= 1 << 53 {
+            return Ok(None);
+        }
+        let mut r = self.shared.call("incr", &[key, &num(delta)], Retry::Once).await?;
+        match r.tag.as_str() {
+            "ok" => Ok(Some(r.int()?)),
+            "fallback" => Ok(None),
+            "not_integer" => Err(KvError::InvalidArgument(format!(
+                "cannot increment `{}`: its value is not a decimal integer",
+                rdzv_core::ext::show(key)
+            ))),
+            _ => Err(r.unexpected()),
+        }
+    }
+
     async fn compact(&self, revision: Revision) -> KvResult<()> {
         let mut r = self.shared.call("compact", &[&num(revision)], Retry::Idempotent).await?;
         match r.tag.as_str() {

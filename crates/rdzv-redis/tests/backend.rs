@@ -316,3 +316,21 @@ async fn factory_connects_from_a_url() {
     let text = format!("{e} {e:?}");
     assert!(!text.contains("sekrit-pw"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_increment_is_exact_or_declines() {
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    assert_eq!(kv.increment(b"n", 5).await.unwrap(), Some(5));
+    assert_eq!(kv.increment(b"n", -7).await.unwrap(), Some(-2));
+    put(&*kv, b"n", b"+40", PutOptions::OVERWRITE).await;
+    assert_eq!(kv.increment(b"n", 2).await.unwrap(), Some(42));
+    let got = kv.get(b"n").await.unwrap().kv.unwrap();
+    assert_eq!((got.value, got.version), (b"42".to_vec(), 4));
+    // Beyond what Lua's doubles hold exactly, the backend declines (callers use CAS).
+    put(&*kv, b"big", b"9007199254740993", PutOptions::OVERWRITE).await;
+    assert_eq!(kv.increment(b"big", 1).await.unwrap(), None);
+    assert_eq!(kv.increment(b"n", 1 << 60).await.unwrap(), None);
+    put(&*kv, b"text", b"twelve", PutOptions::OVERWRITE).await;
+    assert!(matches!(kv.increment(b"text", 1).await, Err(KvError::InvalidArgument(m)) if m.contains("text")));
+}

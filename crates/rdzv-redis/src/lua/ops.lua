@@ -112,22 +112,9 @@ local function conflict(k, rec)
   return { 'conflict' }
 end
 
--- ARGV: key, value, mode ('o' overwrite | 'c' create | 'u' update), expected mod
--- revision, lease (0 = none). Reply: 'ok', revision, create revision.
-local function op_put()
-  prologue()
-  local k, v, mode = ARGV[5], ARGV[6], ARGV[7]
-  local expect, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
-  local cur = load(k, true)
-  if mode == 'c' and cur then
-    return conflict(k, cur)
-  end
-  if mode == 'u' and (not cur or cur.m ~= expect) then
-    return conflict(k, cur)
-  end
-  if lease ~= 0 and not lease_alive(lease) then
-    return { 'lease_not_found' }
-  end
+-- Writes value `v` under `k` (current record `cur` or nil) bound to `lease` (0 = none), at
+-- a new revision; returns the revision and the key's create revision.
+local function write(k, v, cur, lease)
   local rev = next_rev()
   local rec
   if cur then
@@ -147,7 +134,51 @@ local function op_put()
   end
   log_put(rev, 0, k, rec)
   trim(rev)
-  return { 'ok', rev, rec.c }
+  return rev, rec.c
+end
+
+-- ARGV: key, value, mode ('o' overwrite | 'c' create | 'u' update), expected mod
+-- revision, lease (0 = none). Reply: 'ok', revision, create revision.
+local function op_put()
+  prologue()
+  local k, v, mode = ARGV[5], ARGV[6], ARGV[7]
+  local expect, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local cur = load(k, true)
+  if mode == 'c' and cur then
+    return conflict(k, cur)
+  end
+  if mode == 'u' and (not cur or cur.m ~= expect) then
+    return conflict(k, cur)
+  end
+  if lease ~= 0 and not lease_alive(lease) then
+    return { 'lease_not_found' }
+  end
+  local rev, c = write(k, v, cur, lease)
+  return { 'ok', rev, c }
+end
+
+-- ARGV: key, delta. Adds delta to the decimal integer at key (missing = 0), written like
+-- an unconditional put without lease. Reply: 'ok', new value; 'not_integer'; 'fallback'
+-- when the numbers leave the range Lua's doubles hold exactly (the client then uses
+-- compare-and-swap, which is exact).
+local function op_incr()
+  prologue()
+  local k, delta = ARGV[5], tonumber(ARGV[6])
+  local cur = load(k, true)
+  local n = 0
+  if cur then
+    if not string.match(cur.v, '^[+-]?%d+$') then
+      return { 'not_integer' }
+    end
+    n = tonumber(cur.v)
+  end
+  local exact = 9007199254740992
+  if math.abs(n) >= exact or math.abs(delta) >= exact or math.abs(n + delta) >= exact then
+    return { 'fallback' }
+  end
+  local v = s(n + delta)
+  write(k, v, cur, 0)
+  return { 'ok', v }
 end
 
 -- ARGV: key, mode ('a' any | 'i' if mod revision), expected mod revision.
@@ -257,6 +288,7 @@ local ops = {
   get = op_get,
   range = op_range,
   put = op_put,
+  incr = op_incr,
   delete = op_delete,
   delete_prefix = op_delete_prefix,
   grant = op_grant,
