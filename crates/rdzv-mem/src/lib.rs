@@ -6,7 +6,8 @@
 //! [`MemKv`] implements the whole [`Kv`](rdzv_core::Kv) contract (KV.md) in one process:
 //! revisions, preconditions, leases on tokio time (deterministic under
 //! `tokio::time::pause()`), watches from any retained revision, a bounded history and
-//! compaction. [`MemKv::named`] returns process-wide shared instances for `mem://<name>/…`.
+//! compaction. [`MemKv::named`] returns process-wide shared instances, which
+//! [`MemFactory`] serves for `mem://<name>/…` URLs.
 //!
 //! [`FaultyKv`] wraps any `Arc<dyn Kv>` and injects latency, `Unavailable` errors (on the
 //! n-th call or with a probability) and dropped watch connections, switchable at run time
@@ -50,6 +51,7 @@
 //! # }
 //! ```
 
+mod factory;
 mod faults;
 mod named;
 mod reaper;
@@ -57,5 +59,6 @@ mod state;
 mod store;
 mod watch;
 
+pub use factory::MemFactory;
 pub use faults::{FaultyKv, Latency};
 pub use store::{DEFAULT_HISTORY_LIMIT, MIN_LEASE_TTL, MemKv, MemKvBuilder};

@@ -141,3 +141,22 @@ fn leases_expire_after_the_granting_runtime_is_gone() {
         assert_eq!(event.kind, EventKind::Delete);
     });
 }
+
+#[tokio::test]
+async fn mem_urls_name_shared_stores() {
+    use rdzv_core::{BackendFactory, RendezvousUrl};
+    let factory = rdzv_mem::MemFactory;
+    let url = RendezvousUrl::parse("mem://tests-factory/run1?min_workers=1").unwrap();
+    let a = factory.connect(&url).await.unwrap();
+    let b = factory.connect(&RendezvousUrl::parse("mem://tests-factory/run2").unwrap()).await.unwrap();
+    a.put(b"k", b"v", PutOptions::OVERWRITE).await.unwrap();
+    assert!(b.get(b"k").await.unwrap().kv.is_some(), "same name, same store");
+    let other = factory.connect(&RendezvousUrl::parse("mem://tests-factory-2/run1").unwrap()).await.unwrap();
+    assert!(other.get(b"k").await.unwrap().kv.is_none());
+    for bad in ["mem://a,b/run", "mem://a:7/run"] {
+        // Either the parser or the factory rejects it.
+        if let Ok(url) = RendezvousUrl::parse(bad) {
+            assert!(factory.connect(&url).await.is_err(), "{bad} must be rejected");
+        }
+    }
+}
