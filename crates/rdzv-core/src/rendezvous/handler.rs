@@ -79,6 +79,8 @@ impl RendezvousHandler {
         let me = Participant { node, addr, pid: std::process::id() };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
         let session = Session::start(kv.clone(), params.keep_alive_ttl).await?;
+        // Per handler, not per round: so a round's writes are only the round's own.
+        run_lease.id().await?;
         let ctx = Context { kv, params, keys, me, run_lease };
         let worker = Worker { session: Some(session), membership: None };
         Ok(RendezvousHandler {
@@ -106,11 +108,11 @@ impl RendezvousHandler {
             return Err(RendezvousError::Shutdown);
         }
         let deadline = Instant::now() + ctx.params.timeout;
-        if let Some((round, monitor)) = worker.membership.take() {
+        let previous = worker.membership.take().map(|(round, monitor)| {
             drop(monitor);
             self.publish(None, Some(RoundBroken::Left));
-            let _ = tokio::time::timeout_at(deadline, leave(ctx, &round)).await;
-        }
+            round
+        });
         if worker.session.as_ref().is_none_or(Session::is_lost) {
             worker.session = None;
             worker.session = Some(Session::start(ctx.kv.clone(), ctx.params.keep_alive_ttl).await?);
@@ -119,7 +121,7 @@ impl RendezvousHandler {
         let lost = session.lost();
         let mut attempt = Attempt::new(ctx, session.lease());
         let outcome = tokio::select! {
-            r = tokio::time::timeout_at(deadline, attempt.run()) => Some(r),
+            r = tokio::time::timeout_at(deadline, attempt.run(previous.as_ref())) => Some(r),
             _ = lost.cancelled() => None,
         };
         let result = match outcome {
@@ -295,19 +297,6 @@ impl RendezvousHandler {
 
     fn publish(&self, version: Option<u64>, broken: Option<RoundBroken>) {
         self.inner.status.send_replace(RoundStatus { version, broken });
-    }
-}
-
-/// Leaves a running round at once: delete our keep-alive key (the others' monitors see it)
-/// and destroy the round if it is still this one, so waiters need not notice first.
-async fn leave(ctx: &Context, round: &Completed) {
-    let rank_key = ctx.keys.rank(round.version, round.rank);
-    if let Err(e) = ctx.kv.delete(&rank_key, DeleteMode::Any).await {
-        tracing::warn!(error = %e, "could not delete our keep-alive key; it expires with our lease");
-    }
-    let destroy = DeleteMode::IfRevision(round.final_revision);
-    if let Err(e) = ctx.kv.delete(&ctx.keys.state(), destroy).await {
-        tracing::warn!(error = %e, "could not end the round we left; waiters will");
     }
 }
 

@@ -101,14 +101,34 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Runs the phases until a round completes, the run is closed, or an error that
+    /// Leaves `round` (this worker's running round) and, in the same write, starts the next
+    /// one (see [`Attempt::replace_final`]). If that write fails, at least withdraw our
+    /// keep-alive key so that the others notice.
+    async fn leave(&mut self, round: &Completed) -> Result<Flow> {
+        self.phase = "leaving the previous round";
+        tracing::debug!(version = round.version, "leaving the running round");
+        match self.replace_final(round.final_revision).await {
+            Err(e) => {
+                let rank_key = self.ctx.keys.rank(round.version, round.rank);
+                let _ = self.ctx.kv.delete(&rank_key, DeleteMode::Any).await;
+                Err(e)
+            }
+            flow => flow,
+        }
+    }
+
+    /// Runs the phases, after leaving `leaving` if given, until a round completes, the run is closed, or an error that
     /// retrying cannot fix. Retryable backend errors restart from Init after a backoff; the
     /// caller's deadline bounds it all.
-    pub(crate) async fn run(&mut self) -> Result<Completed> {
+    pub(crate) async fn run(&mut self, mut leaving: Option<&Completed>) -> Result<Completed> {
         let mut backoff = backoff();
         let mut known: Option<Observed> = None;
         loop {
-            match self.step(known.take()).await {
+            let step = match leaving.take() {
+                Some(round) => self.leave(round).await,
+                None => self.step(known.take()).await,
+            };
+            match step {
                 Ok(Flow::Done(done)) => return Ok(done),
                 Ok(Flow::Restart(observed)) => known = observed,
                 Err(RendezvousError::Unavailable(e))
@@ -153,18 +173,34 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Phase 1: no round exists. Create `setup` (if absent), bump the version counter and
-    /// swap `setup` → `joinable`, then join it.
+    /// Phase 1: no round exists. Claim it with `setup` (create-if-absent), then open it.
     async fn create_round(&mut self) -> Result<Flow> {
         self.phase = "creating a round";
+        self.claim_setup(PutMode::Create).await
+    }
+
+    /// Ends the round this worker is leaving, or a broken one a waiter found, by swapping
+    /// its `final` value (still at `final_revision`) for `setup`: the others learn at once,
+    /// and the winner of the swap opens the next round with no further contention.
+    async fn replace_final(&mut self, final_revision: Revision) -> Result<Flow> {
+        self.claim_setup(PutMode::Update(final_revision)).await
+    }
+
+    /// Writes `setup` (bound to this worker's session: if it dies now, the value vanishes)
+    /// under `mode`; the winner opens the round, a loser acts on the value that beat it.
+    async fn claim_setup(&mut self, mode: PutMode) -> Result<Flow> {
+        let kv = &*self.ctx.kv;
+        let setup = PutOptions { mode, lease: Some(self.session) };
+        match kv.put(&self.ctx.keys.state(), &State::Setup.to_bytes(), setup).await? {
+            PutOutcome::Written { revision, .. } => self.open_round(revision).await,
+            PutOutcome::Conflict { current } => Ok(Flow::Restart(Some(self.observe(current, None)?))),
+        }
+    }
+
+    /// Bumps the version counter and swaps `setup` → `joinable`, then joins the new round.
+    async fn open_round(&mut self, setup_revision: Revision) -> Result<Flow> {
         let kv = &*self.ctx.kv;
         let key = self.ctx.keys.state();
-        // `setup` is bound to this worker's session: if it dies now, the value vanishes.
-        let setup = PutOptions { mode: PutMode::Create, lease: Some(self.session) };
-        let setup_revision = match kv.put(&key, &State::Setup.to_bytes(), setup).await? {
-            PutOutcome::Written { revision, .. } => revision,
-            PutOutcome::Conflict { current } => return Ok(Flow::Restart(Some(self.observe(current, None)?))),
-        };
         let counter = self.ctx.keys.version_counter();
         let counter_key = counter.clone();
         let mut bad_counter = None;
@@ -403,9 +439,8 @@ impl<'a> Attempt<'a> {
                 WaitingAction::Closed => return Err(self.closed()),
                 WaitingAction::Restart => return Ok(Flow::Restart(None)),
                 WaitingAction::DestroyRound => {
-                    tracing::debug!(version, "a member of the running round is gone; destroying it");
-                    ctx.kv.delete(&ctx.keys.state(), DeleteMode::IfRevision(observed.mod_revision)).await?;
-                    return Ok(Flow::Restart(None));
+                    tracing::debug!(version, "a member of the running round is gone; ending it");
+                    return self.replace_final(observed.mod_revision).await;
                 }
             }
             action = tokio::select! {

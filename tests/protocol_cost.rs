@@ -1,0 +1,73 @@
+//! The cost guarantee of PROTOCOL.md: backend writes per worker per round are bounded by a
+//! constant (≤ 4, lease refreshes aside) whatever N, and the shared state value changes
+//! O(1) times per round — for a first round and for a re-rendezvous of everyone.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use rdzv::core::{CountingKv, Kv, OpCounts, RendezvousHandler, WatchScope};
+use rdzv_mem::MemKv;
+
+async fn state_changes_since(kv: &Arc<dyn Kv>, key: &[u8], from: i64, upto: i64) -> usize {
+    let mut events = kv.watch(key, WatchScope::Key, from).await.unwrap();
+    let mut n = 0;
+    while let Ok(Some(Ok(event))) =
+        tokio::time::timeout(std::time::Duration::from_millis(10), events.next()).await
+    {
+        if event.revision() > upto {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+async fn measure(n: usize) {
+    let mem = Arc::new(MemKv::new());
+    let counting = CountingKv::new(mem.clone() as Arc<dyn Kv>);
+    let kv = counting.clone() as Arc<dyn Kv>;
+    let params = support::params(&support::run_id("cost"), n, n);
+    let mut handlers = Vec::new();
+    for i in 0..n {
+        let mut p = params.clone();
+        p.node_id = Some(format!("n{i}"));
+        handlers.push(RendezvousHandler::new(kv.clone(), p).await.unwrap());
+    }
+    let state_key = handlers[0].keys().state();
+    for round in 1..=2 {
+        let before: OpCounts = counting.snapshot();
+        let from = mem.revision() + 1;
+        let infos: Vec<_> =
+            support::rendezvous_all(&handlers).await.into_iter().map(Result::unwrap).collect();
+        support::assert_agreement(&infos, n, n);
+        let used = counting.snapshot() - before;
+        let writes = (used.writes() - used.lease_keep_alives) as f64 / n as f64;
+        let reads = used.reads() as f64 / n as f64;
+        let changes =
+            state_changes_since(&(mem.clone() as Arc<dyn Kv>), &state_key, from, mem.revision()).await;
+        println!(
+            "N={n} round {round}: {writes:.2} writes/worker, {reads:.2} reads/worker, {changes} state changes ({used:?})"
+        );
+        assert!(writes <= 4.0, "N={n} round {round}: {writes:.2} writes per worker");
+        assert!(reads <= 4.0, "N={n} round {round}: {reads:.2} reads per worker");
+        assert!(changes <= 4, "N={n} round {round}: the state changed {changes} times");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn cost_is_flat_at_8() {
+    measure(8).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cost_is_flat_at_64() {
+    measure(64).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cost_is_flat_at_512() {
+    measure(512).await;
+}
