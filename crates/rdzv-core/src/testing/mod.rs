@@ -5,8 +5,8 @@
 //! violation. It touches only keys under its namespace `ns`, so cases can share one store
 //! (one etcd or Redis server) and run in parallel. Every wait is bounded, so a broken
 //! backend fails a case instead of hanging it. Lease cases run on real time with short TTLs
-//! (the backend's [`min_lease_ttl`](crate::Capabilities::min_lease_ttl), at least one
-//! second), so the suite takes a few seconds.
+//! (the backend's [`min_lease_ttl`](crate::Capabilities::min_lease_ttl), at least two
+//! seconds), so the suite takes several seconds.
 //!
 //! A backend that lacks a feature declares it in [`Kv::capabilities`]; the cases check that
 //! it then fails cleanly with [`KvError::Unsupported`].
@@ -118,10 +118,10 @@ pub(crate) fn key(ns: &[u8], suffix: &str) -> Vec<u8> {
     key
 }
 
-/// The TTL lease cases use: the backend's minimum, but at least a second so that real-time
-/// scheduling noise cannot decide a case.
+/// The TTL lease cases use: the backend's minimum, but at least two seconds so that
+/// scheduling noise on a loaded machine cannot decide a case.
 pub(crate) fn lease_ttl(kv: &dyn Kv) -> Duration {
-    kv.capabilities().min_lease_ttl.max(Duration::from_secs(1))
+    kv.capabilities().min_lease_ttl.max(Duration::from_secs(2))
 }
 
 /// Awaits `future` for at most [`WAIT`], failing the case with `what` otherwise.
