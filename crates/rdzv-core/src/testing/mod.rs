@@ -22,8 +22,8 @@
 //! });
 //! ```
 //!
-//! (This is `crates/rdzv-mem/tests/conformance.rs`.) The argument is an expression evaluating to a future of `Arc<dyn Kv>`. It is evaluated
-//! once per case, inside that case's tokio runtime (multi-threaded, two workers), so it may
+//! (This is `crates/rdzv-mem/tests/conformance.rs`.) The argument is an expression
+//! evaluating to a future of `Arc<dyn Kv>`. It is evaluated once per case, inside that case's tokio runtime (multi-threaded, two workers), so it may
 //! start a server or connect to one shared by all cases (e.g. through a `OnceLock` holding
 //! the server process; make a fresh client per case since each case has its own runtime).
 //! The macro expands to one `#[tokio::test]` per case, named after it, in the module where
@@ -31,6 +31,17 @@
 //! concurrently, so that compacting a shared server cannot break another case's watch from
 //! a recent revision within the same test binary (call the cases through [`run_case`] too
 //! if you instantiate them by hand on a shared server).
+//!
+//! # What it covers
+//!
+//! Reads (`reads`): metadata, revisions, prefix ranges with count, limit, ordering,
+//! creation-revision filter and keys-only. Preconditions (`preconditions`): create-if-absent
+//! (and its race), swap on a stale revision, conditional deletes. Writes (`writes`): prefix
+//! delete as one write, re-creation, 1 MiB and binary data, the native increment. Leases
+//! (`leases`): expiry with delete events, keep-alive, revoke, dead leases, unbinding.
+//! Watches (`watch`): exact replay from a past revision, key and prefix scopes, event
+//! contents, 1,000 events without gaps. Compaction (`compaction`). Contention (`stress`):
+//! 50 compare-and-swap incrementers, native increments, concurrent writers.
 
 mod compaction;
 mod leases;
