@@ -156,6 +156,9 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
         connect_options = connect_options.with_tls(tls_options(tls)?);
     }
     let operation = "connect";
+    let classify = |e: etcd_client::Error, ctx: Context<'_>| {
+        ConnectError::Kv(with_tls_hint(errors::classify(operation, e, ctx), options))
+    };
     let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
     // With credentials, `Client::connect` authenticates, which is a first contact already.
     let client =
@@ -163,7 +166,7 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
             .await
         {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(ConnectError::Kv(errors::classify(operation, e, ctx))),
+            Ok(Err(e)) => return Err(classify(e, ctx)),
             Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
         };
     // Without credentials nothing has touched the network yet: ask for the status, so that a
@@ -171,11 +174,33 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     let mut maintenance = client.maintenance_client();
     match tokio::time::timeout(options.connect_timeout, maintenance.status()).await {
         Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(ConnectError::Kv(errors::classify(operation, e, ctx))),
+        Ok(Err(e)) => return Err(classify(e, ctx)),
         Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
     }
     tracing::debug!(endpoints = %endpoint_list, "connected to etcd");
     Ok(Arc::new(Shared::new(client, endpoint_list, options.username.clone())))
+}
+
+/// A TLS connection the server closes during the first contact, without a client
+/// certificate, is most likely a server that requires one; TLS 1.3 does not always let the
+/// client see the server's alert.
+fn with_tls_hint(error: KvError, options: &EtcdOptions) -> KvError {
+    match (error, &options.tls) {
+        (KvError::Unavailable { backend, endpoint, message, source }, Some(tls))
+            if tls.client_cert.is_none() && !message.contains("TLS handshake") =>
+        {
+            KvError::Unavailable {
+                backend,
+                endpoint,
+                message: format!(
+                    "{message} (no client certificate was given: if the server requires one \
+                     (--client-cert-auth), add cert=<client.pem>&key=<client.key>)"
+                ),
+                source,
+            }
+        }
+        (error, _) => error,
+    }
 }
 
 fn no_answer(endpoint_list: &str, options: &EtcdOptions) -> KvError {

@@ -38,7 +38,7 @@ pub(crate) fn classify(operation: &str, error: EtcdError, ctx: Context<'_>) -> K
         EtcdError::GRpcStatus(status) => {
             let code = status.code() as i32;
             let message = status.message().to_string();
-            let transport = is_connection_error(status, &message);
+            let transport = is_connection_error(&describe(&error));
             classify_status(operation, code, &message, transport, error, ctx)
         }
         EtcdError::TransportError(_) | EtcdError::IoError(_) => unavailable(operation, error, ctx),
@@ -53,7 +53,7 @@ pub(crate) fn classify(operation: &str, error: EtcdError, ctx: Context<'_>) -> K
         EtcdError::InvalidUri(_) => KvError::InvalidArgument(format!(
             "etcd endpoint is not a valid URI ({}): {}",
             ctx.endpoints,
-            chain(&error)
+            describe(&error)
         )),
         _ => backend(operation, error),
     }
@@ -122,25 +122,19 @@ fn classify_status(
     }
 }
 
-/// Whether a status came from the transport (connection refused, reset, TLS handshake)
-/// rather than from the server.
-fn is_connection_error(status: &(dyn StdError + 'static), message: &str) -> bool {
-    let mut source = status.source();
-    while let Some(err) = source {
-        if err.is::<std::io::Error>() {
-            return true;
-        }
-        source = err.source();
-    }
-    message.contains("transport error")
-        || message.contains("connection")
-        || message.contains("h2 protocol error")
-        || message.contains("broken pipe")
+/// Whether a failure (described by [`describe`]) came from the transport (connection
+/// refused, reset or closed, TLS) rather than from the server.
+fn is_connection_error(description: &str) -> bool {
+    let lower = description.to_lowercase();
+    ["transport error", "connection", "h2 protocol error", "broken pipe", "tcp connect", "dns error"]
+        .iter()
+        .any(|word| lower.contains(word))
 }
 
 fn unavailable(operation: &str, error: EtcdError, ctx: Context<'_>) -> KvError {
-    let detail = chain(&error);
-    let hint = if detail.contains("certificate") || detail.contains("tls") || detail.contains("TLS") {
+    let detail = describe(&error);
+    let lower = detail.to_lowercase();
+    let hint = if ["certificate", "tls", "handshake", "alert"].iter().any(|word| lower.contains(word)) {
         " (TLS handshake failed: check cacert, cert and key, and that the server's certificate names this host)"
     } else {
         ""
@@ -156,8 +150,28 @@ fn unavailable(operation: &str, error: EtcdError, ctx: Context<'_>) -> KvError {
 fn backend(operation: &str, error: EtcdError) -> KvError {
     KvError::Backend {
         backend: BACKEND,
-        message: format!("{operation} failed: {}", chain(&error)),
+        message: format!("{operation} failed: {}", describe(&error)),
         source: Some(Box::new(error)),
+    }
+}
+
+/// What went wrong, in words: for a gRPC status its message and the chain of its sources
+/// (its own `Display` shows them in `Debug` form).
+pub(crate) fn describe(error: &EtcdError) -> String {
+    match error {
+        EtcdError::GRpcStatus(status) => {
+            let mut parts = vec![status.message().to_string()];
+            let mut source = StdError::source(status);
+            while let Some(err) = source {
+                let text = err.to_string();
+                if !parts.iter().any(|p| p.contains(&text)) {
+                    parts.push(text);
+                }
+                source = err.source();
+            }
+            parts.join(": ")
+        }
+        other => chain(other),
     }
 }
 
