@@ -106,6 +106,9 @@ impl Shared {
             invocation.arg(*a);
         }
         let mut conn = self.conn.clone();
-        invocation.invoke_async::<Value>(&mut conn).await.map_err(|e| from_redis(e, &self.endpoint, op))
+        invocation
+            .invoke_async::<Value>(&mut conn)
+            .await
+            .map_err(|e| from_redis(e, &self.endpoint, op, self.config.request_timeout))
     }
 }

@@ -29,10 +29,11 @@ pub(crate) fn client(config: &RedisConfig) -> KvResult<Client> {
     };
     let info = addr
         .into_connection_info()
-        .map_err(|e| from_redis(e, &endpoint, "configuring the connection"))?
+        .map_err(|e| from_redis(e, &endpoint, "configuring the connection", config.connect_timeout))?
         .set_redis_settings(redis_info);
     if !config.tls {
-        return Client::open(info).map_err(|e| from_redis(e, &endpoint, "configuring the connection"));
+        return Client::open(info)
+            .map_err(|e| from_redis(e, &endpoint, "configuring the connection", config.connect_timeout));
     }
     install_crypto_provider();
     let root_cert = match &config.cacert {
@@ -70,7 +71,7 @@ pub(crate) async fn manager(client: &Client, config: &RedisConfig) -> KvResult<C
     let deadline = config.connect_timeout + Duration::from_secs(1);
     match tokio::time::timeout(deadline, client.get_connection_manager_with_config(manager_config)).await {
         Ok(Ok(m)) => Ok(m),
-        Ok(Err(e)) => Err(from_redis(e, &endpoint, "connecting")),
+        Ok(Err(e)) => Err(from_redis(e, &endpoint, "connecting", config.connect_timeout)),
         Err(_) => Err(unreachable(&endpoint, deadline)),
     }
 }
@@ -90,7 +91,7 @@ pub(crate) async fn dedicated(
         .await
     {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(from_redis(e, &endpoint, "connecting")),
+        Ok(Err(e)) => Err(from_redis(e, &endpoint, "connecting", config.connect_timeout)),
         Err(_) => Err(unreachable(&endpoint, deadline)),
     }
 }

@@ -10,10 +10,10 @@ pub(crate) const NAME: &str = "redis";
 
 /// A client-library error as a [`KvError`]: unreachable / dropped connections are
 /// `Unavailable` (with the endpoint, never the password), timeouts `Timeout`, the rest
-/// (script errors included) `Backend` with the source.
-pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str) -> KvError {
+/// (script errors included) `Backend` with the source. `bound` is the timeout that applied.
+pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound: Duration) -> KvError {
     if err.is_timeout() {
-        return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: Duration::ZERO };
+        return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: bound };
     }
     if err.is_io_error()
         || err.is_connection_refusal()

@@ -22,7 +22,7 @@ use crate::error::{corrupt, from_redis, lost};
 const BLOCK: Duration = Duration::from_millis(1000);
 
 /// Entries fetched per read.
-const BATCH: usize = 512;
+const BATCH: usize = 128;
 
 /// Events buffered between the reading task and the consumer.
 const BUFFER: usize = 256;
@@ -91,7 +91,7 @@ impl Watcher {
         if e.code() == Some("WRONGTYPE") {
             return corrupt(self.log_key.as_bytes(), &e.to_string());
         }
-        from_redis(e, &self.endpoint, what)
+        from_redis(e, &self.endpoint, what, self.config.request_timeout)
     }
 
     async fn check_epoch(&self, conn: &mut MultiplexedConnection) -> KvResult<()> {
