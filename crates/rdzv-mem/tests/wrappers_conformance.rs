@@ -19,7 +19,7 @@ mod idle {
 
 mod slow {
     rdzv_core::conformance_suite!(async {
-        let (min, max) = (super::Duration::ZERO, super::Duration::from_millis(3));
+        let (min, max) = (super::Duration::ZERO, super::Duration::from_millis(1));
         super::wrapped(super::Latency::Uniform { min, max })
     });
 }
