@@ -334,3 +334,53 @@ async fn native_increment_is_exact_or_declines() {
     put(&*kv, b"text", b"twelve", PutOptions::OVERWRITE).await;
     assert!(matches!(kv.increment(b"text", 1).await, Err(KvError::InvalidArgument(m)) if m.contains("text")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_workers_join_count_and_watch_quickly() {
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let kv = kv.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = kv.lease_grant(Duration::from_secs(10)).await.unwrap();
+            let key = format!("/run/join/{i:03}");
+            let options = PutOptions::new(rdzv_core::PutMode::Create).with_lease(Some(lease));
+            let PutOutcome::Written { revision, .. } = kv.put(key.as_bytes(), b"w", options).await.unwrap()
+            else {
+                panic!("not written")
+            };
+            let position = kv
+                .range(
+                    b"/run/join/",
+                    RangeOptions {
+                        max_create_revision: Some(revision),
+                        count_only: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap()
+                .count;
+            let events = kv.watch(b"/run/state", WatchScope::Key, revision + 1).await.unwrap();
+            (position, events)
+        }));
+    }
+    let mut positions = Vec::new();
+    let mut watches = Vec::new();
+    for t in tasks {
+        let (position, events) = within("a worker joining", t).await.unwrap();
+        positions.push(position);
+        watches.push(events);
+    }
+    positions.sort_unstable();
+    assert_eq!(positions, (1..=64).collect::<Vec<u64>>(), "each worker learns a distinct position");
+    put(&*kv, b"/run/state", b"final", PutOptions::OVERWRITE).await;
+    for mut events in watches {
+        assert_eq!(next(&mut events).await.unwrap().kv.value, b"final".to_vec());
+    }
+    let elapsed = started.elapsed();
+    eprintln!("64 workers joined, counted and watched in {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "64 workers took {elapsed:?}");
+}
