@@ -107,6 +107,19 @@ fn classify_status(
             ),
             source: Some(Box::new(error)),
         },
+        // "user name is empty", "user name not found", "invalid auth token": the server has
+        // auth enabled and we gave no (valid) credentials.
+        code::INVALID_ARGUMENT if message.contains("user name") || message.contains("auth") => {
+            KvError::Backend {
+                backend: BACKEND,
+                message: format!(
+                    "{operation}: {message} at {}: the server requires authentication; give \
+                     credentials (etcd://user:password@host/…)",
+                    ctx.endpoints
+                ),
+                source: Some(Box::new(error)),
+            }
+        }
         code::INVALID_ARGUMENT | code::FAILED_PRECONDITION | code::OUT_OF_RANGE => {
             KvError::InvalidArgument(format!("etcd {operation}: {message}"))
         }
