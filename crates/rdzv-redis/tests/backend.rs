@@ -384,3 +384,38 @@ async fn sixty_four_workers_join_count_and_watch_quickly() {
     eprintln!("64 workers joined, counted and watched in {elapsed:?}");
     assert!(elapsed < Duration::from_secs(5), "64 workers took {elapsed:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_and_acl_users_log_in_and_never_show() {
+    let server = RedisServer::start_with_args(&[
+        "--requirepass",
+        "default-pw",
+        "--user",
+        "alice",
+        "on",
+        ">alice-pw",
+        "~*",
+        "&*",
+        "+@all",
+    ])
+    .expect("redis-server with a password");
+    let mut config = server.config("auth");
+    config.password = Some(Secret::new("default-pw"));
+    let kv = connect(config.clone()).await;
+    put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+
+    let mut alice = config.clone();
+    alice.username = Some("alice".into());
+    alice.password = Some(Secret::new("alice-pw"));
+    let kv = connect(alice.clone()).await;
+    assert!(within("get", kv.get(b"k")).await.unwrap().kv.is_some());
+
+    alice.password = Some(Secret::new("wrong-secret-pw"));
+    let e = within("connect with a wrong password", RedisKv::connect(alice)).await.unwrap_err();
+    let text = format!("{e} {e:?}");
+    assert!(!text.contains("wrong-secret-pw") && text.contains(&server.port().to_string()), "{text}");
+    let mut nobody = config;
+    nobody.password = None;
+    let e = within("connect without a password", RedisKv::connect(nobody)).await.unwrap_err();
+    assert!(!format!("{e:?}").contains("default-pw"), "{e:?}");
+}

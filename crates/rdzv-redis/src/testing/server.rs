@@ -39,6 +39,7 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     port: u16,
     tls: Option<(u16, TlsFiles)>,
+    extra_args: Vec<String>,
     guard: Option<Child>,
 }
 
@@ -65,7 +66,23 @@ impl RedisServer {
         Self::start_inner(true)
     }
 
+    /// Starts a plain-TCP server with extra `redis-server` arguments (e.g.
+    /// `["--requirepass", "pw"]`); the harness' health check then only needs an answer,
+    /// not `+PONG` (an auth error counts as alive).
+    pub fn start_with_args(args: &[&str]) -> Result<RedisServer, HarnessError> {
+        let mut server = Self::prepare(false)?;
+        server.extra_args = args.iter().map(|a| a.to_string()).collect();
+        server.launch()?;
+        Ok(server)
+    }
+
     fn start_inner(tls: bool) -> Result<RedisServer, HarnessError> {
+        let mut server = Self::prepare(tls)?;
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn prepare(tls: bool) -> Result<RedisServer, HarnessError> {
         let bin = find_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("rdzv-redis-")
@@ -77,9 +94,7 @@ impl RedisServer {
         } else {
             None
         };
-        let mut server = RedisServer { bin, dir, port: free_port()?, tls, guard: None };
-        server.launch()?;
-        Ok(server)
+        Ok(RedisServer { bin, dir, port: free_port()?, tls, extra_args: Vec::new(), guard: None })
     }
 
     /// The plain-TCP port.
@@ -204,6 +219,7 @@ impl RedisServer {
                 "no".into(),
             ]);
         }
+        args.extend(self.extra_args.iter().cloned());
         // The guard shell: start the server, wait for our end of stdin to close (we dropped
         // it, or this process died), then kill the server and reap it.
         let script = "\"$0\" \"$@\" </dev/null >/dev/null 2>&1 & pid=$!; cat >/dev/null; kill -9 $pid 2>/dev/null; wait $pid";
@@ -283,8 +299,9 @@ fn ping(port: u16) -> bool {
     if s.write_all(b"PING\r\n").is_err() {
         return false;
     }
+    // `+PONG`, or `-NOAUTH …` from a server with a password: either way it is serving.
     let mut buf = [0u8; 7];
-    s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
 }
 
 fn tail(path: &Path) -> String {
