@@ -63,12 +63,11 @@ pub async fn workers(kv: &Arc<dyn Kv>, params: &RendezvousParams, n: usize) -> V
 }
 
 /// Runs `next_rendezvous` on every handler concurrently.
-pub async fn rendezvous_all(handlers: &[RendezvousHandler]) -> Vec<Result<RendezvousInfo, rdzv::core::RendezvousError>> {
-    let tasks: Vec<_> = handlers
-        .iter()
-        .cloned()
-        .map(|h| tokio::spawn(async move { h.next_rendezvous().await }))
-        .collect();
+pub async fn rendezvous_all(
+    handlers: &[RendezvousHandler],
+) -> Vec<Result<RendezvousInfo, rdzv::core::RendezvousError>> {
+    let tasks: Vec<_> =
+        handlers.iter().cloned().map(|h| tokio::spawn(async move { h.next_rendezvous().await })).collect();
     let mut out = Vec::new();
     for t in tasks {
         out.push(t.await.unwrap());
@@ -85,10 +84,17 @@ pub fn assert_agreement(infos: &[RendezvousInfo], min: usize, max: usize) {
         assert_eq!(info.version, first.version, "versions differ: {infos:#?}");
         assert_eq!(info.world_size, first.world_size);
         assert_eq!(info.participants, first.participants);
-        assert_eq!(info.participants[info.rank].node, infos.iter().find(|i| i.rank == info.rank).unwrap().participants[info.rank].node);
+        assert_eq!(
+            info.participants[info.rank].node,
+            infos.iter().find(|i| i.rank == info.rank).unwrap().participants[info.rank].node
+        );
     }
     let ranks: BTreeSet<usize> = infos.iter().map(|i| i.rank).collect();
     assert_eq!(ranks.len(), infos.len(), "duplicate ranks: {infos:#?}");
     assert_eq!(ranks, (0..first.world_size).collect(), "ranks are not 0..W");
-    assert!(min <= first.world_size && first.world_size <= max, "W = {} outside {min}..={max}", first.world_size);
+    assert!(
+        min <= first.world_size && first.world_size <= max,
+        "W = {} outside {min}..={max}",
+        first.world_size
+    );
 }

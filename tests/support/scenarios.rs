@@ -4,9 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::{
-    Kv, KvExt, PutOptions, RendezvousError, RendezvousHandler, RoundBroken,
-};
+use rdzv::core::{Kv, KvExt, PutOptions, RendezvousError, RendezvousHandler, RoundBroken};
 use tokio::time::{Instant, timeout};
 
 use super::{assert_agreement, params, rendezvous_all, run_id, workers};
@@ -26,7 +24,8 @@ pub async fn min_equals_max(kv: Arc<dyn Kv>) {
     let p = params(&run_id("fixed"), 4, 4);
     let ws = workers(&kv, &p, 4).await;
     let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
-    let infos: Vec<_> = timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
     assert_agreement(&infos, 4, 4);
     assert_eq!(infos[0].world_size, 4);
 }
@@ -36,7 +35,8 @@ pub async fn elastic_last_call(kv: Arc<dyn Kv>) {
     let ws = workers(&kv, &p, 3).await;
     let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
     let started = Instant::now();
-    let infos: Vec<_> = timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
     assert_agreement(&infos, 2, 4);
     assert_eq!(infos[0].world_size, 3, "all three joined before the last call ended");
     // The round waited for the last call (1 s), and not much longer.
@@ -48,7 +48,8 @@ pub async fn more_than_max_wait(kv: Arc<dyn Kv>) {
     let p = params(&run_id("extra"), 4, 4);
     let ws = workers(&kv, &p, 6).await;
     let first: Vec<_> = ws[..4].iter().map(|w| w.handler.clone()).collect();
-    let infos: Vec<_> = timeout(LIMIT, rendezvous_all(&first)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&first)).await.unwrap().into_iter().map(Result::unwrap).collect();
     assert_agreement(&infos, 4, 4);
     // Two late workers wait, and are counted.
     let late: Vec<_> = ws[4..].iter().map(|w| w.handler.clone()).collect();
@@ -86,7 +87,8 @@ pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
     let p = params(&run_id("death"), 2, 3);
     let ws = workers(&kv, &p, 4).await;
     let first: Vec<_> = ws[..3].iter().map(|w| w.handler.clone()).collect();
-    let infos: Vec<_> = timeout(LIMIT, rendezvous_all(&first)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&first)).await.unwrap().into_iter().map(Result::unwrap).collect();
     assert_agreement(&infos, 2, 3);
     let v1 = infos[0].version;
     // A fourth worker arrives late and waits.
@@ -104,7 +106,8 @@ pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
     assert!(told <= p.keep_alive_ttl + Duration::from_secs(3), "told after {told:?}");
     // Survivors and the waiter form the next round.
     let survivors: Vec<_> = ws[..2].iter().map(|w| w.handler.clone()).collect();
-    let mut infos: Vec<_> = timeout(LIMIT, rendezvous_all(&survivors)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let mut infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&survivors)).await.unwrap().into_iter().map(Result::unwrap).collect();
     infos.push(timeout(LIMIT, waiting).await.unwrap().unwrap().unwrap());
     assert_agreement(&infos, 2, 3);
     assert!(infos[0].version > v1);
@@ -141,7 +144,11 @@ pub async fn timeout_when_too_few(kv: Arc<dyn Kv>) {
 }
 
 pub async fn corrupt_state_is_a_state_error(kv: Arc<dyn Kv>) {
-    for garbage in [&b"not json"[..], br#"{"status":"final","version":"x"}"#, br#"{"status":"frozen","version":1,"participants":[]}"#] {
+    for garbage in [
+        &b"not json"[..],
+        br#"{"status":"final","version":"x"}"#,
+        br#"{"status":"frozen","version":1,"participants":[]}"#,
+    ] {
         let p = params(&run_id("corrupt"), 1, 1);
         let h = RendezvousHandler::new(kv.clone(), p).await.unwrap();
         let key = h.keys().state();
@@ -174,7 +181,8 @@ pub async fn leave_is_fast_and_not_close(kv: Arc<dyn Kv>) {
     let p = params(&run_id("leave"), 2, 2);
     let ws = workers(&kv, &p, 2).await;
     let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
-    let infos: Vec<_> = timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
     assert_agreement(&infos, 2, 2);
     let left_at = Instant::now();
     ws[1].handler.shutdown().await.unwrap();
@@ -190,11 +198,13 @@ pub async fn reentry_leaves_at_once(kv: Arc<dyn Kv>) {
     let p = params(&run_id("reentry"), 2, 2);
     let ws = workers(&kv, &p, 2).await;
     let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
-    let first: Vec<_> = timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
     // Everyone re-enters (as an agent restarting its workers would): a new round forms without
     // waiting for any lease to expire.
     let started = Instant::now();
-    let second: Vec<_> = timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let second: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
     assert_agreement(&second, 2, 2);
     assert!(second[0].version > first[0].version);
     assert!(started.elapsed() < p.keep_alive_ttl, "re-rendezvous took {:?}", started.elapsed());

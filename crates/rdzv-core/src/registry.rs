@@ -141,10 +141,25 @@ impl Registry {
         Ok((kv, params))
     }
 
+    /// Parses `url` and connects its backend without requiring the rendezvous parameters
+    /// (for tools that only inspect a run, like `rdzv status`, and for a Store on its own).
+    /// Options are still checked; the URL is returned for its run id and options.
+    pub async fn connect_backend(&self, url: &str) -> Result<(Arc<dyn Kv>, RendezvousUrl), RendezvousError> {
+        let (url, factory) = self.resolve_backend(url)?;
+        let kv = factory.connect(&url).await?;
+        Ok((kv, url))
+    }
+
     fn resolve(
         &self,
         input: &str,
     ) -> Result<(RendezvousUrl, RendezvousParams, Arc<dyn BackendFactory>), ConfigError> {
+        let (url, factory) = self.resolve_backend(input)?;
+        let params = url.params()?;
+        Ok((url, params, factory))
+    }
+
+    fn resolve_backend(&self, input: &str) -> Result<(RendezvousUrl, Arc<dyn BackendFactory>), ConfigError> {
         let scheme = scheme_of(input)?;
         let factory = self.factory(&scheme)?;
         let url = RendezvousUrl::parse_with_default_port(input, factory.default_port())?;
@@ -156,8 +171,7 @@ impl Registry {
                 OPTION_NAMES.iter().chain(URL_OPTIONS).chain(backend_options).copied().collect();
             return Err(ConfigError::UnknownOption { option: unknown.clone(), known: known.join(", ") });
         }
-        let params = url.params()?;
-        Ok((url, params, factory))
+        Ok((url, factory))
     }
 }
 
