@@ -77,6 +77,14 @@
 //! the old client fails with a clear error instead of serving a history that no longer
 //! exists.
 //!
+//! ## What the server needs
+//! Redis 7 (Debian's 7.0 is what the tests run), or a compatible server with Lua scripting
+//! and streams. Run it with `maxmemory-policy noeviction`: an evicted key would be a hole
+//! in our data, which the script then reports as damage instead of guessing. With
+//! persistence off, a restart loses the namespace; clients notice (see above) and say so.
+//! Native [`Kv::increment`](rdzv_core::Kv::increment) is a script too; beyond ±2^53, where
+//! Lua's numbers stop being exact, it declines and callers fall back to compare-and-swap.
+//!
 //! ## Example
 //! ```no_run
 //! use rdzv_core::{Kv, PutMode, PutOptions, PutOutcome};
