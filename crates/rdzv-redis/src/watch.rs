@@ -196,7 +196,9 @@ impl Watcher {
 
     /// The error for a hole in the log between the cursor and entry `next`.
     async fn gap(&self, conn: &mut MultiplexedConnection, next: (Revision, u64)) -> KvError {
-        let needed = if self.cursor.1 == u64::MAX { self.cursor.0 + 1 } else { self.cursor.0 };
+        // The revision after the last one read (a revision's entries are read together in
+        // all but the rarest case of a batch boundary inside it).
+        let needed = self.cursor.0 + 1;
         match self.oldest(conn).await {
             Ok(oldest) if oldest > needed => KvError::Compacted { requested: needed, oldest },
             Ok(_) => KvError::backend(

@@ -419,3 +419,66 @@ async fn passwords_and_acl_users_log_in_and_never_show() {
     let e = within("connect without a password", RedisKv::connect(nobody)).await.unwrap_err();
     assert!(!format!("{e:?}").contains("default-pw"), "{e:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
+    let server = shared();
+    let mut config = server.config(&RedisServer::fresh_namespace());
+    config.history = 10;
+    let kv = connect(config).await;
+    let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
+    let mut events = within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap();
+    // Not consumed: the watch buffers a few hundred events, then stops reading while the
+    // log moves on and is trimmed past it.
+    let writes = 600;
+    for i in 1..=writes {
+        put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+    }
+    let mut expected = start;
+    let error = loop {
+        match next(&mut events).await {
+            Ok(event) => {
+                assert_eq!(event.revision(), expected, "no gap before the error");
+                expected += 1;
+            }
+            Err(e) => break e,
+        }
+    };
+    match error {
+        KvError::Compacted { requested, oldest } => {
+            assert_eq!(requested, expected);
+            assert!(oldest > requested, "{oldest} <= {requested}");
+        }
+        e => panic!("expected Compacted, got {e}"),
+    }
+    assert!(expected < start + writes, "the watch should have fallen behind");
+    assert!(within("watch end", events.next()).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_client_closes_its_connections_and_reaper() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = raw(&server).await;
+    let clients = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("connected_clients:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("connected_clients")
+    };
+    let before = clients(redis::cmd("INFO").arg("clients").query_async(&mut conn).await.unwrap());
+    let kv = connect(server.config("drop")).await;
+    let events = within("watch", kv.watch(b"k", WatchScope::Key, 0)).await.unwrap();
+    let during = clients(redis::cmd("INFO").arg("clients").query_async(&mut conn).await.unwrap());
+    assert_eq!(during, before + 2, "one shared connection and one for the watch");
+    drop(events);
+    drop(kv);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let now = clients(redis::cmd("INFO").arg("clients").query_async(&mut conn).await.unwrap());
+        if now == before {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{now} clients left, expected {before}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
