@@ -119,6 +119,14 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/{run_id}{q}", self.port)
     }
 
+    /// A TLS rendezvous URL for a server from [`RedisServer::start_tls`]:
+    /// `rediss://localhost:TLS_PORT/<run_id>?cacert=<generated CA>[&<query>]`.
+    pub fn tls_url(&self, run_id: &str, query: &str) -> Option<String> {
+        let (port, files) = self.tls.as_ref()?;
+        let extra = if query.is_empty() { String::new() } else { format!("&{query}") };
+        Some(format!("rediss://localhost:{port}/{run_id}?cacert={}{extra}", files.ca.display()))
+    }
+
     /// Settings for this server (plain TCP) in `namespace`, with short timeouts for tests.
     pub fn config(&self, namespace: &str) -> RedisConfig {
         let mut c = RedisConfig::new("127.0.0.1", self.port).with_namespace(namespace);
