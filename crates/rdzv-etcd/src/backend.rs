@@ -365,14 +365,12 @@ impl Kv for EtcdKv {
             return Err(KvError::backend(BACKEND, format!("lease_grant failed: {}", response.error())));
         }
         let id = response.id();
-        if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
-            ttls.insert(id, response.ttl());
-        }
+        self.shared.remember_ttl(id, response.ttl());
         Ok(id)
     }
 
     async fn lease_keep_alive(&self, id: LeaseId) -> KvResult<Duration> {
-        let known_ttl = self.shared.lease_ttls.lock().ok().and_then(|ttls| ttls.get(&id).copied());
+        let known_ttl = self.shared.known_ttl(id);
         let mut lease = self.shared.lease.clone();
         let result = self
             .call("lease_keep_alive", Some(id), async move {
@@ -396,17 +394,13 @@ impl Kv for EtcdKv {
         match result {
             Ok(ttl) => {
                 if known_ttl.is_none() {
-                    if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
-                        ttls.insert(id, ttl);
-                    }
+                    self.shared.remember_ttl(id, ttl);
                 }
                 Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)))
             }
             Err(e) => {
                 if matches!(e, KvError::LeaseNotFound(_)) {
-                    if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
-                        ttls.remove(&id);
-                    }
+                    self.shared.forget_ttl(id);
                 }
                 Err(e)
             }
@@ -417,9 +411,7 @@ impl Kv for EtcdKv {
         let mut lease = self.shared.lease.clone();
         let result = self.call("lease_revoke", Some(id), async move { lease.revoke(id).await }).await;
         if matches!(result, Ok(_) | Err(KvError::LeaseNotFound(_))) {
-            if let Ok(mut ttls) = self.shared.lease_ttls.lock() {
-                ttls.remove(&id);
-            }
+            self.shared.forget_ttl(id);
         }
         result.map(|_| ())
     }

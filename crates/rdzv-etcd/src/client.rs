@@ -60,6 +60,25 @@ impl Shared {
         }
     }
 
+    /// The TTL a lease was granted with through this client, if known.
+    pub fn known_ttl(&self, lease: LeaseId) -> Option<i64> {
+        self.lease_ttls.lock().ok().and_then(|ttls| ttls.get(&lease).copied())
+    }
+
+    /// Remembers a lease's TTL.
+    pub fn remember_ttl(&self, lease: LeaseId, ttl: i64) {
+        if let Ok(mut ttls) = self.lease_ttls.lock() {
+            ttls.insert(lease, ttl);
+        }
+    }
+
+    /// Forgets an ended lease.
+    pub fn forget_ttl(&self, lease: LeaseId) {
+        if let Ok(mut ttls) = self.lease_ttls.lock() {
+            ttls.remove(&lease);
+        }
+    }
+
     /// Error context for requests through this client.
     pub fn context(&self, timeout: Duration, lease: Option<LeaseId>) -> Context<'_> {
         Context { endpoints: &self.endpoints, lease, timeout }

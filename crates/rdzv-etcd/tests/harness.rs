@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rdzv_core::{Kv, PutOptions};
+use rdzv_core::PutOptions;
 use rdzv_etcd::testing::EtcdServer;
 
 #[tokio::test]

@@ -30,7 +30,8 @@ pub(crate) fn fetch(addr: SocketAddr) -> Result<String, HarnessError> {
     let Some((head, body)) = response.split_once("\r\n\r\n") else {
         return Err(HarnessError::new(format!("http://{addr}/metrics sent no complete HTTP response")));
     };
-    if !head.starts_with("HTTP/1.") || !head.split_whitespace().nth(1).is_some_and(|s| s == "200") {
+    let status = head.split_whitespace().nth(1);
+    if !head.starts_with("HTTP/1.") || status != Some("200") {
         return Err(HarnessError::new(format!(
             "http://{addr}/metrics answered `{}`",
             head.lines().next().unwrap_or_default()

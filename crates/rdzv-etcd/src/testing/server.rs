@@ -317,14 +317,13 @@ impl EtcdServer {
         self.spawn()?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(process) = self.process.as_mut() {
-                if let Ok(Some(status)) = process.child.try_wait() {
-                    self.process = None;
-                    return Err(HarnessError::new(format!(
-                        "etcd exited during start-up ({status}); its log says:\n{}",
-                        self.log_tail()
-                    )));
-                }
+            let exited = self.process.as_mut().and_then(|process| process.child.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.process = None;
+                return Err(HarnessError::new(format!(
+                    "etcd exited during start-up ({status}); its log says:\n{}",
+                    self.log_tail()
+                )));
             }
             let last = match self.probe().await {
                 Ok(()) => return Ok(()),
