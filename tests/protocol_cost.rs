@@ -44,7 +44,7 @@ async fn measure(n: usize) {
             support::rendezvous_all(&handlers).await.into_iter().map(Result::unwrap).collect();
         support::assert_agreement(&infos, n, n);
         let used = counting.snapshot() - before;
-        let writes = (used.writes() - used.lease_keep_alives) as f64 / n as f64;
+        let writes = used.writes() as f64 / n as f64;
         let reads = used.reads() as f64 / n as f64;
         let changes =
             state_changes_since(&(mem.clone() as Arc<dyn Kv>), &state_key, from, mem.revision()).await;

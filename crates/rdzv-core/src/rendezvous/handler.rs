@@ -108,10 +108,13 @@ impl RendezvousHandler {
             return Err(RendezvousError::Shutdown);
         }
         let deadline = Instant::now() + ctx.params.timeout;
-        let previous = worker.membership.take().map(|(round, monitor)| {
+        // Leave the running round, unless its monitor already saw it end (then there is
+        // nothing to end, and a swap would only be a wasted write).
+        let ended = matches!(inner.status.borrow().broken, Some(RoundBroken::Ended | RoundBroken::Closed));
+        let previous = worker.membership.take().and_then(|(round, monitor)| {
             drop(monitor);
             self.publish(None, Some(RoundBroken::Left));
-            round
+            (!ended).then_some(round)
         });
         if worker.session.as_ref().is_none_or(Session::is_lost) {
             worker.session = None;

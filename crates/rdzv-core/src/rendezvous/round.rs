@@ -376,8 +376,14 @@ impl<'a> Attempt<'a> {
         self.phase = "confirming membership";
         let ctx = self.ctx;
         let world_size = participants.len();
-        ctx.kv.put(&ctx.keys.rank(version, rank), &ctx.me.to_bytes(), self.session_put()).await?;
-        let confirmed = ctx.kv.count(&ctx.keys.ranks(version), None).await?;
+        let mine =
+            match ctx.kv.put(&ctx.keys.rank(version, rank), &ctx.me.to_bytes(), self.session_put()).await? {
+                PutOutcome::Written { create_revision, .. } => create_revision,
+                PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
+            };
+        // Counting only the keys created up to ours, exactly one member (the last to confirm)
+        // sees them all: one swap attempt per round, not a storm of them.
+        let confirmed = ctx.kv.count(&ctx.keys.ranks(version), Some(mine)).await?;
         if confirmed as usize >= world_size {
             let fin = State::Final { version, participants: participants.clone() };
             let outcome = put_with_run_lease(
