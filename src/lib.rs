@@ -48,6 +48,11 @@ pub use rdzv_store::{Store, StoreError};
 pub use registry::registry;
 pub use rendezvous::{Rendezvous, Round};
 
+/// The README's examples, run as doc tests so that they stay true.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 /// Joins the run named by `url` as one worker: parses the URL (see the crate docs), connects
 /// the backend (one shared client per process and server), and starts this worker's
 /// session. Errors: [`RendezvousError::Config`] for a bad URL or option (one clear

@@ -226,6 +226,40 @@ pub async fn extra_data_round_trips_and_times_out(kv: Arc<dyn Kv>) {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
+    let p = params(&run_id("stall"), 2, 2);
+    let ws = workers(&kv, &p, 2).await;
+    // A joins round v and waits for a second worker.
+    let a = ws[0].handler.clone();
+    let a_task = tokio::spawn(async move { a.next_rendezvous().await });
+    let state_key = ws[0].handler.keys().state();
+    let joinable =
+        timeout(LIMIT, kv.wait_for_key(&state_key, Instant::now() + LIMIT)).await.unwrap().unwrap();
+    let version = match rdzv::core::State::parse(&joinable.key, &joinable.value).unwrap() {
+        rdzv::core::State::Setup => {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = kv.get(&state_key).await.unwrap().kv.unwrap();
+            rdzv::core::State::parse(&now.key, &now.value).unwrap().version().unwrap()
+        }
+        s => s.version().unwrap(),
+    };
+    // A ghost joins (a process that died right after joining, its key not yet expired)…
+    let ghost = rdzv::core::Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1 };
+    let ghost_key = ws[0].handler.keys().join(version, "ghost");
+    kv.put(&ghost_key, &ghost.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
+    // …so the round freezes with A and the ghost, and B comes too late for it.
+    let started = Instant::now();
+    let b = ws[1].handler.clone();
+    let b_task = tokio::spawn(async move { b.next_rendezvous().await });
+    // The ghost never confirms: the frozen state's lease expires and everyone starts over.
+    let ra = timeout(LIMIT, a_task).await.unwrap().unwrap().unwrap();
+    let rb = timeout(LIMIT, b_task).await.unwrap().unwrap().unwrap();
+    assert_agreement(&[ra.clone(), rb], 2, 2);
+    assert!(ra.version > version, "the stalled round {version} must not complete");
+    assert!(ra.participants.iter().all(|p| p.node != "ghost"));
+    assert!(started.elapsed() >= Duration::from_secs(9), "recovered after {:?}", started.elapsed());
+}
+
 /// Runs every scenario as its own `#[tokio::test]`, given an async builder of the backend.
 #[macro_export]
 macro_rules! rendezvous_scenarios {
@@ -234,7 +268,8 @@ macro_rules! rendezvous_scenarios {
             single_worker, min_equals_max, elastic_last_call, more_than_max_wait,
             member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
             corrupt_state_is_a_state_error, state_deleted_underfoot_recovers,
-            leave_is_fast_and_not_close, reentry_leaves_at_once, extra_data_round_trips_and_times_out);
+            leave_is_fast_and_not_close, reentry_leaves_at_once, extra_data_round_trips_and_times_out,
+            confirmation_stall_recovers);
     };
     (@cases $attr:meta; $builder:expr; $($case:ident),*) => {
         $(
