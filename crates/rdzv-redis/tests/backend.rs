@@ -482,3 +482,18 @@ async fn dropping_the_client_closes_its_connections_and_reaper() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parsed_urls_reach_the_server_plain_and_tls() {
+    let server = RedisServer::start_tls().expect("redis-server with TLS");
+    let ns = RedisServer::fresh_namespace();
+    let plain = RendezvousUrl::parse(&server.url("job", &format!("namespace={ns}&db=1&min_workers=2")))
+        .expect("plain URL parses");
+    let kv = within("connect", RedisFactory.connect(&plain)).await.expect("plain connect");
+    let rev = put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+    let tls = RendezvousUrl::parse(&server.tls_url("job", &format!("namespace={ns}&db=1")).unwrap())
+        .expect("TLS URL parses");
+    let kv = within("connect", RedisFactory.connect(&tls)).await.expect("TLS connect");
+    // Same server, database and namespace over TLS: the same data.
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().mod_revision, rev);
+}
