@@ -17,7 +17,7 @@ use rdzv_core::{
     WatchScope, WatchStream,
 };
 
-use crate::client::{self, ConnectError, Shared};
+use crate::client::{self, Clients, ConnectError, Shared};
 use crate::errors::{self, BACKEND};
 use crate::keys::Namespace;
 use crate::options::{DEFAULT_REQUEST_TIMEOUT, EtcdOptions};
@@ -79,7 +79,7 @@ impl EtcdKv {
     /// [`EtcdKv::with_request_timeout`].
     pub fn from_client(client: Client, endpoints: impl Into<String>) -> EtcdKv {
         EtcdKv {
-            shared: Arc::new(Shared::new(client, endpoints.into(), None)),
+            shared: Arc::new(Shared::from_client(client, endpoints.into())),
             namespace: Namespace::default(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
         }
@@ -101,9 +101,16 @@ impl EtcdKv {
         self
     }
 
-    /// The underlying client, e.g. for administration the [`Kv`] trait does not cover.
-    pub fn client(&self) -> &Client {
-        &self.shared.client
+    /// The underlying client of the member requests currently go to (connecting it if
+    /// needed), e.g. for administration the [`Kv`] trait does not cover.
+    pub async fn client(&self) -> KvResult<Client> {
+        let request = self.shared.client();
+        let ctx = self.shared.context(self.request_timeout, None);
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(errors::classify("connect", e, ctx)),
+            Err(_) => Err(errors::timeout("connect", ctx)),
+        }
     }
 
     /// The endpoints as shown in errors (`http://host:port,…`).
@@ -122,15 +129,16 @@ impl EtcdKv {
         client::cached_clients()
     }
 
-    /// Runs one request under the request timeout, classifying its error.
-    async fn call<T>(
-        &self,
-        operation: &str,
-        lease: Option<LeaseId>,
-        request: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> KvResult<T> {
+    /// Runs one request under the request timeout (on another member if the preferred one
+    /// cannot be reached, see [`Shared::run`]), classifying its error.
+    async fn call<T, F, Fut>(&self, operation: &str, lease: Option<LeaseId>, request: F) -> KvResult<T>
+    where
+        F: FnMut(&Clients) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let ctx = self.shared.context(self.request_timeout, lease);
-        match tokio::time::timeout(self.request_timeout, request).await {
+        let run = self.shared.run(request);
+        match tokio::time::timeout(self.request_timeout, run).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(errors::classify(operation, e, ctx)),
             Err(_) => Err(errors::timeout(operation, ctx)),
@@ -150,8 +158,11 @@ impl EtcdKv {
     }
 
     async fn txn(&self, operation: &str, lease: Option<LeaseId>, txn: Txn) -> KvResult<TxnResponse> {
-        let mut kv = self.shared.kv.clone();
-        self.call(operation, lease, async move { kv.txn(txn).await }).await
+        self.call(operation, lease, |c| {
+            let (mut kv, txn) = (c.kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 }
 
@@ -180,9 +191,13 @@ impl Kv for EtcdKv {
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        let mut kv = self.shared.kv.clone();
         let key = self.namespace.key(key);
-        let mut response = self.call("get", None, async move { kv.get(key, None).await }).await?;
+        let mut response = self
+            .call("get", None, |c| {
+                let (mut kv, key) = (c.kv.clone(), key.clone());
+                async move { kv.get(key, None).await }
+            })
+            .await?;
         Ok(GetResponse {
             revision: revision(response.header())?,
             kv: response.take_kvs().into_iter().next().map(|kv| self.convert(kv)),
@@ -206,9 +221,12 @@ impl Kv for EtcdKv {
             if options.keys_only {
                 get = get.with_keys_only();
             }
-            let mut kv = self.shared.kv.clone();
-            let mut response =
-                self.call("range", None, async move { kv.get(start, Some(get)).await }).await?;
+            let mut response = self
+                .call("range", None, |c| {
+                    let (mut kv, start, get) = (c.kv.clone(), start.clone(), get.clone());
+                    async move { kv.get(start, Some(get)).await }
+                })
+                .await?;
             let kvs = if options.count_only || limit == Some(0) {
                 Vec::new()
             } else {
@@ -225,9 +243,13 @@ impl Kv for EtcdKv {
         // as the values when those are wanted.
         if max_create < 1 {
             // Nothing was created at or before revision 0; only the read's revision counts.
-            let mut kv = self.shared.kv.clone();
             let probe = GetOptions::new().with_range(end).with_count_only();
-            let response = self.call("range", None, async move { kv.get(start, Some(probe)).await }).await?;
+            let response = self
+                .call("range", None, |c| {
+                    let (mut kv, start, probe) = (c.kv.clone(), start.clone(), probe.clone());
+                    async move { kv.get(start, Some(probe)).await }
+                })
+                .await?;
             return Ok(RangeResponse { kvs: Vec::new(), count: 0, revision: revision(response.header())? });
         }
         let get = get.with_max_create_revision(max_create);
@@ -309,8 +331,12 @@ impl Kv for EtcdKv {
         let key = self.namespace.key(key);
         match mode {
             DeleteMode::Any => {
-                let mut kv = self.shared.kv.clone();
-                let response = self.call("delete", None, async move { kv.delete(key, None).await }).await?;
+                let response = self
+                    .call("delete", None, |c| {
+                        let (mut kv, key) = (c.kv.clone(), key.clone());
+                        async move { kv.delete(key, None).await }
+                    })
+                    .await?;
                 if response.deleted() > 0 {
                     Ok(DeleteOutcome::Deleted { revision: revision(response.header())? })
                 } else {
@@ -344,10 +370,10 @@ impl Kv for EtcdKv {
             ));
         }
         let (start, end) = self.namespace.prefix_range(prefix);
-        let mut kv = self.shared.kv.clone();
         let response = self
-            .call("delete_prefix", None, async move {
-                kv.delete(start, Some(DeleteOptions::new().with_range(end))).await
+            .call("delete_prefix", None, |c| {
+                let (mut kv, start, end) = (c.kv.clone(), start.clone(), end.clone());
+                async move { kv.delete(start, Some(DeleteOptions::new().with_range(end))).await }
             })
             .await?;
         Ok(DeletePrefixResponse {
@@ -358,9 +384,12 @@ impl Kv for EtcdKv {
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
         let seconds = ttl_seconds(ttl)?;
-        let mut lease = self.shared.lease.clone();
-        let response =
-            self.call("lease_grant", None, async move { lease.grant(seconds, None).await }).await?;
+        let response = self
+            .call("lease_grant", None, |c| {
+                let mut lease = c.lease.clone();
+                async move { lease.grant(seconds, None).await }
+            })
+            .await?;
         if !response.error().is_empty() {
             return Err(KvError::backend(BACKEND, format!("lease_grant failed: {}", response.error())));
         }
@@ -371,22 +400,26 @@ impl Kv for EtcdKv {
 
     async fn lease_keep_alive(&self, id: LeaseId) -> KvResult<Duration> {
         let known_ttl = self.shared.known_ttl(id);
-        let mut lease = self.shared.lease.clone();
         let result = self
-            .call("lease_keep_alive", Some(id), async move {
-                // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
-                // etcd-client reports as "lease not found").
-                let (mut keeper, mut responses) = lease.keep_alive(id).await?;
-                if let Some(ttl) = known_ttl {
-                    return Ok(ttl);
-                }
-                // Granted elsewhere: a second refresh on the same stream tells the TTL.
-                keeper.keep_alive().await?;
-                match responses.message().await? {
-                    Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-                    Some(_) => Err(etcd_client::Error::LeaseKeepAliveError("lease not found".to_string())),
-                    None => {
-                        Err(etcd_client::Error::LeaseKeepAliveError("keep-alive stream closed".to_string()))
+            .call("lease_keep_alive", Some(id), |c| {
+                let mut lease = c.lease.clone();
+                async move {
+                    // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
+                    // etcd-client reports as "lease not found").
+                    let (mut keeper, mut responses) = lease.keep_alive(id).await?;
+                    if let Some(ttl) = known_ttl {
+                        return Ok(ttl);
+                    }
+                    // Granted elsewhere: a second refresh on the same stream tells the TTL.
+                    keeper.keep_alive().await?;
+                    match responses.message().await? {
+                        Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
+                        Some(_) => {
+                            Err(etcd_client::Error::LeaseKeepAliveError("lease not found".to_string()))
+                        }
+                        None => Err(etcd_client::Error::LeaseKeepAliveError(
+                            "keep-alive stream closed".to_string(),
+                        )),
                     }
                 }
             })
@@ -408,8 +441,12 @@ impl Kv for EtcdKv {
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> KvResult<()> {
-        let mut lease = self.shared.lease.clone();
-        let result = self.call("lease_revoke", Some(id), async move { lease.revoke(id).await }).await;
+        let result = self
+            .call("lease_revoke", Some(id), |c| {
+                let mut lease = c.lease.clone();
+                async move { lease.revoke(id).await }
+            })
+            .await;
         if matches!(result, Ok(_) | Err(KvError::LeaseNotFound(_))) {
             self.shared.forget_ttl(id);
         }
@@ -438,12 +475,12 @@ impl Kv for EtcdKv {
     }
 
     async fn compact(&self, revision: Revision) -> KvResult<()> {
-        let mut kv = self.shared.kv.clone();
         let result = self
-            .call("compact", None, async move {
+            .call("compact", None, |c| {
+                let mut kv = c.kv.clone();
                 // Physical: return once the history is really gone, so that a watch from an
                 // older revision fails right after.
-                kv.compact(revision, Some(CompactionOptions::new().with_physical())).await
+                async move { kv.compact(revision, Some(CompactionOptions::new().with_physical())).await }
             })
             .await;
         match result {

@@ -1,12 +1,14 @@
 //! One `etcd-client` client per runtime and connection settings, shared by every
 //! [`EtcdKv`](crate::EtcdKv) built from those settings: a thousand handlers in one process
-//! use one HTTP/2 connection per endpoint, not a thousand.
+//! use one HTTP/2 connection (to the member in use), not a thousand.
 //!
 //! The cache is keyed by the tokio runtime too, because a client's connection tasks live on
 //! the runtime that created it and die with it; an entry whose runtime is gone is replaced.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
@@ -29,24 +31,17 @@ const MAX_MESSAGE_SIZE: usize = i32::MAX as usize;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A connected client and what errors need to know about it.
-pub(crate) struct Shared {
+/// The per-service clients of one etcd member.
+pub(crate) struct Clients {
     pub client: Client,
     pub kv: KvClient,
     pub watch: WatchClient,
     pub lease: LeaseClient,
-    /// `http(s)://host:port,…`, for errors; never credentials.
-    pub endpoints: String,
-    pub username: Option<String>,
-    /// TTLs of the leases granted through this client, so that a keep-alive can return the
-    /// TTL without a second round trip (etcd-client swallows the first answer's TTL).
-    pub lease_ttls: Mutex<HashMap<LeaseId, i64>>,
 }
 
-impl Shared {
-    /// Wraps an already connected client.
-    pub fn new(client: Client, endpoints: String, username: Option<String>) -> Shared {
-        Shared {
+impl Clients {
+    fn new(client: Client) -> Clients {
+        Clients {
             kv: client
                 .kv_client()
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
@@ -54,9 +49,116 @@ impl Shared {
             watch: client.watch_client().max_decoding_message_size(MAX_MESSAGE_SIZE),
             lease: client.lease_client(),
             client,
+        }
+    }
+}
+
+/// One endpoint, connected on first use (with credentials, connecting authenticates, which
+/// needs the member to answer).
+struct Member {
+    url: String,
+    clients: OnceCell<Clients>,
+}
+
+/// The clients of a cluster, and what errors need to know about it.
+///
+/// Requests go to one member (a random one per process, so that processes spread over the
+/// cluster); when it cannot be reached they fail over to the next, and it stays preferred
+/// until it fails. Unlike balancing every request over all members, a dead member then
+/// costs one failed connection attempt, not a share of all requests.
+pub(crate) struct Shared {
+    members: Vec<Member>,
+    /// How to connect a member (`None`: the members came connected).
+    connect: Option<ConnectOptions>,
+    preferred: AtomicUsize,
+    /// `http(s)://host:port,…`, for errors; never credentials.
+    pub endpoints: String,
+    pub username: Option<String>,
+    /// TTLs of the leases granted through this client, so that a keep-alive can return the
+    /// TTL without a second round trip (etcd-client swallows the first answer's TTL).
+    lease_ttls: Mutex<HashMap<LeaseId, i64>>,
+}
+
+impl Shared {
+    /// Wraps a client the caller connected (one member, as far as failover goes).
+    pub fn from_client(client: Client, endpoints: String) -> Shared {
+        Shared {
+            members: vec![Member {
+                url: endpoints.clone(),
+                clients: OnceCell::new_with(Some(Clients::new(client))),
+            }],
+            connect: None,
+            preferred: AtomicUsize::new(0),
             endpoints,
+            username: None,
+            lease_ttls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn new(urls: Vec<String>, connect: ConnectOptions, username: Option<String>) -> Shared {
+        let first = std::process::id() as usize % urls.len().max(1);
+        Shared {
+            endpoints: urls.join(","),
+            members: urls.into_iter().map(|url| Member { url, clients: OnceCell::new() }).collect(),
+            connect: Some(connect),
+            preferred: AtomicUsize::new(first),
             username,
             lease_ttls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The clients of member `index`, connecting them on first use.
+    async fn member(&self, index: usize) -> Result<&Clients, etcd_client::Error> {
+        let member = &self.members[index];
+        member
+            .clients
+            .get_or_try_init(|| async {
+                let client = Client::connect([member.url.as_str()], self.connect.clone()).await?;
+                Ok(Clients::new(client))
+            })
+            .await
+    }
+
+    /// The preferred member's client (connecting it if needed).
+    pub async fn client(&self) -> Result<Client, etcd_client::Error> {
+        self.run(|clients| {
+            let client = clients.client.clone();
+            async move { Ok(client) }
+        })
+        .await
+    }
+
+    /// Runs `request` on the preferred member; if that member cannot be reached (the
+    /// request was not sent), on the next, until every member was tried once. A request
+    /// that was never sent cannot be applied twice. A member that failed is no longer
+    /// preferred.
+    pub async fn run<T, F, Fut>(&self, mut request: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(&Clients) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let count = self.members.len().max(1);
+        let first = self.preferred.load(Ordering::Relaxed) % count;
+        let mut tried = 0;
+        loop {
+            let index = (first + tried) % count;
+            let result = match self.member(index).await {
+                Ok(clients) => request(clients).await,
+                Err(e) => Err(e),
+            };
+            tried += 1;
+            match result {
+                Err(e) if errors::is_unreachable(&e) => {
+                    let next = (index + 1) % count;
+                    let _ =
+                        self.preferred.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+                    if tried < count && errors::never_sent(&e) {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                other => return other,
+            }
         }
     }
 
@@ -179,25 +281,23 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
         ConnectError::Kv(with_tls_hint(errors::classify(operation, e, ctx), options))
     };
     let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
-    // With credentials, `Client::connect` authenticates, which is a first contact already.
-    let client =
-        match tokio::time::timeout(options.connect_timeout, Client::connect(&urls, Some(connect_options)))
-            .await
-        {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return Err(classify(e, ctx)),
-            Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
-        };
-    // Without credentials nothing has touched the network yet: ask for the status, so that a
-    // wrong address or a TLS mismatch is reported here rather than at the first operation.
-    let mut maintenance = client.maintenance_client();
-    match tokio::time::timeout(options.connect_timeout, maintenance.status()).await {
+    let members = urls.len() as u32;
+    let shared = Shared::new(urls, connect_options, options.username.clone());
+    // The first contact: connecting a member (which authenticates, with credentials) and
+    // asking for its status, so that a wrong address, a TLS mismatch or a bad password is
+    // reported here rather than at the first operation. Each unreachable member may take
+    // the connect timeout.
+    let probe = shared.run(|clients| {
+        let mut maintenance = clients.client.maintenance_client();
+        async move { maintenance.status().await }
+    });
+    match tokio::time::timeout(options.connect_timeout * members, probe).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => return Err(classify(e, ctx)),
         Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
     }
     tracing::debug!(endpoints = %endpoint_list, "connected to etcd");
-    Ok(Arc::new(Shared::new(client, endpoint_list, options.username.clone())))
+    Ok(Arc::new(shared))
 }
 
 /// A TLS connection the server closes during the first contact, without a client

@@ -168,6 +168,26 @@ fn backend(operation: &str, error: EtcdError) -> KvError {
     }
 }
 
+/// Whether a request failed before anything was sent: the connection to the endpoint it
+/// was routed to could not be opened. Retrying it elsewhere cannot apply it twice.
+pub(crate) fn never_sent(error: &EtcdError) -> bool {
+    let description = describe(error).to_lowercase();
+    description.contains("tcp connect error") || description.contains("dns error")
+}
+
+/// Whether a failure means the member could not be reached or dropped the connection
+/// (as opposed to an answer from it): another member may do better.
+pub(crate) fn is_unreachable(error: &EtcdError) -> bool {
+    match error {
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
+        EtcdError::GRpcStatus(status) => {
+            let code = status.code() as i32;
+            code == code::UNAVAILABLE || is_connection_error(&describe(error))
+        }
+        _ => false,
+    }
+}
+
 /// What went wrong, in words: for a gRPC status its message and the chain of its sources
 /// (its own `Display` shows them in `Debug` form).
 pub(crate) fn describe(error: &EtcdError) -> String {

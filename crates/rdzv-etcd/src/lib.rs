@@ -38,9 +38,12 @@
 //! | `connect_timeout` | how long connecting, and the first contact, may take | 5 s |
 //! | `request_timeout` | how long any single request may take | 10 s |
 //!
-//! Durations are seconds (`2`, `0.5`) or humane (`500ms`, `10s`). Every endpoint is used
-//! (requests are balanced over them). With a user name, the client authenticates and
-//! renews its token when it expires.
+//! Durations are seconds (`2`, `0.5`) or humane (`500ms`, `10s`). With several endpoints,
+//! a process sends its requests to one member (chosen at random per process, so that
+//! processes spread over the cluster) and fails over to the next when that member cannot
+//! be reached — a request that could not be sent is sent to the next member at once, so
+//! one dead member among live ones fails no request. With a user name, the client
+//! authenticates and renews its token when it expires.
 //!
 //! Or directly, with [`EtcdOptions`] and [`EtcdKv::connect`], or around a client you built
 //! with [`EtcdKv::from_client`]:
@@ -65,8 +68,8 @@
 //! [`EtcdKv::connect`] (and so every URL connect) keeps one client per endpoint set,
 //! credentials, TLS files and connect timeout — and per tokio runtime, since a client's
 //! connection tasks die with the runtime that made them. A thousand handlers in one process
-//! share one HTTP/2 connection per endpoint; their requests and watches are multiplexed on
-//! it. The request timeout is per handle.
+//! share one HTTP/2 connection (to the member in use); their requests and watches are
+//! multiplexed on it. The request timeout is per handle.
 //!
 //! ```
 //! use rdzv_core::{BackendFactory, Endpoint};

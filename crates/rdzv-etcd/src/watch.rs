@@ -75,9 +75,12 @@ impl State {
         if let Some(end) = &self.target.range_end {
             options = options.with_range(end.clone());
         }
-        let mut client = self.target.shared.watch.clone();
-        let key = self.target.key.clone();
-        match tokio::time::timeout(self.target.request_timeout, client.watch(key, Some(options))).await {
+        let (key, options) = (&self.target.key, &options);
+        let attempt = self.target.shared.run(|c| {
+            let (mut client, key, options) = (c.watch.clone(), key.clone(), options.clone());
+            async move { client.watch(key, Some(options)).await }
+        });
+        match tokio::time::timeout(self.target.request_timeout, attempt).await {
             Ok(Ok(stream)) => Ok(stream),
             Ok(Err(e)) => Err(errors::classify("watch", e, self.ctx())),
             Err(_) => Err(errors::timeout("watch", self.ctx())),

@@ -144,14 +144,14 @@ async fn namespaces_isolate_keys_ranges_and_watches() {
     let event = within("event", events.next()).await.unwrap().unwrap();
     assert_eq!(event.revision(), next, "b's writes are not seen by a's watch");
     // The raw keys carry the namespace.
-    let raw = a.client().kv_client().get("iso-a/k", None).await.unwrap();
+    let raw = a.client().await.unwrap().kv_client().get("iso-a/k", None).await.unwrap();
     assert_eq!(raw.kvs().len(), 1);
 }
 
 #[tokio::test]
 async fn foreign_and_binary_data_under_our_keys_is_returned_as_is() {
     let kv = ns_kv("foreign/").await;
-    let mut raw = kv.client().kv_client();
+    let mut raw = kv.client().await.unwrap().kv_client();
     raw.put("foreign/state", vec![0xff, 0x00, 0xfe], None).await.unwrap();
     let got = kv.get(b"state").await.unwrap().kv.unwrap();
     assert_eq!(got.value, vec![0xff, 0x00, 0xfe]);
@@ -175,6 +175,8 @@ async fn etcd_counts_before_the_creation_revision_filter_so_we_count_ourselves()
     // What etcd itself answers: the count ignores max_create_revision.
     let raw = kv
         .client()
+        .await
+        .unwrap()
         .kv_client()
         .get(
             "count/p/",
