@@ -160,7 +160,7 @@ impl EtcdServer {
         let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
         let user = match &self.auth {
             Some((user, password)) => {
-                format!("{}:{}@", percent_encode(user), percent_encode(password.expose()))
+                format!("{}:{}@", percent_encode_all(user), percent_encode_all(password.expose()))
             }
             None => String::new(),
         };
@@ -416,22 +416,28 @@ fn end_process(mut process: Process, how: &str) -> Result<(), HarnessError> {
 
 /// The etcd binary: `$ETCD_BIN`, else `etcd` on `PATH`.
 fn find_binary() -> Result<PathBuf, HarnessError> {
+    locate_binary(std::env::var_os("ETCD_BIN"), std::env::var_os("PATH"))
+}
+
+fn locate_binary(
+    etcd_bin: Option<std::ffi::OsString>,
+    path: Option<std::ffi::OsString>,
+) -> Result<PathBuf, HarnessError> {
     let missing = |detail: String| {
         HarnessError::new(format!(
             "{detail}; the etcd tests need a real etcd server: install etcd-server \
              (scripts/setup.sh, or `apt-get install etcd-server`) or set ETCD_BIN"
         ))
     };
-    if let Some(path) = std::env::var_os("ETCD_BIN") {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
+    if let Some(binary) = etcd_bin {
+        let binary = PathBuf::from(binary);
+        return if is_executable(&binary) {
+            Ok(binary)
         } else {
-            Err(missing(format!("ETCD_BIN={} is not a file", path.display())))
+            Err(missing(format!("ETCD_BIN={} is not an executable file", binary.display())))
         };
     }
-    std::env::var_os("PATH")
-        .iter()
+    path.iter()
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join("etcd"))
         .find(|candidate| is_executable(candidate))
@@ -456,15 +462,47 @@ fn free_ports() -> Result<[u16; 3], HarnessError> {
     Ok([a, b, c])
 }
 
-/// Percent-encodes everything but unreserved characters and `/`.
+/// Percent-encodes everything but unreserved characters and `/` (for file paths in a query).
 fn percent_encode(text: &str) -> String {
+    encode(text, b"-._~/")
+}
+
+/// Percent-encodes everything but unreserved characters (for a user name or password).
+fn percent_encode_all(text: &str) -> String {
+    encode(text, b"-._~")
+}
+
+fn encode(text: &str, keep: &[u8]) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+        if byte.is_ascii_alphanumeric() || keep.contains(&byte) {
             out.push(byte as char);
         } else {
             out.push_str(&format!("%{byte:02X}"));
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_fails_and_says_how_to_install_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let err = locate_binary(None, Some(dir.path().as_os_str().to_owned())).expect_err("no etcd");
+        assert!(err.to_string().contains("install etcd-server"), "{err}");
+        assert!(err.to_string().contains("scripts/setup.sh"), "{err}");
+        let err = locate_binary(Some(dir.path().join("nope").into_os_string()), None).expect_err("no etcd");
+        assert!(err.to_string().contains("ETCD_BIN="), "{err}");
+        let err = locate_binary(None, None).expect_err("no PATH");
+        assert!(err.to_string().contains("install etcd-server"), "{err}");
+    }
+
+    #[test]
+    fn urls_are_percent_encoded() {
+        assert_eq!(percent_encode("/tmp/a b/ca.pem"), "/tmp/a%20b/ca.pem");
+        assert_eq!(percent_encode_all("p@ss:w/rd"), "p%40ss%3Aw%2Frd");
+    }
 }
