@@ -25,6 +25,9 @@ use crate::options::{EtcdOptions, TlsFiles};
 /// a watch that replays a few 1 MiB values fail to decode.
 const MAX_MESSAGE_SIZE: usize = i32::MAX as usize;
 
+/// How many lease TTLs a client remembers at most.
+const MAX_REMEMBERED_LEASES: usize = 100_000;
+
 /// HTTP/2 keep-alive pings while streams are open, so that a watch on a connection that died
 /// silently (no FIN, no RST) ends instead of waiting forever. etcd refuses pings more often
 /// than every 5 s (`--grpc-keepalive-min-time`) and pings without open streams.
@@ -170,6 +173,11 @@ impl Shared {
     /// Remembers a lease's TTL.
     pub fn remember_ttl(&self, lease: LeaseId, ttl: i64) {
         if let Ok(mut ttls) = self.lease_ttls.lock() {
+            // Leases that expired unobserved would pile up; forgetting costs only a second
+            // keep-alive round for the ones still alive.
+            if ttls.len() >= MAX_REMEMBERED_LEASES {
+                ttls.clear();
+            }
             ttls.insert(lease, ttl);
         }
     }

@@ -172,3 +172,20 @@ async fn a_server_that_never_answers_times_out_instead_of_hanging() {
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
     drop(listener);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_survives_an_outage_shorter_than_its_ttl() {
+    let mut server = EtcdServer::start().await.unwrap();
+    let kv: std::sync::Arc<dyn Kv> = std::sync::Arc::new(client(&server).await);
+    let session = rdzv_core::Session::start(kv.clone(), Duration::from_secs(6)).await.unwrap();
+    kv.put(b"member", b"me", PutOptions::OVERWRITE.with_lease(Some(session.lease()))).await.unwrap();
+    server.kill().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.restart().await.unwrap();
+    // Several refresh periods (TTL/3) after the restart.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!session.is_lost(), "a short outage must not lose the session");
+    assert!(kv.get(b"member").await.unwrap().kv.is_some());
+    session.close().await.unwrap();
+    assert!(kv.get(b"member").await.unwrap().kv.is_none(), "closing revokes at once");
+}
