@@ -20,29 +20,37 @@ pub struct Bootstrap {
     pub master_port: u16,
 }
 
-/// Publishes (rank 0) and reads back (everyone) the bootstrap info of a round.
+/// The bootstrap info of a round: rank 0's address and the free port it found when it
+/// joined, both in the round's participant list, so no member needs a further read. Rank 0
+/// also publishes them as `MASTER_ADDR`/`MASTER_PORT` in the round's Store, for
+/// c10d-style consumers.
 pub(crate) async fn exchange(info: &RendezvousInfo, store: &Store) -> Result<Bootstrap, RendezvousError> {
-    if info.rank == 0 {
-        let port = free_port().map_err(|e| RendezvousError::State {
+    let master = &info.participants[0];
+    let master_port = match master.port {
+        Some(port) => port,
+        // Rank 0 runs an older version that did not offer a port: it publishes one.
+        None if info.rank == 0 => free_port().map_err(|e| RendezvousError::State {
             key: MASTER_PORT_KEY.into(),
             reason: format!("no free local port for MASTER_PORT: {e}"),
-        })?;
-        let addr = &info.participants[0].addr;
-        let port = port.to_string();
+        })?,
+        None => {
+            let port = store.get(MASTER_PORT_KEY).await.map_err(|e| store_error(info, e))?;
+            let text = String::from_utf8_lossy(&port).into_owned();
+            text.parse().map_err(|_| RendezvousError::State {
+                key: MASTER_PORT_KEY.into(),
+                reason: format!("not a port number: {text:?}"),
+            })?
+        }
+    };
+    let bootstrap = Bootstrap { master_addr: master.addr.clone(), master_port };
+    if info.rank == 0 {
+        let port = master_port.to_string();
         store
-            .multi_set([(MASTER_ADDR_KEY, addr.as_str()), (MASTER_PORT_KEY, port.as_str())])
+            .multi_set([(MASTER_ADDR_KEY, bootstrap.master_addr.as_str()), (MASTER_PORT_KEY, port.as_str())])
             .await
             .map_err(|e| store_error(info, e))?;
     }
-    let values =
-        store.multi_get([MASTER_ADDR_KEY, MASTER_PORT_KEY]).await.map_err(|e| store_error(info, e))?;
-    let master_addr = String::from_utf8_lossy(&values[0]).into_owned();
-    let port_text = String::from_utf8_lossy(&values[1]).into_owned();
-    let master_port = port_text.parse().map_err(|_| RendezvousError::State {
-        key: MASTER_PORT_KEY.into(),
-        reason: format!("not a port number: {port_text:?}"),
-    })?;
-    Ok(Bootstrap { master_addr, master_port })
+    Ok(bootstrap)
 }
 
 fn free_port() -> std::io::Result<u16> {

@@ -244,7 +244,7 @@ pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
         s => s.version().unwrap(),
     };
     // A ghost joins (a process that died right after joining, its key not yet expired)…
-    let ghost = rdzv::core::Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1 };
+    let ghost = rdzv::core::Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1, port: None };
     let ghost_key = ws[0].handler.keys().join(version, "ghost");
     kv.put(&ghost_key, &ghost.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
     // …so the round freezes with A and the ghost, and B comes too late for it.

@@ -231,7 +231,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn p(node: &str) -> Participant {
-        Participant { node: node.into(), addr: "h".into(), pid: 1 }
+        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl RendezvousHandler {
         let keys = RunKeys::new(&params.prefix, &params.run_id);
         let node = params.node_id.clone().unwrap_or_else(default_node_id);
         let addr = params.local_addr.clone().unwrap_or_else(host_name);
-        let me = Participant { node, addr, pid: std::process::id() };
+        let me = Participant { node, addr, pid: std::process::id(), port: None };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
         let session = Session::start(kv.clone(), params.keep_alive_ttl).await?;
         // Per handler, not per round: so a round's writes are only the round's own.

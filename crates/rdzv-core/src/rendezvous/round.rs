@@ -77,6 +77,8 @@ enum Flow {
 /// One `next_rendezvous` call in progress.
 pub(crate) struct Attempt<'a> {
     ctx: &'a Context,
+    /// This worker's descriptor for this call, with a freshly found free port.
+    me: Participant,
     session: LeaseId,
     started: Instant,
     /// What this worker is doing, for the timeout error.
@@ -91,8 +93,10 @@ type Result<T> = std::result::Result<T, RendezvousError>;
 
 impl<'a> Attempt<'a> {
     pub(crate) fn new(ctx: &'a Context, session: LeaseId) -> Self {
+        let me = Participant { port: free_port(), ..ctx.me.clone() };
         Attempt {
             ctx,
+            me,
             session,
             started: Instant::now(),
             phase: "starting",
@@ -258,7 +262,7 @@ impl<'a> Attempt<'a> {
         let params = &ctx.params;
         let join_key = ctx.keys.join(version, &ctx.me.node);
         self.pending_join = Some(join_key.clone());
-        let my_revision = match ctx.kv.put(&join_key, &ctx.me.to_bytes(), self.session_put()).await? {
+        let my_revision = match ctx.kv.put(&join_key, &self.me.to_bytes(), self.session_put()).await? {
             PutOutcome::Written { create_revision, .. } => create_revision,
             PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
         };
@@ -377,7 +381,7 @@ impl<'a> Attempt<'a> {
         let ctx = self.ctx;
         let world_size = participants.len();
         let mine =
-            match ctx.kv.put(&ctx.keys.rank(version, rank), &ctx.me.to_bytes(), self.session_put()).await? {
+            match ctx.kv.put(&ctx.keys.rank(version, rank), &self.me.to_bytes(), self.session_put()).await? {
                 PutOutcome::Written { create_revision, .. } => create_revision,
                 PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
             };
@@ -432,7 +436,7 @@ impl<'a> Attempt<'a> {
     ) -> Result<Flow> {
         self.phase = "waiting for the running round to end";
         let ctx = self.ctx;
-        ctx.kv.put(&ctx.keys.waiter(version, &ctx.me.node), &ctx.me.to_bytes(), self.session_put()).await?;
+        ctx.kv.put(&ctx.keys.waiter(version, &ctx.me.node), &self.me.to_bytes(), self.session_put()).await?;
         let mut states = self.watch_state(observed.seen + 1).await?;
         let mut members =
             ctx.kv.watch(&ctx.keys.ranks(version), WatchScope::Prefix, observed.seen + 1).await?;
@@ -561,6 +565,13 @@ fn watch_ended(kv: &dyn Kv) -> RendezvousError {
         message: "a watch ended unexpectedly".into(),
         source: None,
     })
+}
+
+/// A port free on this machine now (`None` if none can be bound): what rank 0 offers as
+/// `MASTER_PORT`.
+fn free_port() -> Option<u16> {
+    let listener = std::net::TcpListener::bind(("0.0.0.0", 0)).ok()?;
+    listener.local_addr().ok().map(|a| a.port())
 }
 
 fn backoff() -> impl Iterator<Item = Duration> {

@@ -15,6 +15,10 @@ pub struct Participant {
     pub addr: String,
     /// Its process id.
     pub pid: u32,
+    /// A TCP port that was free on its machine when it joined (rank 0's becomes
+    /// `MASTER_PORT`); absent in values written by older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
 }
 
 /// The state of the current round.
@@ -119,7 +123,7 @@ mod tests {
     use super::*;
 
     fn p(node: &str) -> Participant {
-        Participant { node: node.into(), addr: "h".into(), pid: 1 }
+        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
     }
 
     #[test]
