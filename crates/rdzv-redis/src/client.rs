@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub script: Script,
     /// The epoch this client attached to; a different one means the server lost our data.
     pub epoch: String,
+    /// The log reader shared by this client's watches, while any runs.
+    pub feed: crate::feed::FeedSlot,
 }
 
 impl Shared {
@@ -51,6 +53,7 @@ impl Shared {
             conn,
             script: Script::new(SOURCE),
             epoch: String::new(),
+            feed: Default::default(),
         };
         let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
         let epoch = reply.bytes()?;

@@ -16,7 +16,7 @@ use crate::error::NAME;
 
 /// The Redis backend: etcd v3 semantics from one Lua script and one stream per namespace
 /// (see the [crate docs](crate)). Cheap to share behind an `Arc`; every clone of that `Arc`
-/// uses one multiplexed connection (plus one per open watch). Dropping the last one stops
+/// uses one multiplexed connection (plus one for all its watches while any is open). Dropping the last one stops
 /// its background lease reaper.
 pub struct RedisKv {
     shared: Arc<Shared>,

@@ -32,11 +32,15 @@
 //! ## The event log
 //! Each namespace has one Redis stream whose entry ids are `<revision>-<n>`: a write appends
 //! its events (one, or several for a prefix delete or an expiring lease) with the revision
-//! it got. A watch is a blocking `XREAD` of that stream, on a connection of its own, from the
-//! requested revision, filtered by key or prefix in the client. Because every revision has
-//! at least one entry and a revision's entries are appended atomically, a watch detects any
-//! hole: after a broken connection it resumes from its last entry, and if the entries it
-//! needs were trimmed it ends with [`KvError::Compacted`](rdzv_core::KvError::Compacted),
+//! it got. Each client tails that stream with one blocking `XREAD` on a connection of its
+//! own (started with its first watch, ended with its last) and hands every entry to all its
+//! watches, which filter by key or prefix in memory: a thousand watches cost Redis one
+//! blocked reader. A watch reads the history it asked for — and whatever the feed went past
+//! while the watch lagged — with `XRANGE` on the shared connection. Because every revision
+//! has at least one entry and a revision's entries are appended atomically, a watch detects
+//! any hole: after a broken connection the feed resumes from its last entry, and if the
+//! entries a watch needs were trimmed it ends with
+//! [`KvError::Compacted`](rdzv_core::KvError::Compacted),
 //! naming the oldest revision still kept. The stream is trimmed to the last `history`
 //! revisions, or by [`Kv::compact`](rdzv_core::Kv::compact); the `compacted` key records
 //! how far, so compaction is detected exactly.
@@ -66,7 +70,7 @@
 //! | `{rdzv:ns}:leaseid` | string | the last lease id handed out |
 //!
 //! ## Connections and failures
-//! Requests share one auto-reconnecting multiplexed connection; each watch has its own.
+//! Requests share one auto-reconnecting multiplexed connection; the watch feed has one more.
 //! Every request is bounded by `request_timeout`. Reads, keep-alives and compaction are
 //! retried within that bound after a connection failure; writes never are (their outcome
 //! is unknown, and resending could apply them twice) — they fail with
@@ -105,6 +109,7 @@ mod config;
 mod connect;
 mod error;
 mod factory;
+mod feed;
 mod kv;
 mod reaper;
 mod reply;

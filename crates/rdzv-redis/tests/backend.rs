@@ -428,9 +428,9 @@ async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
     let kv = connect(config).await;
     let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
     let mut events = within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap();
-    // Not consumed: the watch buffers a few hundred events, then stops reading while the
+    // Not consumed: the watch and its feed buffer some events, then it stops reading while the
     // log moves on and is trimmed past it.
-    let writes = 600;
+    let writes = 2000;
     for i in 1..=writes {
         put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
     }

@@ -1,0 +1,315 @@
+//! The feed: one task per client tails the namespace's event log (a stream whose entry ids
+//! are `<revision>-<n>`) with a blocking `XREAD` on a connection of its own, and broadcasts
+//! every entry to that client's watches. However many watches a client has, Redis serves
+//! one blocked reader and one shared connection for it; each watch filters in memory.
+//!
+//! The task starts with the first watch and ends when the last one is gone. It checks the
+//! namespace's epoch whenever the log is quiet and after every reconnect, so a server that
+//! lost its data ends every watch with that error instead of looking quiet forever.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdzv_core::{Event, EventKind, KeyValue, KvError, KvResult, Revision};
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamId, StreamReadReply};
+use redis::{Client, Value};
+
+use crate::client::Shared;
+use crate::config::RedisConfig;
+use crate::error::{NAME, corrupt, from_redis, lost};
+
+/// Longest blocking read; between two, the feed checks that the namespace is still ours.
+const BLOCK: Duration = Duration::from_millis(1000);
+
+/// Entries fetched per read.
+pub(crate) const BATCH: usize = 128;
+
+/// Entries a watch may lag behind the feed before it re-reads the log itself.
+const CAPACITY: usize = 1024;
+
+/// The position of an entry in the log: `(revision, n)`; `n == u64::MAX` stands for "after
+/// every entry of that revision".
+pub(crate) type EntryId = (Revision, u64);
+
+/// One log entry, parsed once for every watch.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub id: EntryId,
+    pub event: Event,
+}
+
+/// What the feed broadcasts.
+#[derive(Clone, Debug)]
+pub(crate) enum FeedItem {
+    Entry(Arc<Entry>),
+    /// The feed ended with this error; every watch ends with it.
+    Failed(Arc<KvError>),
+}
+
+/// The client's feed, if running (the task clears it, under the lock, when it ends).
+pub(crate) type FeedSlot = Arc<Mutex<Option<tokio::sync::broadcast::Sender<FeedItem>>>>;
+
+/// Reading and parsing the log: shared by the feed and the watches' catch-up reads.
+#[derive(Clone)]
+pub(crate) struct Log {
+    pub client: Client,
+    pub config: RedisConfig,
+    pub endpoint: String,
+    pub epoch: String,
+    pub epoch_key: String,
+    pub compacted_key: String,
+    pub log_key: String,
+    pub rev_key: String,
+}
+
+impl Log {
+    pub fn new(shared: &Shared) -> Log {
+        Log {
+            client: shared.client.clone(),
+            config: shared.config.clone(),
+            endpoint: shared.endpoint.clone(),
+            epoch: shared.epoch.clone(),
+            epoch_key: format!("{}epoch", shared.base),
+            compacted_key: format!("{}compacted", shared.base),
+            log_key: shared.log_key(),
+            rev_key: shared.rev_key(),
+        }
+    }
+
+    pub fn err(&self, e: redis::RedisError, what: &str) -> KvError {
+        if e.code() == Some("WRONGTYPE") {
+            return corrupt(self.log_key.as_bytes(), &e.to_string());
+        }
+        from_redis(e, &self.endpoint, what, self.config.request_timeout)
+    }
+
+    /// An integer key of ours (`None`: absent).
+    pub async fn int_at<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        key: &str,
+    ) -> KvResult<Option<Revision>> {
+        let v: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.err(e, "watch: reading the log"))?;
+        match v {
+            None => Ok(None),
+            Some(b) => std::str::from_utf8(&b)
+                .ok()
+                .and_then(|s| s.parse::<Revision>().ok())
+                .map(Some)
+                .ok_or_else(|| corrupt(key.as_bytes(), "expected a revision number")),
+        }
+    }
+
+    /// The oldest revision still in the log.
+    pub async fn oldest<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) -> KvResult<Revision> {
+        Ok(self.int_at(conn, &self.compacted_key).await?.unwrap_or(1).max(1))
+    }
+
+    pub async fn check_epoch<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) -> KvResult<()> {
+        let found: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&self.epoch_key)
+            .query_async(conn)
+            .await
+            .map_err(|e| self.err(e, "watch: reading the epoch"))?;
+        let found = found.unwrap_or_default();
+        if found != self.epoch.as_bytes() {
+            return Err(lost(&self.endpoint, &self.config.namespace, &found));
+        }
+        Ok(())
+    }
+
+    /// Parses one stream entry.
+    pub fn entry(&self, entry: StreamId) -> KvResult<Entry> {
+        let log = self.log_key.as_bytes();
+        let id = parse_id(&entry.id).ok_or_else(|| corrupt(log, &format!("bad entry id `{}`", entry.id)))?;
+        let mut map = entry.map;
+        let mut bytes = |field: &str| -> KvResult<Vec<u8>> {
+            match map.remove(field) {
+                Some(Value::BulkString(b)) => Ok(b),
+                _ => Err(corrupt(log, &format!("event {} has no field `{field}`", entry.id))),
+            }
+        };
+        let kind = bytes("t")?;
+        let key = bytes("k")?;
+        if kind == b"d" {
+            let kv = KeyValue {
+                key,
+                value: Vec::new(),
+                create_revision: 0,
+                mod_revision: id.0,
+                version: 0,
+                lease: None,
+            };
+            return Ok(Entry { id, event: Event { kind: EventKind::Delete, kv } });
+        }
+        if kind != b"p" {
+            return Err(corrupt(log, &format!("event {} has an unknown kind", entry.id)));
+        }
+        let value = bytes("v")?;
+        let mut int = |field: &str| -> KvResult<i64> {
+            let b = bytes(field)?;
+            std::str::from_utf8(&b)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| corrupt(log, &format!("event {} has a bad `{field}`", entry.id)))
+        };
+        let create_revision = int("c")?;
+        let mod_revision = int("m")?;
+        let version = int("n")?;
+        let lease = int("l")?;
+        let kv = KeyValue {
+            key,
+            value,
+            create_revision,
+            mod_revision,
+            version,
+            lease: (lease != 0).then_some(lease),
+        };
+        Ok(Entry { id, event: Event { kind: EventKind::Put, kv } })
+    }
+
+    async fn connect(&self) -> KvResult<MultiplexedConnection> {
+        let mut conn = crate::connect::dedicated(&self.client, &self.config, BLOCK).await?;
+        self.check_epoch(&mut conn).await?;
+        Ok(conn)
+    }
+
+    /// Reconnects for up to the request timeout (at least a few seconds).
+    async fn reconnect(&self) -> KvResult<MultiplexedConnection> {
+        let window = self.config.request_timeout.max(Duration::from_secs(3));
+        let deadline = tokio::time::Instant::now() + window;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.connect().await {
+                Ok(c) => return Ok(c),
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < deadline => {
+                    tracing::debug!(error = %e, "redis watch feed: reconnecting");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Subscribes to the client's feed, starting it if it is not running.
+pub(crate) async fn subscribe(
+    slot: &FeedSlot,
+    log: &Log,
+) -> KvResult<tokio::sync::broadcast::Receiver<FeedItem>> {
+    if let Some(rx) = lock(slot).as_ref().map(|tx| tx.subscribe()) {
+        return Ok(rx);
+    }
+    // Connect before taking the slot: a failure leaves no half-started feed behind.
+    let mut conn = log.connect().await?;
+    let start = log.int_at(&mut conn, &log.rev_key).await?.unwrap_or(0);
+    let mut guard = lock(slot);
+    if let Some(tx) = guard.as_ref() {
+        return Ok(tx.subscribe());
+    }
+    let (tx, rx) = tokio::sync::broadcast::channel(CAPACITY);
+    *guard = Some(tx.clone());
+    drop(guard);
+    tokio::spawn(run(log.clone(), slot.clone(), tx, conn, (start, u64::MAX)));
+    Ok(rx)
+}
+
+fn lock(slot: &FeedSlot) -> std::sync::MutexGuard<'_, Option<tokio::sync::broadcast::Sender<FeedItem>>> {
+    // A panic elsewhere while holding this lock cannot leave the Option inconsistent.
+    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The feed task: tails the log from `cursor` until nobody listens or it fails.
+async fn run(
+    log: Log,
+    slot: FeedSlot,
+    tx: tokio::sync::broadcast::Sender<FeedItem>,
+    mut conn: MultiplexedConnection,
+    mut cursor: EntryId,
+) {
+    let failure = loop {
+        {
+            let mut guard = lock(&slot);
+            if tx.receiver_count() == 0 {
+                *guard = None;
+                return;
+            }
+        }
+        let (rev, n) = cursor;
+        let reply: Result<Option<StreamReadReply>, _> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(BATCH)
+            .arg("BLOCK")
+            .arg(BLOCK.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&log.log_key)
+            .arg(format!("{rev}-{n}"))
+            .query_async(&mut conn)
+            .await;
+        match reply.map_err(|e| log.err(e, "watch: reading the event log")) {
+            Ok(Some(reply)) => {
+                let mut bad = None;
+                for id in reply.keys.into_iter().flat_map(|k| k.ids) {
+                    match log.entry(id) {
+                        Ok(entry) => {
+                            cursor = entry.id;
+                            // No receiver is fine: the check above ends the task.
+                            let _ = tx.send(FeedItem::Entry(Arc::new(entry)));
+                        }
+                        Err(e) => {
+                            bad = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if let Some(e) = bad {
+                    break e;
+                }
+            }
+            Ok(None) => {
+                if let Err(e) = log.check_epoch(&mut conn).await {
+                    break e;
+                }
+            }
+            Err(e) if e.is_retryable() => match log.reconnect().await {
+                Ok(c) => conn = c,
+                Err(e) => break e,
+            },
+            Err(e) => break e,
+        }
+    };
+    // Clear the slot first, so a new watch starts a fresh feed instead of joining this one.
+    *lock(&slot) = None;
+    let _ = tx.send(FeedItem::Failed(Arc::new(failure)));
+}
+
+/// A copy of a feed failure for one watch (errors are not `Clone`; the source is dropped,
+/// its text is in the message).
+pub(crate) fn copy_error(e: &KvError) -> KvError {
+    match e {
+        KvError::Unavailable { backend, endpoint, message, .. } => KvError::Unavailable {
+            backend,
+            endpoint: endpoint.clone(),
+            message: message.clone(),
+            source: None,
+        },
+        KvError::Timeout { backend, operation, after } => {
+            KvError::Timeout { backend, operation: operation.clone(), after: *after }
+        }
+        KvError::Compacted { requested, oldest } => {
+            KvError::Compacted { requested: *requested, oldest: *oldest }
+        }
+        other => KvError::backend(NAME, other.to_string()),
+    }
+}
+
+pub(crate) fn parse_id(id: &str) -> Option<EntryId> {
+    let (rev, n) = id.split_once('-')?;
+    Some((rev.parse().ok()?, n.parse().ok()?))
+}
