@@ -16,8 +16,8 @@ use crate::error::NAME;
 
 /// The Redis backend: etcd v3 semantics from one Lua script and one stream per namespace
 /// (see the [crate docs](crate)). Cheap to share behind an `Arc`; every clone of that `Arc`
-/// uses one multiplexed connection (plus one for all its watches while any is open). Dropping the last one stops
-/// its background lease reaper.
+/// uses one multiplexed connection, plus one for all its watches while any is open.
+/// Dropping the last one stops its background lease reaper.
 pub struct RedisKv {
     shared: Arc<Shared>,
     reaper: tokio::task::AbortHandle,
