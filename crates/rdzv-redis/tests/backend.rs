@@ -61,7 +61,8 @@ async fn lease_deadline_comes_from_the_server_clock_and_expires_without_writes()
         .await
         .unwrap();
     let delta = deadline as i64 - server_now_ms as i64;
-    assert!((800..=1000).contains(&delta), "deadline is {delta} ms after the server's now, not ~1000");
+    // At most the TTL after the server's now (the grant came first), and not much less.
+    assert!((500..=1000).contains(&delta), "deadline is {delta} ms after the server's now, not ~1000");
 
     let r1 = put(&*kv, b"/a/1", b"x", PutOptions::OVERWRITE.with_lease(Some(lease))).await;
     let r2 = put(&*kv, b"/a/2", b"y", PutOptions::OVERWRITE.with_lease(Some(lease))).await;
@@ -75,7 +76,7 @@ async fn lease_deadline_comes_from_the_server_clock_and_expires_without_writes()
     assert_eq!((d1.kind, d2.kind), (EventKind::Delete, EventKind::Delete));
     assert_eq!(d1.revision(), d2.revision(), "keys of one lease go at one revision");
     assert!(d1.revision() > r2);
-    assert!(waited < Duration::from_millis(1600), "expiry took {waited:?}");
+    assert!(waited < Duration::from_secs(3), "expiry took {waited:?}");
     assert!(matches!(kv.lease_keep_alive(lease).await, Err(KvError::LeaseNotFound(l)) if l == lease));
     // The lease is server state: another client sees it gone too.
     assert!(matches!(watcher.lease_revoke(lease).await, Err(KvError::LeaseNotFound(_))));
