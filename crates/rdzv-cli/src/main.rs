@@ -1,1 +1,85 @@
-fn main() {}
+//! `rdzv`: the rendezvous from the command line, for jobs launched by shell scripts, Slurm
+//! or Kubernetes (see `rdzv --help`).
+
+mod cmd;
+mod exit;
+mod output;
+mod progress;
+mod signals;
+mod target;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::exit::CliError;
+
+const ABOUT: &str = "Rendezvous for distributed jobs over etcd, Redis or memory.";
+
+const LONG_ABOUT: &str = "\
+Rendezvous for distributed jobs over etcd, Redis or memory.
+
+The workers of a job meet through a key-value store, agree on who is in, and each get a
+rank and the world size. The backend and the rendezvous parameters are one URL:
+
+  etcd://host:2379/<run_id>?min_workers=2&max_workers=8&last_call_timeout=30s
+  redis://host:6379/<run_id>?min_workers=2
+  mem://<name>/<run_id>?min_workers=2      (in-process: only useful for `demo` and `bench`)
+
+RDZV_URL supplies the URL when none is given; RUST_LOG controls logging (default: warn).
+
+Exit codes: 0 success, 2 usage or configuration error, 3 timeout, 4 run closed,
+5 backend unreachable, 1 anything else.
+
+Try it without any server:  rdzv demo";
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "rdzv", version, about = ABOUT, long_about = LONG_ABOUT, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Join(cmd::join::JoinArgs),
+    Run(cmd::run::RunArgs),
+    Status(cmd::status::StatusArgs),
+    Close(cmd::close::CloseArgs),
+    Bench(cmd::bench::BenchArgs),
+    Demo(cmd::demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    // Usage errors exit with clap's own code 2, help and version with 0.
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return exit::report(&CliError::other(format!("cannot start the async runtime: {e}"))),
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Join(args) => cmd::join::run(args).await,
+            Command::Run(args) => cmd::run::run(args).await,
+            Command::Status(args) => cmd::status::run(args).await,
+            Command::Close(args) => cmd::close::run(args).await,
+            Command::Bench(args) => cmd::bench::run(args).await,
+            Command::Demo(args) => cmd::demo::run(args).await,
+        }
+    });
+    // Background tasks (lease keep-alives, watches) must not delay the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(code) => code,
+        Err(e) => exit::report(&e),
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: warnings only).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

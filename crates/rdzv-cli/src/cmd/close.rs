@@ -1,0 +1,39 @@
+//! `rdzv close`: end the run for everyone.
+
+use std::process::ExitCode;
+
+use crate::exit::CliError;
+use crate::output::print_flush;
+use crate::target::RunTarget;
+
+const LONG_ABOUT: &str = "\
+Closes the run: every worker waiting in or for a round fails with \"closed\" (`rdzv join`
+and `rdzv run` exit with code 4), members holding a round are told, and no round of this
+run id forms again. Closing a closed run is fine. Needs no min_workers in the URL.
+
+Example:
+  rdzv close 'etcd://10.0.0.5:2379/job42'";
+
+/// Arguments of `rdzv close`.
+#[derive(Debug, clap::Args)]
+#[command(about = "Close a run for every worker", long_about = LONG_ABOUT)]
+pub struct CloseArgs {
+    /// The rendezvous URL (min_workers is not needed; default: $RDZV_URL).
+    #[arg(env = "RDZV_URL", hide_env_values = true, value_name = "URL")]
+    url: String,
+}
+
+/// Runs `rdzv close`: a short-lived handler (min_workers defaulted to 1 when absent) that
+/// swaps the state to closed, bound to the run's lease like any other close, and leaves.
+pub async fn run(args: CloseArgs) -> Result<ExitCode, CliError> {
+    let target = RunTarget::connect(&args.url).await?;
+    let params = target.params(1, 1, None)?;
+    let closer = rdzv::Rendezvous::new(target.kv.clone(), params).await?;
+    let closed = closer.set_closed().await;
+    if let Err(e) = closer.shutdown().await {
+        tracing::warn!("leaving after close: {e}");
+    }
+    closed?;
+    print_flush(&format!("closed run {}\n", target.url.run_id));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,158 @@
+//! `rdzv join`: become one worker of a run, print the round, stay a member, leave.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rdzv::{Rendezvous, RoundBroken};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::exit::{CliError, FAILURE};
+use crate::output::{JoinFormat, RoundView, print_flush};
+use crate::progress::Progress;
+use crate::signals::{Signals, stdin_closed};
+use crate::target;
+
+const LONG_ABOUT: &str = "\
+Joins the run as one worker and prints the round once it forms: run id, round (version),
+rank, world size, participants, MASTER_ADDR/MASTER_PORT and how long it took.
+
+Then it stays a member: for --hold, or (without --hold) until its stdin closes or it gets
+SIGINT/SIGTERM; then it leaves (the run stays open; others see their round broken). If the
+round breaks meanwhile (a peer died or left), it joins the next round and prints that one
+too: one line (json) or block (env, text) per round. If the run is closed while it holds, it
+leaves and exits 0. Without --hold and with stdin closed or /dev/null, it leaves as soon as
+it printed the first round.
+
+Examples:
+  rdzv join 'etcd://10.0.0.5:2379/job42?min_workers=4' --hold 1h
+  eval \"$(rdzv join \"$URL\" --format env --hold 10m &)\"   # RANK=… WORLD_SIZE=…
+  some_launcher | rdzv join \"$URL\"    # member as long as the pipe is open
+
+Exit codes: 0 joined and left, 2 bad URL or option, 3 no round formed by the timeout,
+4 the run is closed, 5 the backend is unreachable, 1 anything else.";
+
+/// Arguments of `rdzv join`.
+#[derive(Debug, clap::Args)]
+#[command(about = "Join a run, print the round, stay a member, then leave", long_about = LONG_ABOUT)]
+pub struct JoinArgs {
+    /// The rendezvous URL, e.g. etcd://host:2379/job42?min_workers=2 (default: $RDZV_URL).
+    #[arg(env = "RDZV_URL", hide_env_values = true, value_name = "URL")]
+    url: String,
+    /// Stay a member this long after the round formed (e.g. 30s, 10m, 2h), then leave.
+    /// Default: until stdin closes or SIGINT/SIGTERM.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    hold: Option<Duration>,
+    /// How to print each round.
+    #[arg(long, value_enum, default_value = "json")]
+    format: JoinFormat,
+    /// This worker's node id (unique within the run; default: host-pid-random).
+    #[arg(long, value_name = "ID")]
+    node_id: Option<String>,
+    /// The address this worker advertises to the others (default: its host name).
+    #[arg(long, value_name = "ADDR")]
+    local_addr: Option<String>,
+}
+
+/// Runs `rdzv join`.
+pub async fn run(args: JoinArgs) -> Result<ExitCode, CliError> {
+    let mut signals = Signals::catch().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
+    let worker = target::worker(&args.url, args.node_id, args.local_addr).await?;
+    let stdin_done = watch_stdin(args.hold.is_none());
+    let mut hold_until: Option<Instant> = None;
+    loop {
+        let started = Instant::now();
+        let waited = {
+            let _progress = Progress::start(&worker, started);
+            tokio::select! {
+                r = worker.next_rendezvous() => Some(r),
+                s = signals.recv() => {
+                    leave(&worker).await;
+                    return Err(CliError {
+                        code: FAILURE,
+                        message: format!("interrupted by SIG{} while waiting for a round; left the run", s.name()),
+                    });
+                }
+                _ = sleep_until(hold_until) => None,
+            }
+        };
+        let Some(result) = waited else {
+            // The hold ended while re-joining after a broken round.
+            leave(&worker).await;
+            return Ok(ExitCode::SUCCESS);
+        };
+        let round = match result {
+            Ok(round) => round,
+            Err(e) => {
+                leave(&worker).await;
+                return Err(e.into());
+            }
+        };
+        print_flush(&RoundView::of(&round, started.elapsed()).render(args.format));
+        if hold_until.is_none() {
+            hold_until = args.hold.map(|hold| Instant::now() + hold);
+        }
+        let mut stdin_done = stdin_done.clone();
+        let broken = tokio::select! {
+            reason = worker.round_broken() => Some(reason),
+            _ = signals.recv() => None,
+            _ = stdin_done.wait_for(|closed| *closed) => None,
+            _ = sleep_until(hold_until) => None,
+        };
+        match broken {
+            None | Some(RoundBroken::Closed) => {
+                if broken.is_some() {
+                    eprintln!("rdzv: the run was closed; leaving");
+                }
+                leave(&worker).await;
+                return Ok(ExitCode::SUCCESS);
+            }
+            Some(reason) => {
+                eprintln!("rdzv: round {} is over ({}); joining the next round", round.version, why(&reason))
+            }
+        }
+    }
+}
+
+/// Whether stdin has closed, if `watch` (else never).
+fn watch_stdin(watch: bool) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    if watch {
+        tokio::spawn(async move {
+            stdin_closed().await;
+            let _ = tx.send(true);
+        });
+    } else {
+        // Keep the sender alive forever so that `wait_for` never ends on a closed channel.
+        std::mem::forget(tx);
+    }
+    rx
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn leave(worker: &Rendezvous) {
+    if let Err(e) = worker.shutdown().await {
+        tracing::warn!("leaving the run: {e}");
+    }
+}
+
+/// Why a round is over, in words.
+pub fn why(reason: &RoundBroken) -> String {
+    match reason {
+        RoundBroken::MemberGone { rank: Some(rank) } => format!("the member of rank {rank} is gone"),
+        RoundBroken::MemberGone { rank: None } => "a member is gone".into(),
+        RoundBroken::Ended => {
+            "it was ended (a member left or died, and a waiting or leaving worker ended it)".into()
+        }
+        RoundBroken::Closed => "the run was closed".into(),
+        RoundBroken::LeaseLost => "this worker's lease was lost".into(),
+        RoundBroken::Left => "this worker left".into(),
+        RoundBroken::NoRound => "this worker is in no round".into(),
+    }
+}

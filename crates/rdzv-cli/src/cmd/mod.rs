@@ -1,0 +1,8 @@
+//! One module per subcommand.
+
+pub mod bench;
+pub mod close;
+pub mod demo;
+pub mod join;
+pub mod run;
+pub mod status;

@@ -1,0 +1,186 @@
+//! `rdzv status`: the run as it is now, read straight from the backend.
+
+use std::process::ExitCode;
+
+use rdzv::Participant;
+use rdzv::core::{Kv, RangeOptions, State};
+use serde_json::json;
+
+use crate::exit::CliError;
+use crate::output::{ReportFormat, participant_json, participant_table, print_flush};
+use crate::target::RunTarget;
+
+const LONG_ABOUT: &str = "\
+Shows the run as it is now: the state of the current round (setup, joinable, frozen, final,
+closed), its version, the participants with their liveness (whether their keep-alive key is
+still there), the workers that joined a forming round or wait for the next one, and the
+extra data keys of the round. Needs no min_workers in the URL.
+
+Examples:
+  rdzv status 'etcd://10.0.0.5:2379/job42'
+  rdzv status \"$RDZV_URL\" --format json | jq .waiting_count";
+
+/// Arguments of `rdzv status`.
+#[derive(Debug, clap::Args)]
+#[command(about = "Show a run's state, members, waiting workers", long_about = LONG_ABOUT)]
+pub struct StatusArgs {
+    /// The rendezvous URL (min_workers is not needed; default: $RDZV_URL).
+    #[arg(env = "RDZV_URL", hide_env_values = true, value_name = "URL")]
+    url: String,
+    /// How to print it.
+    #[arg(long, value_enum, default_value = "text")]
+    format: ReportFormat,
+}
+
+/// What `status` found.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The run.
+    pub run_id: String,
+    /// The state's status name (`none` when there is no state).
+    pub status: String,
+    /// The round, if the state names one.
+    pub version: Option<u64>,
+    /// Members in rank order, with liveness.
+    pub participants: Vec<(Participant, bool)>,
+    /// Node ids of the joiners of a joinable round.
+    pub joined: Vec<String>,
+    /// Node ids of the workers waiting for the next round.
+    pub waiting: Vec<String>,
+    /// Extra data keys of the round.
+    pub extra_data: Vec<String>,
+}
+
+/// Runs `rdzv status`.
+pub async fn run(args: StatusArgs) -> Result<ExitCode, CliError> {
+    let target = RunTarget::connect(&args.url).await?;
+    let snapshot = snapshot(&target).await?;
+    let text = match args.format {
+        ReportFormat::Json => format!("{}\n", snapshot.json()),
+        ReportFormat::Text => snapshot.text(),
+    };
+    print_flush(&text);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads the run's state and the keys of its current round.
+pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
+    let kv = &*target.kv;
+    let keys = &target.keys;
+    let state_key = keys.state();
+    let read = kv.get(&state_key).await.map_err(rdzv::RendezvousError::from)?;
+    let state = read.kv.map(|kv| State::parse(&kv.key, &kv.value)).transpose()?;
+    let mut snap = Snapshot {
+        run_id: target.url.run_id.clone(),
+        status: state.as_ref().map_or("none", State::status).to_string(),
+        version: state.as_ref().and_then(State::version),
+        ..Snapshot::default()
+    };
+    let Some(version) = snap.version else { return Ok(snap) };
+    if let Some(State::Frozen { participants, .. } | State::Final { participants, .. }) = &state {
+        for (rank, p) in participants.iter().enumerate() {
+            let alive =
+                kv.get(&keys.rank(version, rank)).await.map_err(rdzv::RendezvousError::from)?.kv.is_some();
+            snap.participants.push((p.clone(), alive));
+        }
+    }
+    snap.joined = names_under(kv, &keys.joins(version)).await?;
+    snap.waiting = names_under(kv, &keys.waiting(version)).await?;
+    snap.extra_data = names_under(kv, &keys.extra_data_prefix(version)).await?;
+    Ok(snap)
+}
+
+/// The key names under `prefix`, without it.
+async fn names_under(kv: &dyn Kv, prefix: &[u8]) -> Result<Vec<String>, CliError> {
+    let options = RangeOptions { keys_only: true, ..RangeOptions::default() };
+    let found = kv.range(prefix, options).await.map_err(rdzv::RendezvousError::from)?;
+    Ok(found
+        .kvs
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key.strip_prefix(prefix).unwrap_or(&kv.key)).into_owned())
+        .collect())
+}
+
+impl Snapshot {
+    /// One JSON object.
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "run_id": self.run_id,
+            "state": self.status,
+            "version": self.version,
+            "participants": self.participants.iter().enumerate().map(|(rank, (p, alive))| {
+                let mut v = participant_json(p);
+                v["rank"] = json!(rank);
+                v["alive"] = json!(alive);
+                v
+            }).collect::<Vec<_>>(),
+            "joined": self.joined,
+            "joined_count": self.joined.len(),
+            "waiting": self.waiting,
+            "waiting_count": self.waiting.len(),
+            "extra_data": self.extra_data,
+        })
+    }
+
+    /// For people.
+    pub fn text(&self) -> String {
+        let mut out = format!("run {}: ", self.run_id);
+        match self.version {
+            Some(v) => out.push_str(&format!("round {v} is {}\n", self.status)),
+            None if self.status == "none" => {
+                out.push_str("no round yet (nobody has joined, or the run expired)\n")
+            }
+            None => out.push_str(&format!("{}\n", self.status)),
+        }
+        if !self.participants.is_empty() {
+            let (members, alive): (Vec<Participant>, Vec<bool>) = self.participants.iter().cloned().unzip();
+            let live = alive.iter().filter(|a| **a).count();
+            out.push_str(&format!("members ({live} of {} alive):\n", members.len()));
+            out.push_str(&participant_table(&members, Some(&alive), None));
+        }
+        if self.status == "joinable" || !self.joined.is_empty() {
+            out.push_str(&format!("joined: {}{}\n", self.joined.len(), list(&self.joined)));
+        }
+        out.push_str(&format!("waiting for the next round: {}{}\n", self.waiting.len(), list(&self.waiting)));
+        out.push_str(&format!("extra data keys: {}{}\n", self.extra_data.len(), list(&self.extra_data)));
+        out
+    }
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_a_final_round_with_waiters() {
+        let p = |n: &str| Participant { node: n.into(), addr: "h".into(), pid: 1, port: None };
+        let snap = Snapshot {
+            run_id: "job".into(),
+            status: "final".into(),
+            version: Some(2),
+            participants: vec![(p("a"), true), (p("b"), false)],
+            joined: vec![],
+            waiting: vec!["c".into(), "d".into()],
+            extra_data: vec!["x".into()],
+        };
+        let text = snap.text();
+        assert!(text.contains("round 2 is final"), "{text}");
+        assert!(text.contains("1 of 2 alive"), "{text}");
+        assert!(text.contains("waiting for the next round: 2 (c, d)"), "{text}");
+        let v = snap.json();
+        assert_eq!(v["waiting_count"], 2);
+        assert_eq!(v["participants"][1]["alive"], false);
+        assert_eq!(v["participants"][1]["rank"], 1);
+    }
+
+    #[test]
+    fn renders_no_run() {
+        let snap = Snapshot { run_id: "job".into(), status: "none".into(), ..Snapshot::default() };
+        assert!(snap.text().contains("no round yet"));
+        assert_eq!(snap.json()["version"], serde_json::Value::Null);
+    }
+}

@@ -1,0 +1,276 @@
+//! How results are printed: a round as one JSON line, `eval`-able shell assignments, or
+//! text; participant tables; shell quoting.
+
+use std::io::Write;
+use std::time::Duration;
+
+use rdzv::{Participant, Round};
+use serde_json::json;
+
+/// The output format of `join`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum JoinFormat {
+    /// One JSON object per round, on one line.
+    Json,
+    /// `KEY=value` lines for `eval` in a shell.
+    Env,
+    /// For people.
+    Text,
+}
+
+/// The output format of `status` and `bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReportFormat {
+    /// For people.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
+/// What `join` prints about a round it completed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RoundView {
+    /// The run.
+    pub run_id: String,
+    /// The round.
+    pub version: u64,
+    /// This worker's rank.
+    pub rank: usize,
+    /// The round's size.
+    pub world_size: usize,
+    /// The members in rank order.
+    pub participants: Vec<Participant>,
+    /// Rank 0's address.
+    pub master_addr: String,
+    /// A free port on rank 0's machine.
+    pub master_port: u16,
+    /// How long `next_rendezvous` took.
+    pub elapsed: Duration,
+}
+
+impl RoundView {
+    /// The view of `round`, which took `elapsed` to form.
+    pub fn of(round: &Round, elapsed: Duration) -> RoundView {
+        RoundView {
+            run_id: round.run_id.clone(),
+            version: round.version,
+            rank: round.rank,
+            world_size: round.world_size,
+            participants: round.participants.clone(),
+            master_addr: round.bootstrap.master_addr.clone(),
+            master_port: round.bootstrap.master_port,
+            elapsed,
+        }
+    }
+
+    /// The round in `format`, ending with a newline.
+    pub fn render(&self, format: JoinFormat) -> String {
+        match format {
+            JoinFormat::Json => format!("{}\n", self.json()),
+            JoinFormat::Env => self.env(),
+            JoinFormat::Text => self.text(),
+        }
+    }
+
+    /// One line of JSON.
+    pub fn json(&self) -> String {
+        json!({
+            "run_id": self.run_id,
+            "version": self.version,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "participants": self.participants.iter().map(participant_json).collect::<Vec<_>>(),
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "elapsed_ms": self.elapsed.as_millis() as u64,
+        })
+        .to_string()
+    }
+
+    /// `NAME=value` lines, values quoted for a POSIX shell.
+    pub fn env(&self) -> String {
+        let nodes: Vec<&str> = self.participants.iter().map(|p| p.node.as_str()).collect();
+        env_lines(&[
+            ("RDZV_RUN_ID", self.run_id.clone()),
+            ("RDZV_VERSION", self.version.to_string()),
+            ("RANK", self.rank.to_string()),
+            ("WORLD_SIZE", self.world_size.to_string()),
+            ("MASTER_ADDR", self.master_addr.clone()),
+            ("MASTER_PORT", self.master_port.to_string()),
+            ("RDZV_PARTICIPANTS", nodes.join(",")),
+            ("RDZV_ELAPSED_MS", (self.elapsed.as_millis() as u64).to_string()),
+        ])
+    }
+
+    /// A heading line and the member table.
+    pub fn text(&self) -> String {
+        format!(
+            "run {} round {}: rank {} of {} (master {}:{}), formed in {}\n{}",
+            self.run_id,
+            self.version,
+            self.rank,
+            self.world_size,
+            self.master_addr,
+            self.master_port,
+            seconds(self.elapsed),
+            participant_table(&self.participants, None, Some(self.rank)),
+        )
+    }
+}
+
+/// A participant as JSON: `{"node", "addr", "pid"}`.
+pub fn participant_json(p: &Participant) -> serde_json::Value {
+    json!({ "node": p.node, "addr": p.addr, "pid": p.pid })
+}
+
+/// `NAME=value` lines, values quoted for a POSIX shell.
+pub fn env_lines(vars: &[(&str, String)]) -> String {
+    vars.iter().map(|(name, value)| format!("{name}={}\n", shell_quote(value))).collect()
+}
+
+/// `value` as one word for a POSIX shell: unchanged if it holds only safe characters, else
+/// in single quotes (a `'` inside becomes `'\''`).
+pub fn shell_quote(value: &str) -> String {
+    let safe = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ',' | ':' | '/' | '@' | '+'));
+    if safe { value.to_string() } else { format!("'{}'", value.replace('\'', r"'\''")) }
+}
+
+/// A table of members in rank order: rank, node, address, pid, and optionally whether
+/// each is alive; `me` marks this worker's row.
+pub fn participant_table(participants: &[Participant], alive: Option<&[bool]>, me: Option<usize>) -> String {
+    let mut header = vec!["rank", "node", "address", "pid"];
+    if alive.is_some() {
+        header.push("alive");
+    }
+    let rows: Vec<Vec<String>> = participants
+        .iter()
+        .enumerate()
+        .map(|(rank, p)| {
+            let mark = if me == Some(rank) { " *" } else { "" };
+            let mut row = vec![format!("{rank}{mark}"), p.node.clone(), p.addr.clone(), p.pid.to_string()];
+            if let Some(alive) = alive {
+                row.push(if alive.get(rank).copied().unwrap_or(false) { "yes" } else { "no" }.to_string());
+            }
+            row
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+/// Left-aligned columns, two spaces apart, indented by two; one line per row.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let text: Vec<String> = cells.zip(&widths).map(|(c, w)| format!("{c:<w$}", w = *w)).collect();
+        format!("  {}\n", text.join("  ").trim_end())
+    };
+    let mut out = line(&mut header.iter().copied());
+    for row in rows {
+        out.push_str(&line(&mut row.iter().map(String::as_str)));
+    }
+    out
+}
+
+/// A duration as seconds with two decimals (`2.10 s`), or milliseconds below one second.
+pub fn seconds(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.2} s", d.as_secs_f64())
+    }
+}
+
+/// Prints `text` on stdout and flushes, so that a reader of a pipe sees it at once.
+/// A closed stdout is not an error worth dying for: it is reported on stderr only via logs.
+pub fn print_flush(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        tracing::warn!("cannot write to stdout: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> RoundView {
+        RoundView {
+            run_id: "job".into(),
+            version: 3,
+            rank: 1,
+            world_size: 2,
+            participants: vec![
+                Participant { node: "a".into(), addr: "10.0.0.1".into(), pid: 11, port: None },
+                Participant { node: "b x".into(), addr: "10.0.0.2".into(), pid: 22, port: None },
+            ],
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+            elapsed: Duration::from_millis(1234),
+        }
+    }
+
+    #[test]
+    fn json_is_one_line_with_the_documented_fields() {
+        let line = view().render(JoinFormat::Json);
+        assert_eq!(line.matches('\n').count(), 1);
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+        for field in [
+            "run_id",
+            "version",
+            "rank",
+            "world_size",
+            "participants",
+            "master_addr",
+            "master_port",
+            "elapsed_ms",
+        ] {
+            assert!(v.get(field).is_some(), "missing {field}");
+        }
+        assert_eq!(v["rank"], 1);
+        assert_eq!(v["elapsed_ms"], 1234);
+        assert_eq!(v["participants"][1]["node"], "b x");
+    }
+
+    #[test]
+    fn env_is_eval_safe() {
+        let env = view().render(JoinFormat::Env);
+        assert!(env.contains("RANK=1\n"), "{env}");
+        assert!(env.contains("WORLD_SIZE=2\n"));
+        assert!(env.contains("MASTER_PORT=29500\n"));
+        assert!(env.contains("RDZV_PARTICIPANTS='a,b x'\n"), "{env}");
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(shell_quote("abc-1.2"), "abc-1.2");
+        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_quote("it's $HOME"), r"'it'\''s $HOME'");
+    }
+
+    #[test]
+    fn text_has_a_table() {
+        let text = view().render(JoinFormat::Text);
+        assert!(text.starts_with("run job round 3: rank 1 of 2"), "{text}");
+        assert!(text.contains("rank  node"), "{text}");
+        assert!(text.contains("1 *"), "{text}");
+        let with_alive = participant_table(&view().participants, Some(&[true, false]), None);
+        assert!(with_alive.contains("alive"));
+        assert!(with_alive.lines().nth(2).is_some_and(|l| l.ends_with("no")), "{with_alive}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(seconds(Duration::from_millis(250)), "250 ms");
+        assert_eq!(seconds(Duration::from_millis(2100)), "2.10 s");
+    }
+}
