@@ -468,10 +468,19 @@ async fn dropping_the_client_closes_its_connections_and_reaper() {
     };
     let before = clients(redis::cmd("INFO").arg("clients").query_async(&mut conn).await.unwrap());
     let kv = connect(server.config("drop")).await;
-    let events = within("watch", kv.watch(b"k", WatchScope::Key, 0)).await.unwrap();
+    let mut watches = Vec::new();
+    for i in 0..50 {
+        let key = format!("k{i}");
+        watches.push(within("watch", kv.watch(key.as_bytes(), WatchScope::Key, 0)).await.unwrap());
+    }
     let during = clients(redis::cmd("INFO").arg("clients").query_async(&mut conn).await.unwrap());
-    assert_eq!(during, before + 2, "one shared connection and one for the watch");
-    drop(events);
+    assert_eq!(during, before + 2, "one shared connection, and one feed for all 50 watches");
+    // Every watch still gets its own events.
+    for i in [0, 49] {
+        put(&*kv, format!("k{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+        assert_eq!(next(&mut watches[i]).await.unwrap().kv.key, format!("k{i}").into_bytes());
+    }
+    drop(watches);
     drop(kv);
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
