@@ -37,6 +37,7 @@ pub(crate) struct Shared {
     pub epoch: String,
     /// The log reader shared by this client's watches, while any runs.
     pub feed: crate::feed::FeedSlot,
+    pub feed_gate: crate::feed::FeedGate,
 }
 
 impl Shared {
@@ -54,6 +55,7 @@ impl Shared {
             script: Script::new(SOURCE),
             epoch: String::new(),
             feed: Default::default(),
+            feed_gate: Default::default(),
         };
         let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
         let epoch = reply.bytes()?;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rdzv_core::{Event, EventKind, KeyValue, KvError, KvResult, Revision};
 use redis::aio::MultiplexedConnection;
-use redis::streams::{StreamId, StreamReadReply};
+use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 use redis::{Client, Value};
 
 use crate::client::Shared;
@@ -47,8 +47,65 @@ pub(crate) enum FeedItem {
     Failed(Arc<KvError>),
 }
 
+/// Recent entries the feed keeps for watches that start now: a watch from a revision the
+/// feed has already passed replays them from memory instead of reading the log again
+/// (a thousand workers watching from "my write + 1" would otherwise each re-read the
+/// others' writes). Bounded in entries and in value bytes.
+const RECENT_ENTRIES: usize = 4096;
+const RECENT_BYTES: usize = 32 << 20;
+
+/// Entries a starting feed reads back from the log.
+const PREFILL: usize = 1024;
+
+/// A running feed: its broadcast, and its recent entries.
+pub(crate) struct FeedState {
+    tx: tokio::sync::broadcast::Sender<FeedItem>,
+    recent: std::collections::VecDeque<Arc<Entry>>,
+    recent_bytes: usize,
+    /// Every entry after this one is in `recent` or not broadcast yet.
+    floor: EntryId,
+}
+
 /// The client's feed, if running (the task clears it, under the lock, when it ends).
-pub(crate) type FeedSlot = Arc<Mutex<Option<tokio::sync::broadcast::Sender<FeedItem>>>>;
+pub(crate) type FeedSlot = Arc<Mutex<Option<FeedState>>>;
+
+/// Lets one watch at a time start the feed, so that a thousand watches opened together make
+/// one connection, not a thousand.
+pub(crate) type FeedGate = tokio::sync::Mutex<()>;
+
+/// A watch's start on the feed: its subscription, and the recent entries after its cursor
+/// (`None`: the feed does not reach back that far; read the log).
+pub(crate) struct Joined {
+    pub rx: tokio::sync::broadcast::Receiver<FeedItem>,
+    pub replay: Option<Vec<Arc<Entry>>>,
+}
+
+impl FeedState {
+    fn join(&self, cursor: EntryId) -> Joined {
+        // Under the slot's lock, so nothing is pushed between the snapshot and the
+        // subscription.
+        let rx = self.tx.subscribe();
+        let replay =
+            (cursor >= self.floor).then(|| self.recent.iter().filter(|e| e.id > cursor).cloned().collect());
+        Joined { rx, replay }
+    }
+
+    fn push(&mut self, entry: Arc<Entry>) {
+        self.recent_bytes += entry.event.kv.value.len();
+        self.recent.push_back(entry.clone());
+        while self.recent.len() > RECENT_ENTRIES || self.recent_bytes > RECENT_BYTES {
+            match self.recent.pop_front() {
+                Some(old) => {
+                    self.recent_bytes -= old.event.kv.value.len();
+                    self.floor = old.id;
+                }
+                None => break,
+            }
+        }
+        // No receiver is fine: the feed ends at its next check.
+        let _ = self.tx.send(FeedItem::Entry(entry));
+    }
+}
 
 /// Reading and parsing the log: shared by the feed and the watches' catch-up reads.
 #[derive(Clone)]
@@ -198,45 +255,70 @@ impl Log {
     }
 }
 
-/// Subscribes to the client's feed, starting it if it is not running.
+/// Joins the client's feed at `cursor`, starting the feed if it is not running.
 pub(crate) async fn subscribe(
     slot: &FeedSlot,
+    gate: &FeedGate,
     log: &Log,
-) -> KvResult<tokio::sync::broadcast::Receiver<FeedItem>> {
-    if let Some(rx) = lock(slot).as_ref().map(|tx| tx.subscribe()) {
-        return Ok(rx);
+    cursor: EntryId,
+) -> KvResult<Joined> {
+    if let Some(joined) = lock(slot).as_ref().map(|f| f.join(cursor)) {
+        return Ok(joined);
     }
-    // Connect before taking the slot: a failure leaves no half-started feed behind.
+    let _starting = gate.lock().await;
+    if let Some(joined) = lock(slot).as_ref().map(|f| f.join(cursor)) {
+        return Ok(joined);
+    }
+    // Connect before filling the slot: a failure leaves no half-started feed behind.
     let mut conn = log.connect().await?;
-    let start = log.int_at(&mut conn, &log.rev_key).await?.unwrap_or(0);
-    let mut guard = lock(slot);
-    if let Some(tx) = guard.as_ref() {
-        return Ok(tx.subscribe());
+    // Start with the log's latest entries, so that watches from a recent revision (the
+    // usual "my write + 1") replay from memory.
+    let latest: StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(&log.log_key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(PREFILL)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| log.err(e, "watch: reading the event log"))?;
+    let mut recent = Vec::with_capacity(latest.ids.len());
+    for id in latest.ids.into_iter().rev() {
+        recent.push(Arc::new(log.entry(id)?));
     }
-    let (tx, rx) = tokio::sync::broadcast::channel(CAPACITY);
-    *guard = Some(tx.clone());
-    drop(guard);
-    tokio::spawn(run(log.clone(), slot.clone(), tx, conn, (start, u64::MAX)));
-    Ok(rx)
+    let (tx, _) = tokio::sync::broadcast::channel(CAPACITY);
+    let (floor, start) = match (recent.first(), recent.last()) {
+        (Some(first), Some(last)) => {
+            let floor =
+                if first.id.1 == 0 { (first.id.0 - 1, u64::MAX) } else { (first.id.0, first.id.1 - 1) };
+            (floor, last.id)
+        }
+        _ => {
+            let rev = (log.int_at(&mut conn, &log.rev_key).await?.unwrap_or(0), u64::MAX);
+            (rev, rev)
+        }
+    };
+    let mut state = FeedState { tx, recent: Default::default(), recent_bytes: 0, floor };
+    for entry in recent {
+        state.push(entry);
+    }
+    let joined = state.join(cursor);
+    *lock(slot) = Some(state);
+    tokio::spawn(run(log.clone(), slot.clone(), conn, start));
+    Ok(joined)
 }
 
-fn lock(slot: &FeedSlot) -> std::sync::MutexGuard<'_, Option<tokio::sync::broadcast::Sender<FeedItem>>> {
-    // A panic elsewhere while holding this lock cannot leave the Option inconsistent.
+fn lock(slot: &FeedSlot) -> std::sync::MutexGuard<'_, Option<FeedState>> {
+    // A panic elsewhere while holding this lock cannot leave the state inconsistent.
     slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The feed task: tails the log from `cursor` until nobody listens or it fails.
-async fn run(
-    log: Log,
-    slot: FeedSlot,
-    tx: tokio::sync::broadcast::Sender<FeedItem>,
-    mut conn: MultiplexedConnection,
-    mut cursor: EntryId,
-) {
+async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut cursor: EntryId) {
     let failure = loop {
         {
             let mut guard = lock(&slot);
-            if tx.receiver_count() == 0 {
+            if guard.as_ref().is_none_or(|f| f.tx.receiver_count() == 0) {
                 *guard = None;
                 return;
             }
@@ -254,18 +336,23 @@ async fn run(
             .await;
         match reply.map_err(|e| log.err(e, "watch: reading the event log")) {
             Ok(Some(reply)) => {
+                let mut entries = Vec::new();
                 let mut bad = None;
                 for id in reply.keys.into_iter().flat_map(|k| k.ids) {
                     match log.entry(id) {
-                        Ok(entry) => {
-                            cursor = entry.id;
-                            // No receiver is fine: the check above ends the task.
-                            let _ = tx.send(FeedItem::Entry(Arc::new(entry)));
-                        }
+                        Ok(entry) => entries.push(Arc::new(entry)),
                         Err(e) => {
                             bad = Some(e);
                             break;
                         }
+                    }
+                }
+                if let Some(last) = entries.last() {
+                    cursor = last.id;
+                }
+                if let Some(feed) = lock(&slot).as_mut() {
+                    for entry in entries {
+                        feed.push(entry);
                     }
                 }
                 if let Some(e) = bad {
@@ -284,9 +371,10 @@ async fn run(
             Err(e) => break e,
         }
     };
-    // Clear the slot first, so a new watch starts a fresh feed instead of joining this one.
-    *lock(&slot) = None;
-    let _ = tx.send(FeedItem::Failed(Arc::new(failure)));
+    // Empty the slot first, so a new watch starts a fresh feed instead of joining this one.
+    if let Some(feed) = lock(&slot).take() {
+        let _ = feed.tx.send(FeedItem::Failed(Arc::new(failure)));
+    }
 }
 
 /// A copy of a feed failure for one watch (errors are not `Clone`; the source is dropped,

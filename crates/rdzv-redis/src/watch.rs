@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::client::Shared;
 use crate::error::NAME;
-use crate::feed::{BATCH, EntryId, FeedItem, Log, copy_error};
+use crate::feed::{BATCH, EntryId, FeedItem, Joined, Log, copy_error};
 
 /// Events buffered between a watch's task and its consumer.
 const BUFFER: usize = 256;
@@ -42,22 +42,23 @@ pub(crate) async fn start(
     start_revision: Revision,
 ) -> KvResult<WatchStream> {
     let log = Log::new(shared);
-    // Subscribe before reading history, so no entry falls between the two.
-    let feed = crate::feed::subscribe(&shared.feed, &log).await?;
-    let mut conn = shared.conn.clone();
-    let oldest = bounded(&log, log.oldest(&mut conn)).await?;
     // As etcd: 0 means "from the first revision", which may itself be compacted.
     let first = start_revision.max(1);
+    let cursor = (first - 1, u64::MAX);
+    // Join the feed before reading history, so no entry falls between the two.
+    let joined = crate::feed::subscribe(&shared.feed, &shared.feed_gate, &log, cursor).await?;
+    let mut conn = shared.conn.clone();
+    let oldest = bounded(&log, log.oldest(&mut conn)).await?;
     if first < oldest {
         return Err(KvError::Compacted { requested: first, oldest });
     }
     let (tx, rx) = mpsc::channel(BUFFER);
-    let mut watch = Watch { shared: shared.clone(), log, key, scope, cursor: (first - 1, u64::MAX), tx };
+    let mut watch = Watch { shared: shared.clone(), log, key, scope, cursor, tx };
     tokio::spawn(async move {
         let tx = watch.tx.clone();
         tokio::select! {
             _ = tx.closed() => {}
-            result = watch.run(feed) => {
+            result = watch.run(joined) => {
                 if let Err(e) = result {
                     let _ = tx.send(Err(e)).await;
                 }
@@ -76,8 +77,20 @@ async fn bounded<T>(log: &Log, f: impl std::future::Future<Output = KvResult<T>>
 
 impl Watch {
     /// Catches up, then follows the feed; returns only on an error (or a gone consumer).
-    async fn run(&mut self, mut feed: tokio::sync::broadcast::Receiver<FeedItem>) -> KvResult<()> {
-        self.catch_up().await?;
+    async fn run(&mut self, joined: Joined) -> KvResult<()> {
+        let mut feed = joined.rx;
+        match joined.replay {
+            // The feed still has everything after the cursor: no need to read the log.
+            Some(recent) => {
+                for entry in recent {
+                    if !follows(self.cursor, entry.id) {
+                        return Err(self.gap(entry.id).await);
+                    }
+                    self.deliver(entry.id, &entry.event).await?;
+                }
+            }
+            None => self.catch_up().await?,
+        }
         loop {
             match feed.recv().await {
                 Ok(FeedItem::Entry(entry)) => {

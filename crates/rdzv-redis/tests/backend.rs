@@ -507,3 +507,33 @@ async fn parsed_urls_reach_the_server_plain_and_tls() {
     // Same server, database and namespace over TLS: the same data.
     assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().mod_revision, rev);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_workers_watch_from_their_own_writes_through_one_feed() {
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..1024 {
+        let kv = kv.clone();
+        tasks.push(tokio::spawn(async move {
+            let revision = put(&*kv, format!("/j/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+            // From "my write + 1": replayed from the feed's memory, not re-read per worker.
+            kv.watch(b"/state", WatchScope::Key, revision + 1).await.expect("watch")
+        }));
+    }
+    let mut watches = Vec::new();
+    for t in tasks {
+        watches.push(within("a worker writing and watching", t).await.unwrap());
+    }
+    let joined = started.elapsed();
+    let rev = put(&*kv, b"/state", b"go", PutOptions::OVERWRITE).await;
+    for events in watches.iter_mut() {
+        assert_eq!(next(events).await.unwrap().revision(), rev);
+    }
+    eprintln!(
+        "1024 workers wrote and watched in {joined:?}; all saw the event after {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() < WAIT);
+}
