@@ -1,0 +1,103 @@
+//! The `rdzv` binary without any server: the demo, usage and configuration errors, help.
+
+#![allow(clippy::unwrap_used)]
+
+mod cli_support;
+
+use cli_support::run_once;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_and_prints_two_rounds() {
+    let started = std::time::Instant::now();
+    let (code, out, err) = run_once(&["demo"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("round 1: 8 workers"), "{out}");
+    assert!(out.contains("crashes"), "{out}");
+    assert!(out.contains("survivors were told after"), "{out}");
+    let second = out.lines().find(|l| l.starts_with("round ") && !l.starts_with("round 1:"));
+    assert!(second.is_some_and(|l| l.contains("8 workers")), "{out}");
+    assert!(out.contains("node8"), "the newcomer is in the second round: {out}");
+    assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_with_fewer_workers() {
+    let (code, out, err) = run_once(&["demo", "--workers", "3"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("round 1: 3 workers"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_exit_2_with_one_sentence() {
+    for url in [
+        "etcd://localhost:99999/job?min_workers=2",
+        "etcd://localhost:2379/job",
+        "nosuch://h/job?min_workers=1",
+        "etcd://localhost:2379/job?min_workers=2&bogus=1",
+        "not a url",
+    ] {
+        let (code, out, err) = run_once(&["join", url]).await;
+        assert_eq!(code, 2, "{url}: {err}");
+        assert!(out.is_empty(), "{url}: {out}");
+        assert_eq!(err.lines().count(), 1, "{url}: {err}");
+        assert!(err.starts_with("rdzv: "), "{url}: {err}");
+    }
+    let (code, _, err) = run_once(&["join", "etcd://user:hunter2@localhost:99999/job?min_workers=1"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_errors_exit_2() {
+    for args in [
+        &["join"][..],
+        &["nosuch"],
+        &["join", "mem://a/b?min_workers=1", "--format", "xml"],
+        &["run", "mem://a/b?min_workers=1"],
+    ] {
+        let (code, _, err) = run_once(args).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_documents_every_command() {
+    let (code, out, _) = run_once(&["--help"]).await;
+    assert_eq!(code, 0);
+    for cmd in ["join", "run", "status", "close", "bench", "demo", "Exit codes"] {
+        assert!(out.contains(cmd), "{cmd} missing from:\n{out}");
+    }
+    for cmd in ["join", "run", "status", "close", "bench", "demo"] {
+        let (code, out, _) = run_once(&[cmd, "--help"]).await;
+        assert_eq!(code, 0);
+        assert!(out.contains("Example"), "{cmd} --help has no example:\n{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdzv_url_supplies_the_url() {
+    let out = tokio::process::Command::new(cli_support::RDZV)
+        .args(["join", "--hold", "0s", "--format", "env"])
+        .env("RDZV_URL", "mem://env/job?min_workers=1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("RANK=0\n") && stdout.contains("WORLD_SIZE=1\n"), "{stdout}");
+    assert!(stdout.contains("RDZV_RUN_ID=job\n"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_on_mem_prints_json() {
+    let (code, out, err) =
+        run_once(&["bench", "mem://bench/b", "--workers", "8", "--rounds", "3", "--format", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["workers"], 8);
+    assert_eq!(v["rounds"], 3);
+    assert!(v["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(v["writes_per_worker_round"].as_f64().unwrap() > 0.0);
+    assert!(v["peak_memory_kib"].as_u64().unwrap() > 0);
+}
