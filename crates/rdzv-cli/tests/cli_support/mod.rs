@@ -24,6 +24,7 @@ pub struct Proc {
     stdin: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
     stderr: Arc<Mutex<String>>,
+    stderr_done: Option<tokio::task::JoinHandle<()>>,
     /// Other process groups to kill on drop (e.g. the commands of a SIGKILLed `rdzv run`).
     also_kill: Vec<u32>,
 }
@@ -56,7 +57,7 @@ impl Proc {
         });
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
-        tokio::spawn(async move {
+        let stderr_done = tokio::spawn(async move {
             let mut err = BufReader::new(stderr_pipe).lines();
             while let Ok(Some(line)) = err.next_line().await {
                 let mut s = sink.lock().unwrap();
@@ -64,7 +65,15 @@ impl Proc {
                 s.push('\n');
             }
         });
-        Proc { name: name.to_string(), child, stdin, lines, stderr, also_kill: Vec::new() }
+        Proc {
+            name: name.to_string(),
+            child,
+            stdin,
+            lines,
+            stderr,
+            stderr_done: Some(stderr_done),
+            also_kill: Vec::new(),
+        }
     }
 
     /// What it wrote on stderr so far.
@@ -99,7 +108,13 @@ impl Proc {
     /// Waits for it to exit; fails the test if it does not within `within`.
     pub async fn exit_code(&mut self, within: Duration) -> i32 {
         match tokio::time::timeout(within, self.child.wait()).await {
-            Ok(status) => status.expect("wait").code().unwrap_or(-1),
+            Ok(status) => {
+                // Let the reader catch the last stderr lines.
+                if let Some(reader) = self.stderr_done.take() {
+                    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+                }
+                status.expect("wait").code().unwrap_or(-1)
+            }
             Err(_) => panic!("{}: did not exit within {within:?}; stderr:\n{}", self.name, self.stderr()),
         }
     }
