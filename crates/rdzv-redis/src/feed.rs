@@ -54,7 +54,8 @@ pub(crate) enum FeedItem {
 const RECENT_ENTRIES: usize = 4096;
 const RECENT_BYTES: usize = 32 << 20;
 
-/// Entries a starting feed reads back from the log.
+/// Entries a starting feed reads back from the log (one read; with very large values this
+/// is the feed's largest allocation, trimmed to `RECENT_BYTES` right after).
 const PREFILL: usize = 1024;
 
 /// A running feed: its broadcast, and its recent entries.
@@ -85,8 +86,10 @@ impl FeedState {
         // Under the slot's lock, so nothing is pushed between the snapshot and the
         // subscription.
         let rx = self.tx.subscribe();
-        let replay =
-            (cursor >= self.floor).then(|| self.recent.iter().filter(|e| e.id > cursor).cloned().collect());
+        let replay = (cursor >= self.floor).then(|| {
+            let after = self.recent.partition_point(|e| e.id <= cursor);
+            self.recent.range(after..).cloned().collect()
+        });
         Joined { rx, replay }
     }
 
