@@ -76,9 +76,11 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()>;
 
     /// Streams the events of `key` (or of every key under it, with
-    /// [`WatchScope::Prefix`]) from `start_revision` inclusive (0 or 1: all retained
-    /// history). Events of one write arrive together; a broken connection is resumed from
-    /// the last delivered revision + 1, or ends the stream with an error.
+    /// [`WatchScope::Prefix`]) from `start_revision` inclusive (0 counts as 1: from the
+    /// beginning). If that revision was compacted away, the watch fails (from this call or
+    /// as the stream's first item) with [`KvError::Compacted`]. Events of one write arrive
+    /// together; a broken connection is resumed from the last delivered revision + 1, or
+    /// ends the stream with an error.
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream>;
 
     /// Discards history before `revision`, so that a watch from an older revision fails
