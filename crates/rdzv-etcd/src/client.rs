@@ -112,7 +112,9 @@ impl Shared {
 
     /// The clients of member `index`, connecting them on first use.
     async fn member(&self, index: usize) -> Result<&Clients, etcd_client::Error> {
-        let member = &self.members[index];
+        let Some(member) = self.members.get(index) else {
+            return Err(etcd_client::Error::InvalidArgs("no etcd endpoint given".to_string()));
+        };
         member
             .clients
             .get_or_try_init(|| async {

@@ -12,6 +12,9 @@
 //! - **Ranges** are `[prefix, prefix+1)`; counts, limits, key-only reads and ordering by
 //!   creation are etcd's own. etcd counts *before* applying `max_create_revision`, so with
 //!   that filter the count is taken from the filtered keys (key names only, no values).
+//!   Such a filtered count costs etcd a read of every key in the range (any filter or sort
+//!   makes it fetch the whole range): about 3.5 ms for 1,024 keys on a 2-core machine,
+//!   where a plain count only walks its index.
 //! - **Leases** have whole-second TTLs, rounded up, and etcd grants at least 2 s (with its
 //!   default timing: 1.5 × the election timeout) — see [`MIN_LEASE_TTL`]. A keep-alive is
 //!   one request/response round; expiry is decided by the server.
