@@ -36,6 +36,17 @@ async fn credentials_work_and_never_show() {
     assert_hidden("Debug of the backend", &format!("{kv:?}"));
     let direct = server.try_kv().await.unwrap();
     assert_eq!(direct.get(b"k").await.unwrap().kv.unwrap().value, b"v");
+    // Watches and leases carry the token too.
+    let mut events = direct.watch(b"k", rdzv_core::WatchScope::Key, 1).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut events))
+        .await
+        .expect("an event")
+        .expect("not ended")
+        .expect("not an error");
+    assert_eq!(event.kv.value, b"v");
+    let lease = direct.lease_grant(Duration::from_secs(5)).await.unwrap();
+    direct.lease_keep_alive(lease).await.unwrap();
+    direct.lease_revoke(lease).await.unwrap();
     assert_hidden("Debug of the options", &format!("{:?}", server.options()));
     let parsed = RendezvousUrl::parse(&url).unwrap();
     assert_hidden("Debug of the URL", &format!("{parsed:?}"));
@@ -79,4 +90,21 @@ fn debug_never_shows_the_password() {
         .with_user("root", Secret::new(PASSWORD));
     assert_hidden("Debug of the options", &format!("{options:?}"));
     let _: Option<Arc<dyn Kv>> = None;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_token_is_renewed() {
+    let server = EtcdServer::builder().auth(PASSWORD).arg("--auth-token-ttl=1").start().await.unwrap();
+    let kv = server.try_kv().await.unwrap();
+    kv.put(b"k", b"1", PutOptions::OVERWRITE).await.unwrap();
+    // A client that does not renew its token, to show that it does expire.
+    let options = etcd_client::ConnectOptions::new().with_user("root", PASSWORD);
+    let mut plain = etcd_client::Client::connect([server.client_url()], Some(options)).await.unwrap();
+    plain.get("k", None).await.unwrap();
+    // etcd drops simple tokens after their TTL (checked every few seconds).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let expired = plain.get("k", None).await.expect_err("the token expired");
+    assert!(expired.to_string().contains("token"), "{expired}");
+    kv.put(b"k", b"2", PutOptions::OVERWRITE).await.expect("the client re-authenticates");
+    assert_eq!(kv.get(b"k").await.unwrap().kv.unwrap().value, b"2");
 }

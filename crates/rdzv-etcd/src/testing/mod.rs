@@ -28,7 +28,7 @@ mod shared;
 
 pub use certs::TlsMaterial;
 pub use metrics::{PROPOSALS_COMMITTED, metric_value};
-pub use server::EtcdServer;
+pub use server::{EtcdServer, EtcdServerBuilder};
 pub use shared::{fresh_namespace, shared};
 
 /// Why the harness could not provide a server.

@@ -53,6 +53,7 @@ pub struct EtcdServer {
     tls: Option<TlsMaterial>,
     auth: Option<(String, Secret)>,
     process: Option<Process>,
+    extra_args: Vec<String>,
 }
 
 impl std::fmt::Debug for EtcdServer {
@@ -66,6 +67,50 @@ impl std::fmt::Debug for EtcdServer {
     }
 }
 
+/// Options of a server to start: see [`EtcdServer::builder`].
+#[derive(Default)]
+pub struct EtcdServerBuilder {
+    tls: bool,
+    auth: Option<Secret>,
+    args: Vec<String>,
+}
+
+impl std::fmt::Debug for EtcdServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdServerBuilder")
+            .field("tls", &self.tls)
+            .field("auth", &self.auth.is_some())
+            .field("args", &self.args)
+            .finish()
+    }
+}
+
+impl EtcdServerBuilder {
+    /// Serve TLS and require a client certificate (see [`EtcdServer::start_tls`]).
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// Enable authentication with user `root` and `password` (see
+    /// [`EtcdServer::start_with_auth`]).
+    pub fn auth(mut self, password: &str) -> Self {
+        self.auth = Some(Secret::new(password));
+        self
+    }
+
+    /// Pass one more flag to etcd (e.g. `--auth-token-ttl=1`).
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Starts the server and waits until it answers.
+    pub async fn start(self) -> Result<EtcdServer, HarnessError> {
+        EtcdServer::launch(self.tls, self.auth.map(|p| ("root".to_string(), p)), self.args).await
+    }
+}
+
 struct Process {
     child: Child,
     stdin: Option<ChildStdin>,
@@ -74,23 +119,32 @@ struct Process {
 impl EtcdServer {
     /// Starts a plain-text server and waits until it answers.
     pub async fn start() -> Result<EtcdServer, HarnessError> {
-        EtcdServer::launch(false, None).await
+        EtcdServer::builder().start().await
     }
 
     /// Starts a TLS server that requires a client certificate (`--client-cert-auth`), with
     /// a CA, server and client certificates generated now ([`EtcdServer::tls`]).
     pub async fn start_tls() -> Result<EtcdServer, HarnessError> {
-        EtcdServer::launch(true, None).await
+        EtcdServer::builder().tls().start().await
     }
 
     /// Starts a plain-text server with authentication enabled: user `root` with
     /// `password` (role `root`). [`EtcdServer::options`] and [`EtcdServer::url`] carry the
     /// credentials.
     pub async fn start_with_auth(password: &str) -> Result<EtcdServer, HarnessError> {
-        EtcdServer::launch(false, Some(("root".to_string(), Secret::new(password)))).await
+        EtcdServer::builder().auth(password).start().await
     }
 
-    async fn launch(tls: bool, auth: Option<(String, Secret)>) -> Result<EtcdServer, HarnessError> {
+    /// A builder for servers with several of TLS, auth and extra etcd flags.
+    pub fn builder() -> EtcdServerBuilder {
+        EtcdServerBuilder::default()
+    }
+
+    async fn launch(
+        tls: bool,
+        auth: Option<(String, Secret)>,
+        extra_args: Vec<String>,
+    ) -> Result<EtcdServer, HarnessError> {
         let binary = find_binary()?;
         let mut builder = tempfile::Builder::new();
         builder.prefix("rdzv-etcd-test-");
@@ -112,6 +166,7 @@ impl EtcdServer {
             tls,
             auth: None,
             process: None,
+            extra_args,
         };
         let mut attempts = 0;
         // A free port can be taken between choosing and binding it; choose again then.
@@ -290,6 +345,7 @@ impl EtcdServer {
             .args(["--initial-cluster-state", "new"])
             .args(["--listen-metrics-urls", &metrics])
             .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
+            .args(&self.extra_args)
             .env("RDZV_ETCD_CLEANUP", self.dir.path())
             .env("ETCD_UNSUPPORTED_ARCH", std::env::consts::ARCH)
             .stdin(Stdio::piped())
