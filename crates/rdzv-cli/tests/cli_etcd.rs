@@ -76,3 +76,9 @@ async fn run_failure_is_seen_by_the_others() {
     let url = url_fn().await;
     bounded(s::run_failure_is_seen(&url)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_admits_a_waiting_worker() {
+    let url = url_fn().await;
+    bounded(s::run_admits_a_waiter(&url)).await;
+}

@@ -118,7 +118,7 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
         let mut child = match spawn(&args.command, worker, &round, restarts) {
             Ok(child) => child,
             Err(e) => {
-                // Like a shell: a command that cannot be started "exits" with 127.
+                // Nothing ran, so there is nothing to restart: the job cannot work here.
                 let message = format!("cannot start `{}`: {e}", args.command[0]);
                 publish_failure(&round, &message).await;
                 let _ = worker.set_closed().await;

@@ -518,3 +518,49 @@ pub fn field(line: &str, name: &str) -> String {
         .unwrap_or_else(|| panic!("no {name} in {line}"))
         .to_string()
 }
+
+/// `rdzv run` admits a late worker: two agents run in a round of 2; a third arrives and
+/// waits; within a monitor interval they stop their commands and re-form a round of 3
+/// (not counted as a restart), which then succeeds.
+pub async fn run_admits_a_waiter(url: UrlFn<'_>) {
+    let run = run_id("admit");
+    let agent_url =
+        url(&run, "min_workers=2&max_workers=3&last_call_timeout=1s&keep_alive_ttl=2s&timeout=25s");
+    let script = r#"echo "ENV RANK=$RANK WORLD_SIZE=$WORLD_SIZE RESTART=$RDZV_RESTART_COUNT PID=$$"
+if [ "$WORLD_SIZE" = 3 ]; then exec sleep 1; else exec sleep 60; fi"#;
+    let spawn = |i: usize| {
+        let node = format!("b{i}");
+        Proc::spawn(
+            &node,
+            &[
+                "run",
+                &agent_url,
+                "--node-id",
+                &node,
+                "--monitor-interval",
+                "500ms",
+                "--grace-period",
+                "2s",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        )
+    };
+    let mut agents: Vec<Proc> = (0..2).map(spawn).collect();
+    for a in &mut agents {
+        let line = a.line(T).await;
+        a.also_kill(field(&line, "PID").parse().expect("pid"));
+        assert_eq!(field(&line, "WORLD_SIZE"), "2", "{line}");
+    }
+    agents.push(spawn(2));
+    for a in &mut agents {
+        let line = a.line(T).await;
+        assert_eq!(field(&line, "WORLD_SIZE"), "3", "{line}");
+        assert_eq!(field(&line, "RESTART"), "0", "admitting a waiter is not a restart: {line}");
+    }
+    for a in &mut agents {
+        assert_eq!(a.exit_code(T).await, 0, "{}", a.stderr());
+    }
+}
