@@ -277,6 +277,10 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
         .with_connect_timeout(options.connect_timeout)
         .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
         .with_keep_alive_while_idle(false)
+        // A member cut off from its cluster refuses requests and ends watches ("no leader")
+        // instead of serving stale reads or a watch that never delivers; both then move on
+        // to another member.
+        .with_require_leader(true)
         .with_tcp_keepalive(KEEP_ALIVE_INTERVAL);
     if let Some(user) = &options.username {
         let password = options.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default();

@@ -93,7 +93,9 @@
 //! described above; leases survive an outage shorter than their TTL (etcd extends them
 //! when it restarts), and refreshing them works again once the server answers. HTTP/2
 //! keep-alive pings (every 10 s on connections with open streams) notice a connection that
-//! died without a word.
+//! died without a word. Requests require a leader: a member cut off from its cluster
+//! answers "no leader" (`Unavailable`) and ends its watches instead of serving stale data,
+//! and the client moves on to another member.
 //!
 //! ## Errors
 //! Unreachable, refused, reset or TLS-failed connections and etcd's "no leader" / "request
