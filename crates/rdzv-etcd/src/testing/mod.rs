@@ -22,11 +22,13 @@
 //! silently without a server.
 
 mod certs;
+mod cluster;
 mod metrics;
 mod server;
 mod shared;
 
 pub use certs::TlsMaterial;
+pub use cluster::EtcdCluster;
 pub use metrics::{PROPOSALS_COMMITTED, metric_value};
 pub use server::{EtcdServer, EtcdServerBuilder};
 pub use shared::{fresh_namespace, shared};

@@ -54,6 +54,9 @@ pub struct EtcdServer {
     auth: Option<(String, Secret)>,
     process: Option<Process>,
     extra_args: Vec<String>,
+    /// The member name, and the cluster it belongs to (`name=peer-url,…`).
+    pub(crate) name: String,
+    pub(crate) initial_cluster: Option<String>,
 }
 
 impl std::fmt::Debug for EtcdServer {
@@ -146,16 +149,7 @@ impl EtcdServer {
         extra_args: Vec<String>,
     ) -> Result<EtcdServer, HarnessError> {
         let binary = find_binary()?;
-        let mut builder = tempfile::Builder::new();
-        builder.prefix("rdzv-etcd-test-");
-        // etcd fsyncs every commit; on tmpfs that costs nothing, which keeps tests quick.
-        let shm = Path::new("/dev/shm");
-        let dir = if shm.is_dir() {
-            builder.tempdir_in(shm).or_else(|_| builder.tempdir())
-        } else {
-            builder.tempdir()
-        }
-        .map_err(|e| HarnessError::new(format!("cannot create a temporary directory: {e}")))?;
+        let dir = temp_dir()?;
         let tls = if tls { Some(TlsMaterial::generate(dir.path())?) } else { None };
         let mut server = EtcdServer {
             binary,
@@ -167,6 +161,8 @@ impl EtcdServer {
             auth: None,
             process: None,
             extra_args,
+            name: "rdzv-test".to_string(),
+            initial_cluster: None,
         };
         let mut attempts = 0;
         // A free port can be taken between choosing and binding it; choose again then.
@@ -317,7 +313,7 @@ impl EtcdServer {
         self.dir.path().join("etcd.log")
     }
 
-    fn spawn(&mut self) -> Result<(), HarnessError> {
+    pub(crate) fn spawn(&mut self) -> Result<(), HarnessError> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
@@ -334,14 +330,17 @@ impl EtcdServer {
             .arg("-c")
             .arg(WATCHDOG)
             .arg(&self.binary)
-            .args(["--name", "rdzv-test"])
+            .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(self.data_dir())
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("rdzv-test={peer}")])
+            .args([
+                "--initial-cluster",
+                &self.initial_cluster.clone().unwrap_or_else(|| format!("{}={peer}", self.name)),
+            ])
             .args(["--initial-cluster-state", "new"])
             .args(["--listen-metrics-urls", &metrics])
             .args(["--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"])
@@ -371,6 +370,11 @@ impl EtcdServer {
 
     async fn spawn_and_wait(&mut self) -> Result<(), HarnessError> {
         self.spawn()?;
+        self.wait_ready().await
+    }
+
+    /// Waits until the spawned process answers a status request.
+    pub(crate) async fn wait_ready(&mut self) -> Result<(), HarnessError> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             let exited = self.process.as_mut().and_then(|process| process.child.try_wait().ok().flatten());
@@ -470,6 +474,41 @@ fn end_process(mut process: Process, how: &str) -> Result<(), HarnessError> {
     }
 }
 
+/// A fresh directory for a server's data, log and certificates.
+fn temp_dir() -> Result<TempDir, HarnessError> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("rdzv-etcd-test-");
+    // etcd fsyncs every commit; on tmpfs that costs nothing, which keeps tests quick.
+    let shm = Path::new("/dev/shm");
+    let dir =
+        if shm.is_dir() { builder.tempdir_in(shm).or_else(|_| builder.tempdir()) } else { builder.tempdir() };
+    dir.map_err(|e| HarnessError::new(format!("cannot create a temporary directory: {e}")))
+}
+
+impl EtcdServer {
+    /// A not yet started member `name` of a plain-text cluster, on the given ports.
+    pub(crate) fn member(name: String, ports: [u16; 3]) -> Result<EtcdServer, HarnessError> {
+        Ok(EtcdServer {
+            binary: find_binary()?,
+            client_port: ports[0],
+            peer_port: ports[1],
+            metrics_port: ports[2],
+            dir: temp_dir()?,
+            tls: None,
+            auth: None,
+            process: None,
+            extra_args: Vec::new(),
+            name,
+            initial_cluster: None,
+        })
+    }
+
+    /// The peer URL.
+    pub(crate) fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+}
+
 /// The etcd binary: `$ETCD_BIN`, else `etcd` on `PATH`.
 fn find_binary() -> Result<PathBuf, HarnessError> {
     locate_binary(std::env::var_os("ETCD_BIN"), std::env::var_os("PATH"))
@@ -505,17 +544,22 @@ fn is_executable(path: &Path) -> bool {
     path.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
-/// Three distinct free loopback ports (held open together so that they differ).
+/// Three distinct free loopback ports.
 fn free_ports() -> Result<[u16; 3], HarnessError> {
-    let bind = || {
-        TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| Ok((l.local_addr()?.port(), l)))
-            .map_err(|e| HarnessError::new(format!("cannot find a free loopback port: {e}")))
-    };
-    let (a, _la) = bind()?;
-    let (b, _lb) = bind()?;
-    let (c, _lc) = bind()?;
-    Ok([a, b, c])
+    let ports = free_port_list(3)?;
+    Ok([ports[0], ports[1], ports[2]])
+}
+
+/// `n` distinct free loopback ports (held open together so that they differ).
+pub(crate) fn free_port_list(n: usize) -> Result<Vec<u16>, HarnessError> {
+    let listeners = (0..n)
+        .map(|_| {
+            TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| Ok((l.local_addr()?.port(), l)))
+                .map_err(|e| HarnessError::new(format!("cannot find a free loopback port: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(listeners.into_iter().map(|(port, _)| port).collect())
 }
 
 /// Percent-encodes everything but unreserved characters and `/` (for file paths in a query).

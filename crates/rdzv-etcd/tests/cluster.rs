@@ -1,0 +1,65 @@
+//! A real three-member cluster: requests and a watch carry on, without gap or duplicate,
+//! while members are killed and restarted one at a time (so that, whichever member this
+//! process prefers, it is killed once).
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdzv_core::{Kv, PutOptions, PutOutcome, WatchScope};
+use rdzv_etcd::EtcdKv;
+use rdzv_etcd::testing::EtcdCluster;
+
+/// Writes `key` until it is written: errors while a member is down or a leader is being
+/// elected are retryable. (A retried overwrite of a fresh key is harmless.)
+async fn put(kv: &EtcdKv, key: &str) -> i64 {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match kv.put(key.as_bytes(), b"v", PutOptions::OVERWRITE).await {
+                Ok(PutOutcome::Written { revision, .. }) => return revision,
+                Ok(other) => panic!("not written: {other:?}"),
+                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("non-retryable error: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the cluster keeps accepting writes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_watches_survive_members_going_down_one_at_a_time() {
+    let mut cluster = EtcdCluster::start(3).await.expect("a 3-member cluster starts");
+    let url = cluster.url("job?min_workers=1");
+    assert_eq!(url.matches("127.0.0.1:").count(), 3, "{url}");
+    let options = cluster.options().with_request_timeout(Duration::from_secs(3));
+    let kv = EtcdKv::connect(options).await.unwrap();
+    let first = put(&kv, "c/0").await;
+    let mut events = kv.watch(b"c/", WatchScope::Prefix, first).await.unwrap();
+    let mut expected = vec!["c/0".to_string()];
+    for round in 0..3 {
+        cluster.member_mut(round).kill().await.unwrap();
+        for i in 0..3 {
+            let key = format!("c/{round}-{i}");
+            put(&kv, &key).await;
+            expected.push(key);
+        }
+        cluster.member_mut(round).restart().await.unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut last = 0;
+    while seen.len() < expected.len() {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("the watch delivers")
+            .expect("not ended")
+            .expect("no error");
+        assert!(event.revision() > last, "revision order, no duplicate");
+        last = event.revision();
+        seen.push(String::from_utf8(event.kv.key).unwrap());
+    }
+    // Retried writes may show up twice as separate writes; every key must be there, in order.
+    seen.dedup();
+    assert_eq!(seen, expected);
+}
