@@ -106,8 +106,9 @@
 //! source.
 //!
 //! ## Testing
-//! With the `testing` feature, the module `testing` starts real `etcd` servers for tests (plain, TLS,
-//! with auth; stop, kill, restart; `/metrics`).
+//! With the `testing` feature, the module `testing` starts real `etcd` servers for tests
+//! (plain, TLS, with auth, or a cluster of several members; stop, kill, restart;
+//! `/metrics` and the proposal counter).
 
 mod backend;
 mod client;

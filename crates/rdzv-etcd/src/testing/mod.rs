@@ -17,6 +17,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Also: [`EtcdServer::builder`] (TLS, auth and extra etcd flags together),
+//! [`EtcdCluster`] (several members of one cluster, for failover tests), [`shared`] (one
+//! server per test binary, started on first use) and [`fresh_namespace`] (a backend on it
+//! whose keys no other caller sees).
+//!
 //! The `etcd` binary comes from `$ETCD_BIN`, else from `PATH`. Without it every start fails
 //! with a message saying how to install it (`scripts/setup.sh`); a test never passes
 //! silently without a server.
