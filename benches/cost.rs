@@ -1,0 +1,184 @@
+//! Cost figures that do not depend on the machine's speed: for N in-process workers
+//! (min = max = N) on one shared client, the backend writes and reads per worker per round
+//! (counted by `CountingKv`; lease refreshes aside, like PROTOCOL.md's "Cost"), and on etcd
+//! the server's own committed Raft proposals per worker (`etcd_server_proposals_committed_total`
+//! from its `/metrics`, before and after the round). Round 1 is a first rendezvous; round 2
+//! is everyone calling `next_rendezvous` again (a re-rendezvous). Creating the workers is
+//! reported apart (`setup`). The process's peak resident memory (VmHWM, reset before each
+//! size where the kernel allows) is reported too.
+//!
+//! `cargo bench --bench cost [-- --sizes 16,64 --backends mem,etcd]`; results go to stdout
+//! and `<results>/cost.jsonl`.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdzv::core::{CountingKv, Kv, OpCounts, RendezvousHandler, RendezvousInfo, RendezvousParams};
+
+const SIZES: [usize; 5] = [16, 64, 128, 512, 1024];
+
+/// `VmHWM` and `VmRSS` of this process, in KiB.
+fn memory() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// Resets VmHWM to the current RSS (Linux ≥ 4.0); whether it worked.
+fn reset_peak_memory() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+async fn proposals(backend: &common::Backend) -> Option<u64> {
+    match backend.etcd() {
+        Some(server) => Some(server.proposals_committed().await.expect("etcd /metrics")),
+        None => None,
+    }
+}
+
+fn per_worker(x: u64, n: usize) -> f64 {
+    x as f64 / n as f64
+}
+
+fn counts_json(used: &OpCounts, n: usize) -> serde_json::Value {
+    serde_json::json!({
+        "writes": per_worker(used.writes(), n),
+        "reads": per_worker(used.reads(), n),
+        "watches": per_worker(used.watches, n),
+        "lease_keep_alives": per_worker(used.lease_keep_alives, n),
+        "raw": format!("{used:?}"),
+    })
+}
+
+async fn measure(backend: &common::Backend, n: usize) {
+    let label = backend.label();
+    let reset = reset_peak_memory();
+    let (_, rss_before) = memory();
+    let counting = CountingKv::new(backend.kv().await);
+    let kv = counting.clone() as Arc<dyn Kv>;
+    let mut params = RendezvousParams::new(common::unique("cost"), n, n).expect("valid parameters");
+    params.prefix = "/rdzv-bench".into();
+    params.timeout = Duration::from_secs(120);
+
+    let before = counting.snapshot();
+    let p0 = proposals(backend).await;
+    let created = (0..n).map(|i| {
+        let mut p = params.clone();
+        p.node_id = Some(format!("w{i}"));
+        let kv = kv.clone();
+        async move { RendezvousHandler::new(kv, p).await.expect("a worker") }
+    });
+    let handlers = futures::future::join_all(created).await;
+    let setup = counting.snapshot() - before;
+    let setup_proposals = match (p0, proposals(backend).await) {
+        (Some(a), Some(b)) => Some(per_worker(b - a, n)),
+        _ => None,
+    };
+    println!(
+        "{label} N={n} setup: {:.2} writes/worker, {:.2} reads/worker{}",
+        per_worker(setup.writes(), n),
+        per_worker(setup.reads(), n),
+        setup_proposals.map(|p| format!(", {p:.2} etcd proposals/worker")).unwrap_or_default()
+    );
+    common::record(
+        "cost",
+        serde_json::json!({"backend": label, "workers": n, "round": "setup",
+            "counts": counts_json(&setup, n), "proposals": setup_proposals}),
+    );
+
+    for round in [1, 2] {
+        let before = counting.snapshot();
+        let p0 = proposals(backend).await;
+        let started = Instant::now();
+        let tasks: Vec<_> = handlers
+            .iter()
+            .cloned()
+            .map(|h| tokio::spawn(async move { h.next_rendezvous().await }))
+            .collect();
+        let mut infos: Vec<RendezvousInfo> = Vec::with_capacity(n);
+        for t in tasks {
+            infos.push(t.await.expect("worker task").expect("a completed round"));
+        }
+        let took = started.elapsed();
+        let used = counting.snapshot() - before;
+        let p = match (p0, proposals(backend).await) {
+            (Some(a), Some(b)) => Some(per_worker(b - a, n)),
+            _ => None,
+        };
+        assert!(infos.iter().all(|i| i.world_size == n && i.version == infos[0].version), "one round of {n}");
+        let writes = per_worker(used.writes(), n);
+        let reads = per_worker(used.reads(), n);
+        let slowest =
+            |f: fn(&RendezvousInfo) -> Duration| infos.iter().map(f).max().unwrap_or_default().as_secs_f64();
+        println!(
+            "{label} N={n} round {round}: {took:.3?}; {writes:.2} writes/worker, {reads:.2} reads/worker, \
+             {:.2} watches/worker{}; slowest joined {:.3}s frozen {:.3}s ({used:?})",
+            per_worker(used.watches, n),
+            p.map(|p| format!(", {p:.2} etcd proposals/worker")).unwrap_or_default(),
+            slowest(|i| i.timings.joined),
+            slowest(|i| i.timings.frozen),
+        );
+        common::record(
+            "cost",
+            serde_json::json!({"backend": label, "workers": n, "round": round,
+                "seconds": took.as_secs_f64(), "counts": counts_json(&used, n), "proposals": p,
+                "max_joined": slowest(|i| i.timings.joined), "max_frozen": slowest(|i| i.timings.frozen),
+                "max_completed": slowest(|i| i.timings.completed)}),
+        );
+    }
+    let (hwm, _) = memory();
+    println!(
+        "{label} N={n} memory: peak {:.1} MiB (VmHWM{}), {:.1} MiB before the workers",
+        hwm as f64 / 1024.0,
+        if reset { ", reset before this size" } else { ", whole process: reset not allowed" },
+        rss_before as f64 / 1024.0
+    );
+    common::record(
+        "cost",
+        serde_json::json!({"backend": label, "workers": n, "round": "memory",
+            "vmhwm_kib": hwm, "rss_before_kib": rss_before, "peak_reset": reset}),
+    );
+    let gone = handlers.iter().map(|h| h.shutdown());
+    for r in futures::future::join_all(gone).await {
+        r.expect("leave");
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; the rest are ours.
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let mut sizes: Vec<usize> = if common::quick() { vec![16, 64] } else { SIZES.to_vec() };
+    let mut only: Option<String> = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--sizes" => {
+                let list = it.next().expect("--sizes needs a list like 16,64");
+                sizes = list.split(',').map(|s| s.trim().parse().expect("--sizes: numbers")).collect();
+            }
+            "--backends" => only = Some(it.next().expect("--backends needs a list like mem,etcd").clone()),
+            other => eprintln!("cost: ignoring argument `{other}`"),
+        }
+    }
+    let rt = common::runtime();
+    rt.block_on(async {
+        let backends = match only {
+            Some(list) => common::backends_from(&list).await,
+            None => common::backends().await,
+        };
+        for backend in &backends {
+            for &n in &sizes {
+                measure(backend, n).await;
+            }
+        }
+    });
+}
