@@ -51,7 +51,7 @@ impl Drop for Progress {
 
 async fn describe(worker: &Rendezvous, deadline: Instant) -> String {
     let params = worker.params();
-    let left = deadline.saturating_duration_since(Instant::now()).as_secs();
+    let left = deadline.saturating_duration_since(Instant::now()).as_secs_f64().ceil() as u64;
     let needed = if params.min_workers == params.max_workers {
         params.min_workers.to_string()
     } else {

@@ -77,3 +77,9 @@ async fn run_admits_a_waiting_worker() {
     let url = url_fn().await;
     bounded(s::run_admits_a_waiter(&url)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_rounds() {
+    let url = url_fn().await;
+    bounded(s::bench(&url)).await;
+}

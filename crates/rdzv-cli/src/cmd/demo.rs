@@ -124,17 +124,27 @@ async fn demo(target: &RunTarget, params: RendezvousParams, n: usize) -> Result<
         told.push((after, reason));
         second = Some(round?);
     }
-    let newcomer_round =
-        newcomer_round.await.map_err(|e| CliError::other(format!("the newcomer failed: {e}")))??;
     let slowest = told.iter().map(|(after, _)| *after).max().unwrap_or_default();
     let reason = told.first().map(|(_, r)| why(r)).unwrap_or_default();
     print_flush(&format!(
-        "the {} survivors were told after {} at most: their round is over ({reason})\n\n",
+        "worker {} died; the {} survivors were told after {} at most ({reason})\n\n",
+        victim.node,
         told.len(),
         seconds(slowest),
     ));
-    let second = second.unwrap_or(newcomer_round);
-    print_round(&second, crashed.elapsed(), &format!("survivors plus {}, after the crash", newcomer.node));
+    let second = second.ok_or_else(|| CliError::other("no survivor returned a round"))?;
+    let newcomer_in = second.participants.iter().any(|p| p.node == newcomer.node);
+    let how = if newcomer_in {
+        if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), newcomer_round).await {
+            joined.map_err(|e| CliError::other(format!("the newcomer failed: {e}")))??;
+        }
+        format!("survivors plus {}, after the crash", newcomer.node)
+    } else {
+        // It came after the last call: it would be admitted in the round after.
+        newcomer_round.abort();
+        format!("survivors, after the crash ({} came too late for it)", newcomer.node)
+    };
+    print_round(&second, crashed.elapsed(), &how);
 
     // The job is done: close the run, everyone leaves.
     workers.push(newcomer);

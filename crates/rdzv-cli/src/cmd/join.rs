@@ -60,6 +60,7 @@ pub async fn run(args: JoinArgs) -> Result<ExitCode, CliError> {
     let worker = target::worker(&args.url, args.node_id, args.local_addr).await?;
     let stdin_done = watch_stdin(args.hold.is_none());
     let mut hold_until: Option<Instant> = None;
+    let mut printed = false;
     loop {
         let started = Instant::now();
         let waited = {
@@ -74,6 +75,8 @@ pub async fn run(args: JoinArgs) -> Result<ExitCode, CliError> {
                     });
                 }
                 _ = sleep_until(hold_until) => None,
+                // After the first round, a closed stdin ends the membership as in holding.
+                _ = wait_closed(stdin_done.clone()), if printed => None,
             }
         };
         let Some(result) = waited else {
@@ -89,14 +92,14 @@ pub async fn run(args: JoinArgs) -> Result<ExitCode, CliError> {
             }
         };
         print_flush(&RoundView::of(&round, started.elapsed()).render(args.format));
+        printed = true;
         if hold_until.is_none() {
             hold_until = args.hold.map(|hold| Instant::now() + hold);
         }
-        let mut stdin_done = stdin_done.clone();
         let broken = tokio::select! {
             reason = worker.round_broken() => Some(reason),
             _ = signals.recv() => None,
-            _ = stdin_done.wait_for(|closed| *closed) => None,
+            _ = wait_closed(stdin_done.clone()) => None,
             _ = sleep_until(hold_until) => None,
         };
         match broken {
@@ -127,6 +130,10 @@ fn watch_stdin(watch: bool) -> watch::Receiver<bool> {
         std::mem::forget(tx);
     }
     rx
+}
+
+async fn wait_closed(mut stdin_done: watch::Receiver<bool>) {
+    let _ = stdin_done.wait_for(|closed| *closed).await;
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -17,6 +17,9 @@ use crate::target;
 
 /// Store key (in the round's Store) where a rank whose command failed says so.
 const FAILED_KEY: &str = "rdzv_run/failed";
+/// Store key (in the round's Store) where an agent that saw workers waiting says that it
+/// re-forms the group to admit them, so that the others do not count it as a restart.
+const REGROUP_KEY: &str = "rdzv_run/regroup";
 /// Store barrier that every rank whose command succeeded reaches.
 const FINISHED_KEY: &str = "rdzv_run/finished";
 
@@ -85,8 +88,8 @@ enum Outcome {
     Broken(RoundBroken),
     /// Another rank's command failed.
     PeerFailed(String),
-    /// Workers wait to join.
-    Waiting(usize),
+    /// Workers wait to join (this agent saw `n` of them, or `None`: another agent did).
+    Waiting(Option<usize>),
 }
 
 /// Runs `rdzv run`.
@@ -135,8 +138,13 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
                 );
                 return Ok(exit_code(status));
             }
-            Outcome::Waiting(k) => {
-                eprintln!("rdzv: {k} worker(s) wait to join; stopping the command to re-form the group");
+            Outcome::Waiting(seen) => {
+                match seen {
+                    Some(k) => {
+                        eprintln!("rdzv: {k} worker(s) wait to join; re-forming the group to admit them")
+                    }
+                    None => eprintln!("rdzv: another agent re-forms the group to admit waiting workers"),
+                }
                 continue;
             }
             Outcome::Exited(status) if status.success() => match finish(args, worker, &round).await? {
@@ -172,6 +180,13 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
             Outcome::Broken(reason) => format!("round {} is over: {}", round.version, why(&reason)),
             Outcome::PeerFailed(what) => what,
         };
+        // A peer that left to admit waiting workers also breaks the round; that is no failure.
+        let regroup = round.store.check([REGROUP_KEY]).await.unwrap_or(false);
+        let failed = round.store.check([FAILED_KEY]).await.unwrap_or(true);
+        if regroup && !failed {
+            eprintln!("rdzv: {restart_reason}; re-forming the group to admit waiting workers");
+            continue;
+        }
         if restarts >= args.max_restarts {
             return Err(CliError::other(format!(
                 "{restart_reason}; no restarts left (--max-restarts {})",
@@ -226,7 +241,8 @@ async fn supervise(
     let mut tick = tokio::time::interval_at(Instant::now() + args.monitor_interval, args.monitor_interval);
     let broken = worker.round_broken();
     let failed = peer_failure(round.store.clone());
-    tokio::pin!(broken, failed);
+    let regroup = key_appears(round.store.clone(), REGROUP_KEY);
+    tokio::pin!(broken, failed, regroup);
     let stop_reason = loop {
         tokio::select! {
             status = child.wait() => return match status {
@@ -235,9 +251,15 @@ async fn supervise(
             },
             reason = &mut broken => break Outcome::Broken(reason),
             what = &mut failed => break Outcome::PeerFailed(what),
+            _ = &mut regroup => break Outcome::Waiting(None),
             _ = tick.tick() => match worker.num_nodes_waiting().await {
                 Ok(0) => {}
-                Ok(k) => break Outcome::Waiting(k),
+                Ok(k) => {
+                    if let Err(e) = round.store.set(REGROUP_KEY, k.to_string()).await {
+                        tracing::warn!("telling the other agents about the regroup: {e}");
+                    }
+                    break Outcome::Waiting(Some(k));
+                }
                 Err(e) => tracing::warn!("checking for waiting workers: {e}"),
             },
             signal = signals.recv() => {
@@ -273,12 +295,17 @@ async fn stop(child: &mut Child, grace: Duration) -> ExitStatus {
 
 /// Resolves with the message of the first rank that published a failure in `store`.
 async fn peer_failure(store: Store) -> String {
+    String::from_utf8_lossy(&key_appears(store, FAILED_KEY).await).into_owned()
+}
+
+/// Resolves with the value of `key` in `store` once it exists (never, if the store fails).
+async fn key_appears(store: Store, key: &str) -> Vec<u8> {
     loop {
-        match store.get(FAILED_KEY).await {
-            Ok(v) => return String::from_utf8_lossy(&v).into_owned(),
+        match store.get(key).await {
+            Ok(v) => return v,
             Err(e) if e.is_timeout() => continue,
             Err(e) => {
-                tracing::warn!("watching for failures of other ranks: {e}");
+                tracing::warn!("watching the round's Store for `{key}`: {e}");
                 return std::future::pending().await;
             }
         }

@@ -564,3 +564,18 @@ if [ "$WORLD_SIZE" = 3 ]; then exec sleep 1; else exec sleep 60; fi"#;
         assert_eq!(a.exit_code(T).await, 0, "{}", a.stderr());
     }
 }
+
+/// `rdzv bench` on the server: 8 workers, 2 rounds, JSON with the documented fields; the
+/// URL needs no min_workers.
+pub async fn bench(url: UrlFn<'_>) {
+    let url = url(&run_id("bench"), "keep_alive_ttl=2s&timeout=20s");
+    let (code, out, err) =
+        run_once(&["bench", &url, "--workers", "8", "--rounds", "2", "--format", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).expect("bench json");
+    assert_eq!(v["workers"], 8);
+    assert_eq!(v["rounds"], 2);
+    let writes = v["writes_per_worker_round"].as_f64().expect("writes");
+    assert!(writes > 0.0 && writes < 20.0, "{v}");
+    assert!(v["latency_ms"]["max"].as_f64().expect("max") >= v["latency_ms"]["p50"].as_f64().expect("p50"));
+}
