@@ -41,9 +41,10 @@ When the command exits 0, the agent reports success in the round's Store and wai
 --finish-timeout) until every rank of the round succeeded; then it closes the run and exits
 0. When the command fails, the agent publishes the failure in the round's Store (so the
 other agents stop their commands and re-rendezvous too) and re-rendezvous itself; once
-its restarts are used up it closes the run (the other agents then exit with code 4) and
-exits with the command's status (128+N if a signal N ended it). An agent killed with SIGKILL
-cannot stop its command: the command keeps running, as with torchrun.
+its restarts are used up it closes the run (the other agents then exit with code 4, or 1
+if their own restarts are used up too) and exits with the command's status (128+N if a
+signal N ended it). An agent killed with SIGKILL cannot stop its command: the command keeps
+running until it ends by itself.
 
 Example:
   rdzv run 'etcd://10.0.0.5:2379/job42?min_workers=2&max_workers=4' -- python train.py --epochs 3";
@@ -361,5 +362,38 @@ fn describe(status: ExitStatus) -> String {
         (Some(code), _) => format!("status {code}"),
         (None, Some(signal)) => format!("signal {signal}"),
         (None, None) => "an unknown status".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_command() {
+        // Raw wait statuses: exit code N is N << 8; a signal N is N.
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), ExitCode::SUCCESS);
+        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), ExitCode::from(7));
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), ExitCode::from(143));
+        assert_eq!(describe(ExitStatus::from_raw(9)), "signal 9");
+        assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "status 3");
+    }
+
+    #[test]
+    fn the_command_line_needs_a_command() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let parsed = Cli::try_parse_from(["rdzv", "mem://a/b?min_workers=1", "--", "sh", "-c", "echo -n hi"]);
+        let run = parsed.expect("parses").run;
+        assert_eq!(run.command, ["sh", "-c", "echo -n hi"]);
+        assert_eq!(run.max_restarts, 3);
+        assert_eq!(run.monitor_interval, Duration::from_secs(5));
+        assert!(Cli::try_parse_from(["rdzv", "mem://a/b?min_workers=1"]).is_err());
     }
 }
