@@ -26,7 +26,8 @@ rank and the world size. The backend and the rendezvous parameters are one URL:
   redis://host:6379/<run_id>?min_workers=2
   mem://<name>/<run_id>?min_workers=2      (in-process: only useful for `demo` and `bench`)
 
-RDZV_URL supplies the URL when none is given; RUST_LOG controls logging (default: warn).
+RDZV_URL supplies the URL when none is given; RUST_LOG controls logging to stderr
+(default: warnings; errors only for `demo`), e.g. RUST_LOG=rdzv_core=debug.
 
 Exit codes: 0 success, 2 usage or configuration error, 3 timeout, 4 run closed,
 5 backend unreachable, 1 anything else.
@@ -54,7 +55,8 @@ enum Command {
 fn main() -> ExitCode {
     // Usage errors exit with clap's own code 2, help and version with 0.
     let cli = Cli::parse();
-    init_logging();
+    // The demo crashes a worker on purpose: its lease warnings would only be noise.
+    init_logging(if matches!(cli.command, Command::Demo(_)) { "error" } else { "warn" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => return exit::report(&CliError::other(format!("cannot start the async runtime: {e}"))),
@@ -77,9 +79,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default: warnings only).
-fn init_logging() {
+/// Logs to stderr, filtered by `RUST_LOG` (default: `default`), in colour on a terminal only.
+fn init_logging(default: &str) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }

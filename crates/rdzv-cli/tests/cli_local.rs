@@ -11,6 +11,7 @@ async fn demo_runs_and_prints_two_rounds() {
     let started = std::time::Instant::now();
     let (code, out, err) = run_once(&["demo"]).await;
     assert_eq!(code, 0, "{err}");
+    assert!(err.is_empty(), "the demo is quiet on stderr: {err}");
     assert!(out.contains("round 1: 8 workers"), "{out}");
     assert!(out.contains("crashes"), "{out}");
     assert!(out.contains("survivors were told after"), "{out}");
