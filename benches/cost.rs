@@ -67,7 +67,7 @@ async fn measure(backend: &common::Backend, n: usize) {
     let kv = counting.clone() as Arc<dyn Kv>;
     let mut params = RendezvousParams::new(common::unique("cost"), n, n).expect("valid parameters");
     params.prefix = "/rdzv-bench".into();
-    params.timeout = Duration::from_secs(120);
+    params.timeout = Duration::from_secs(60);
 
     let before = counting.snapshot();
     let p0 = proposals(backend).await;
@@ -105,8 +105,40 @@ async fn measure(backend: &common::Backend, n: usize) {
             .map(|h| tokio::spawn(async move { h.next_rendezvous().await }))
             .collect();
         let mut infos: Vec<RendezvousInfo> = Vec::with_capacity(n);
+        let mut errors: Vec<String> = Vec::new();
         for t in tasks {
-            infos.push(t.await.expect("worker task").expect("a completed round"));
+            match t.await.expect("worker task") {
+                Ok(info) => infos.push(info),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            // Evidence for whoever fixes it: what the state key says now, and the errors.
+            let state = kv.get(&handlers[0].keys().state()).await.ok().and_then(|r| r.kv);
+            let summary = state
+                .map(|s| {
+                    let text = String::from_utf8_lossy(&s.value);
+                    let head: String = text.chars().take(160).collect();
+                    format!("{} bytes at revision {}: {head}…", s.value.len(), s.mod_revision)
+                })
+                .unwrap_or_else(|| "absent".into());
+            let mut distinct = errors.clone();
+            distinct.sort();
+            distinct.dedup();
+            eprintln!(
+                "{label} N={n} round {round}: {} of {n} workers failed after {:.1?} ({} returned); \
+                 errors: {distinct:?}; state key: {summary}",
+                errors.len(),
+                started.elapsed(),
+                infos.len()
+            );
+            common::record(
+                "cost",
+                serde_json::json!({"backend": label, "workers": n, "round": round, "failed": errors.len(),
+                    "returned": infos.len(), "errors": distinct, "state": summary,
+                    "seconds": started.elapsed().as_secs_f64()}),
+            );
+            break;
         }
         let took = started.elapsed();
         let used = counting.snapshot() - before;
@@ -149,7 +181,9 @@ async fn measure(backend: &common::Backend, n: usize) {
     );
     let gone = handlers.iter().map(|h| h.shutdown());
     for r in futures::future::join_all(gone).await {
-        r.expect("leave");
+        if let Err(e) = r {
+            eprintln!("{label} N={n}: a worker could not leave: {e}");
+        }
     }
 }
 

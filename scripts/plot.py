@@ -182,12 +182,16 @@ def main():
             rows.append([f"{n} processes, etcd: proposals per worker", fmt_n(statistics.median(props)),
                          str(ref[1]) if ref else "–", "≤ 4"])
     lat_by = defaultdict(list)
+    lat_failed = [r for r in latency if r.get("failed")]
+    latency = [r for r in latency if not r.get("failed")]
     for r in latency:
         lat_by[(r["backend"], r["workers"])].append(r["seconds"])
     for (b, n), v in sorted(lat_by.items()):
         if n == 1024:
             med, lo, hi = spread(v)
             rows.append([f"1024 in-process workers, {b}", f"{fmt_s(med)} ({fmt_s(lo)}–{fmt_s(hi)}, {len(v)} rounds)", "–", "≤ 3 s"])
+    cost_failed = [r for r in cost if r.get("failed")]
+    cost = [r for r in cost if not r.get("failed")]
     cost_rounds = [r for r in cost if r["round"] in (1, 2)]
     for key, label, target in [("writes", "writes per worker per round (max over N, rounds)", "≤ 4"),
                                ("reads", "reads per worker per round (max over N, rounds)", "≤ 4")]:
@@ -228,6 +232,12 @@ def main():
         rows.append(row)
     md.append(table(["N"] + [f"{b}: median (min–max, rounds)" for b in backends], rows))
     md.append("")
+    if lat_failed:
+        md.append("**Failed rounds** (not in the figures above; a failed size stops that backend's larger sizes):")
+        md.append("")
+        for r in lat_failed:
+            md.append(f"- {r['backend']}, N = {r['workers']}: after {fmt_s(r['seconds'])}: {r['failed']}")
+        md.append("")
     rows = []
     for n in sizes:
         for b in backends:
@@ -291,6 +301,14 @@ def main():
     md.append(table(["backend", "N", "round", "writes / worker", "reads / worker", "watches / worker",
                      "etcd proposals / worker", "time"], rows))
     md.append("")
+    if cost_failed:
+        md.append("**Failed rounds** (left out of the table):")
+        md.append("")
+        for r in cost_failed:
+            md.append(f"- {r['backend']}, N = {r['workers']}, round {r['round']}: {r['failed']} of {r['workers']} "
+                      f"workers failed after {fmt_s(r['seconds'])} ({r['returned']} returned): "
+                      f"{'; '.join(r['errors'])[:400]}. State key then: `{r['state'][:200]}`")
+        md.append("")
     rows = [[r["backend"], r["workers"], f"{r['vmhwm_kib'] / 1024:.0f} MiB", f"{r['rss_before_kib'] / 1024:.0f} MiB",
              "yes" if r.get("peak_reset") else "no (whole process)"]
             for r in cost if r["round"] == "memory"]

@@ -67,10 +67,10 @@ impl Backend {
 /// The backends to run on, servers started. A built-in server that cannot start is reported
 /// and skipped (the figures say which backends they cover).
 pub async fn backends() -> Vec<Backend> {
-    if let Ok(url) = std::env::var("RDZV_BENCH_URL") {
-        if !url.is_empty() {
-            return vec![Backend::Url(url)];
-        }
+    if let Ok(url) = std::env::var("RDZV_BENCH_URL")
+        && !url.is_empty()
+    {
+        return vec![Backend::Url(url)];
     }
     let wanted = std::env::var("RDZV_BENCH_BACKENDS").unwrap_or_else(|_| "mem,etcd,redis".into());
     backends_from(&wanted).await
