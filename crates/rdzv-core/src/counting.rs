@@ -236,6 +236,15 @@ impl Kv for CountingKv {
         self.inner.compact(revision).await
     }
 
+    /// Counted as a range read (when supported).
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+        let result = self.inner.count_at_revision(prefix, revision).await;
+        if !matches!(result, Ok(None)) {
+            bump(&self.counters.ranges);
+        }
+        result
+    }
+
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         let result = self.inner.increment(key, delta).await;
         if matches!(result, Ok(Some(_))) {

@@ -253,6 +253,10 @@ impl Kv for FaultyKv {
         self.call("compact", self.inner.compact(revision)).await
     }
 
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+        self.call("count_at_revision", self.inner.count_at_revision(prefix, revision)).await
+    }
+
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         self.call("increment", self.inner.increment(key, delta)).await
     }

@@ -91,6 +91,15 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
         Err(KvError::Unsupported { backend: self.name(), what: "compaction" })
     }
 
+    /// Counts the keys under `prefix` as they were at `revision` (a read of the past), if
+    /// the backend keeps versioned data and can count it without reading the keys; `Ok(None)`
+    /// means "not supported, use [`Kv::range`] with a filter". [`KvError::Compacted`] if
+    /// that revision is gone.
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+        let _ = (prefix, revision);
+        Ok(None)
+    }
+
     /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0), if the
     /// backend has a native increment; `Ok(None)` means "not native, use compare-and-swap".
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {

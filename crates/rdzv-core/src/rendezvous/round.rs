@@ -267,7 +267,7 @@ impl<'a> Attempt<'a> {
             PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
         };
         self.timings.joined = self.started.elapsed();
-        let position = ctx.kv.count(&ctx.keys.joins(version), Some(my_revision)).await?;
+        let position = count_up_to(&*ctx.kv, &ctx.keys.joins(version), my_revision).await?;
         tracing::debug!(position, "joined");
         let role = decide::join_role(
             position,
@@ -387,7 +387,7 @@ impl<'a> Attempt<'a> {
             };
         // Counting only the keys created up to ours, exactly one member (the last to confirm)
         // sees them all: one swap attempt per round, not a storm of them.
-        let confirmed = ctx.kv.count(&ctx.keys.ranks(version), Some(mine)).await?;
+        let confirmed = count_up_to(&*ctx.kv, &ctx.keys.ranks(version), mine).await?;
         if confirmed as usize >= world_size {
             let fin = State::Final { version, participants: participants.clone() };
             let outcome = put_with_run_lease(
@@ -548,6 +548,18 @@ async fn next_count(counter: &mut Option<JoinCounter>) -> Result<u64> {
             Some(Err(e)) => return Err(e.into()),
             None => return Err(RendezvousError::Unavailable(KvError::backend("watch", "watch ended"))),
         }
+    }
+}
+
+/// How many keys under `prefix` came before or with ours (created at `revision`): the
+/// count as of that revision where the backend can read the past cheaply (etcd), else the
+/// live keys created up to it. Either way, in a burst of creations each count is taken by
+/// exactly one worker; deaths can repeat or skip a count, which the swaps and the backup
+/// timers absorb.
+async fn count_up_to(kv: &dyn Kv, prefix: &[u8], revision: Revision) -> Result<u64> {
+    match kv.count_at_revision(prefix, revision).await {
+        Ok(Some(count)) => Ok(count),
+        Ok(None) | Err(_) => Ok(kv.count(prefix, Some(revision)).await?),
     }
 }
 

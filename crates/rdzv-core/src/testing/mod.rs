@@ -235,6 +235,7 @@ macro_rules! conformance_suite {
             range_counts_all_and_limits,
             range_orders_by_key_or_create_revision,
             range_filters_by_max_create_revision,
+            count_at_revision_reads_the_past,
             range_keys_only_drops_values,
             create_if_absent_conflict_returns_current,
             create_if_absent_race_has_one_winner,
