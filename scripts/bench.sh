@@ -36,10 +36,23 @@ cargo build -j2 --release --example join_once
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 load_before=$(load)
 
-for bench in cas_contention store_ops rendezvous_latency cost; do
+for bench in cas_contention store_ops rendezvous_latency; do
     echo "== $bench"
     "${exe[$bench]:?no executable for $bench}" --bench
 done
+
+echo "== cost"
+if [ -n "${RDZV_BENCH_URL:-}" ]; then
+    "${exe[cost]}" --bench
+else
+    # One process (and one fresh server) per backend and size: the peak memory (VmHWM) is
+    # then this size's own, and no earlier size's leftovers load the server.
+    for backend in $(echo "${RDZV_BENCH_BACKENDS:-mem,etcd,redis}" | tr ',' ' '); do
+        for n in 16 64 128 512 1024; do
+            "${exe[cost]}" --bench --backends "$backend" --sizes "$n" || echo "cost: $backend N=$n failed"
+        done
+    done
+fi
 
 echo "== multi-process runs"
 worker="${RDZV_JOIN_BIN:-$CARGO_TARGET_DIR/release/examples/join_once}"
