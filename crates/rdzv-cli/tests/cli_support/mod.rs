@@ -579,3 +579,34 @@ pub async fn bench(url: UrlFn<'_>) {
     assert!(writes > 0.0 && writes < 20.0, "{v}");
     assert!(v["latency_ms"]["max"].as_f64().expect("max") >= v["latency_ms"]["p50"].as_f64().expect("p50"));
 }
+
+/// Each scenario is bounded here as a whole, whatever its own deadlines.
+pub async fn bounded(f: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(std::time::Duration::from_secs(90), f).await.expect("scenario finished within 90 s");
+}
+
+/// One `#[tokio::test]` per multi-process scenario, for a backend given by `$url_fn` (an
+/// async fn returning the URL builder) and `$down` (a URL of that scheme where no server is).
+#[macro_export]
+macro_rules! cli_scenarios {
+    ($url_fn:path, $down:expr) => {
+        $crate::cli_scenarios!(@cases $url_fn;
+            four_form_a_round, min_below_max_last_call, six_with_max_four_then_sigkill,
+            graceful_leave, close_while_waiting, too_few_workers, run_end_to_end,
+            run_failure_is_seen, run_admits_a_waiter, bench);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn server_down() {
+            cli_support::bounded(cli_support::server_down(&$down)).await;
+        }
+    };
+    (@cases $url_fn:path; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let url = $url_fn().await;
+                cli_support::bounded(cli_support::$case(&url)).await;
+            }
+        )*
+    };
+}
