@@ -32,6 +32,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and "bench" in m["target"]["kind"]:
         print(m["target"]["name"], m["executable"])')
 cargo build -j2 --release --example join_once
+cargo build -j2 --release -p rdzv-cli || echo "bench: the CLI did not build; skipping its multi-process runs"
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 load_before=$(load)
@@ -59,6 +60,14 @@ worker="${RDZV_JOIN_BIN:-$CARGO_TARGET_DIR/release/examples/join_once}"
 # Each worker leaves its session lease to expire; a fresh run id per run keeps them apart.
 python3 scripts/multiproc.py --worker "${worker%% *}" --worker-args "$(echo "$worker" | cut -s -d' ' -f2-)" \
     --sizes "${MP_SIZES:-16,64,128}" --runs "${MP_RUNS:-5}" --out "$results/multiproc.jsonl"
+
+# The same with the CLI, when it is built (`cargo build --release -p rdzv-cli`): no start
+# gate there, so the time includes spawning; it leaves the run after printing.
+cli="${RDZV_CLI_BIN:-$CARGO_TARGET_DIR/release/rdzv}"
+if [ -x "$cli" ]; then
+    python3 scripts/multiproc.py --worker "$cli" --worker-args "join --hold 0s --format json" --no-gate \
+        --sizes "${MP_SIZES:-16,64,128}" --runs 3 --out "$results/multiproc_cli.jsonl"
+fi
 
 load_after=$(load)
 python3 - "$results/machine.json" "$load_before" "$load_after" <<'PY'

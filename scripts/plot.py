@@ -281,6 +281,31 @@ def main():
     failed = [r for r in mp if r.get("failures", 0)]
     md.append(table(["N", "runs", "median", "min–max", "spawning all", "slowest connect",
                      "etcd proposals / worker", "reference time", "reference proposals / worker"], rows))
+    cli = load(res, "multiproc_cli.jsonl")
+    if cli:
+        md.append("")
+        md.append("The same with `rdzv join <url> --hold 0s --format json` processes (the CLI: it leaves the run "
+                  "after printing, which is in the time), started by the launcher one after the other with no start "
+                  "gate: time from the first spawn until the last exited, spawning included.")
+        md.append("")
+        by = defaultdict(list)
+        for r in cli:
+            if r.get("failures", 0) == 0:
+                by[r["workers"]].append(r)
+        rows = []
+        for n in sorted(by):
+            med, lo, hi = spread([r["seconds"] for r in by[n]])
+            props = [r["proposals_per_worker"] for r in by[n] if r.get("proposals_per_worker") is not None]
+            rows.append([n, len(by[n]), fmt_s(med), f"{fmt_s(lo)}–{fmt_s(hi)}",
+                         fmt_s(statistics.median(r["spawn_seconds"] for r in by[n])),
+                         fmt_n(statistics.median(props)) if props else "–", REFERENCE_TIME_TEXT.get(n, "–")])
+        md.append(table(["N", "runs", "median", "min–max", "spawning all", "etcd proposals / worker (leave included)",
+                         "reference time"], rows))
+        bad = [r for r in cli if r.get("failures", 0)]
+        if bad:
+            md.append("")
+            md.append(f"{len(bad)} run(s) had failing workers: " + "; ".join(
+                f"N={r['workers']}: {r['failures']} failed ({r['failure_sample'][:1]})" for r in bad))
     if failed:
         md.append("")
         md.append(f"{len(failed)} run(s) had failing workers and are left out: "
