@@ -49,7 +49,8 @@ impl Backend {
             Backend::Redis(server) => server.kv().await,
             Backend::Url(url) => {
                 rdzv::registry().connect_backend(url).await.map(|(kv, _)| kv).unwrap_or_else(|e| {
-                    panic!("RDZV_BENCH_URL={url}: cannot connect: {e}");
+                    // Not the URL itself: it may carry a password.
+                    panic!("RDZV_BENCH_URL: cannot connect: {e}");
                 })
             }
         }
