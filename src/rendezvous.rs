@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use rdzv_core::{Kv, Participant, RendezvousError, RendezvousHandler, RendezvousParams, RoundTimings};
 use rdzv_store::Store;
-use tokio::time::Instant;
 
 use crate::bootstrap::{self, Bootstrap};
 
@@ -57,41 +56,27 @@ impl Rendezvous {
     }
 
     /// Blocks until a round completes with this worker in it (see
-    /// [`RendezvousHandler::next_rendezvous`] for the errors), then exchanges the bootstrap
-    /// info through the round's Store. If the round breaks before rank 0 published it, this
-    /// forms the next round, within the same `timeout`.
+    /// [`RendezvousHandler::next_rendezvous`] for the errors), and hands out the round's
+    /// Store and bootstrap info (rank 0 also publishes `MASTER_ADDR`/`MASTER_PORT` in it).
     pub async fn next_rendezvous(&self) -> Result<Round, RendezvousError> {
-        let deadline = Instant::now() + self.handler.params().timeout;
-        loop {
-            let info = self.handler.next_rendezvous().await?;
-            let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
-            let store = Store::new(self.handler.backend(), info.store_prefix.clone()).with_timeout(remaining);
-            let exchanged = tokio::select! {
-                b = bootstrap::exchange(&info, &store) => Some(b?),
-                _ = self.handler.round_broken() => None,
-            };
-            let Some(bootstrap) = exchanged else {
-                if Instant::now() >= deadline {
-                    return Err(RendezvousError::Timeout {
-                        run_id: info.run_id,
-                        phase: "exchanging bootstrap info".into(),
-                        after: self.handler.params().timeout,
-                    });
-                }
-                continue;
-            };
-            let store = store.with_timeout(rdzv_store::DEFAULT_TIMEOUT);
-            return Ok(Round {
-                run_id: info.run_id,
-                version: info.version,
-                rank: info.rank,
-                world_size: info.world_size,
-                participants: info.participants,
-                store,
-                bootstrap,
-                timings: info.timings,
-            });
-        }
+        let info = self.handler.next_rendezvous().await?;
+        // Rank 0's address and port come with the participant list; only rank 0 writes them
+        // to the Store, so no member waits on another here. (Racing this against
+        // `round_broken` once let rank 0 abandon a complete round its peers had already
+        // finished and left.)
+        let store = Store::new(self.handler.backend(), info.store_prefix.clone())
+            .with_timeout(self.handler.params().timeout.max(Duration::from_secs(1)));
+        let bootstrap = bootstrap::exchange(&info, &store).await?;
+        Ok(Round {
+            run_id: info.run_id,
+            version: info.version,
+            rank: info.rank,
+            world_size: info.world_size,
+            participants: info.participants,
+            store: store.with_timeout(rdzv_store::DEFAULT_TIMEOUT),
+            bootstrap,
+            timings: info.timings,
+        })
     }
 }
 

@@ -79,8 +79,6 @@ impl RendezvousHandler {
         let me = Participant { node, addr, pid: std::process::id(), port: None };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
         let session = Session::start(kv.clone(), params.keep_alive_ttl).await?;
-        // Per handler, not per round: so a round's writes are only the round's own.
-        run_lease.id().await?;
         let ctx = Context { kv, params, keys, me, run_lease };
         let worker = Worker { session: Some(session), membership: None };
         Ok(RendezvousHandler {
@@ -159,6 +157,9 @@ impl RendezvousHandler {
             store_prefix: ctx.keys.store(round.version),
             timings: round.timings,
         };
+        if let Some(lease) = round.run_lease {
+            ctx.run_lease.adopt(lease);
+        }
         self.publish(Some(round.version), None);
         let watched = Watched {
             kv: ctx.kv.clone(),

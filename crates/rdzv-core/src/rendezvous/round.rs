@@ -44,6 +44,8 @@ pub(crate) struct Completed {
     /// Revision of the `final` state value (to destroy exactly this round, and to watch
     /// for its end from here).
     pub(crate) final_revision: Revision,
+    /// The run lease the `final` value is bound to, for this worker to help keep alive.
+    pub(crate) run_lease: Option<LeaseId>,
     pub(crate) timings: RoundTimings,
 }
 
@@ -66,6 +68,8 @@ struct Observed {
     mod_revision: Revision,
     /// The store revision at which this was seen: watch from here + 1 to miss nothing.
     seen: Revision,
+    /// The lease the state key is bound to (for `final`: the run lease).
+    lease: Option<LeaseId>,
 }
 
 enum Flow {
@@ -247,7 +251,8 @@ impl<'a> Attempt<'a> {
         match outcome {
             PutOutcome::Written { revision, .. } => {
                 tracing::debug!(version, "created a round");
-                let observed = Observed { state: Some(joinable), mod_revision: revision, seen: revision };
+                let observed =
+                    Observed { state: Some(joinable), mod_revision: revision, seen: revision, lease: None };
                 self.join(version, observed).await
             }
             PutOutcome::Conflict { current } => Ok(Flow::Restart(Some(self.observe(current, None)?))),
@@ -260,6 +265,10 @@ impl<'a> Attempt<'a> {
         self.phase = "joining";
         let ctx = self.ctx;
         let params = &ctx.params;
+        // Watch before writing: a watch from a revision still in the future streams live,
+        // whereas one opened after our own write would start in the past (on etcd, a
+        // catch-up that costs up to 100 ms).
+        let mut states = self.watch_state(observed.seen + 1).await?;
         let join_key = ctx.keys.join(version, &ctx.me.node);
         self.pending_join = Some(join_key.clone());
         let my_revision = match ctx.kv.put(&join_key, &self.me.to_bytes(), self.session_put()).await? {
@@ -282,7 +291,6 @@ impl<'a> Attempt<'a> {
             JoinRole::Wait => None,
         };
         self.phase = "waiting for enough workers to join";
-        let mut states = self.watch_state(observed.seen + 1).await?;
         let mut state_revision = observed.mod_revision;
         let mut joiners: Option<JoinCounter> = None;
         loop {
@@ -399,14 +407,17 @@ impl<'a> Attempt<'a> {
             )
             .await?;
             if let PutOutcome::Written { revision, .. } = outcome {
-                return Ok(self.done(version, rank, participants, revision));
+                let lease = ctx.run_lease.id().await.ok();
+                return Ok(self.done(version, rank, participants, revision, lease));
             }
         }
         self.phase = "waiting for every member to confirm";
         loop {
             let seen = self.next_state(&mut states).await?;
             match decide::on_state_while_confirming(seen.state.as_ref(), version) {
-                ConfirmAction::Done => return Ok(self.done(version, rank, participants, seen.mod_revision)),
+                ConfirmAction::Done => {
+                    return Ok(self.done(version, rank, participants, seen.mod_revision, seen.lease));
+                }
                 ConfirmAction::KeepWaiting => {}
                 ConfirmAction::Restart => return Ok(Flow::Restart(Some(seen))),
                 ConfirmAction::Closed => return Err(self.closed()),
@@ -420,10 +431,18 @@ impl<'a> Attempt<'a> {
         rank: usize,
         participants: Vec<Participant>,
         final_revision: Revision,
+        run_lease: Option<LeaseId>,
     ) -> Flow {
         self.timings.completed = self.started.elapsed();
         tracing::debug!(version, rank, world_size = participants.len(), "round complete");
-        Flow::Done(Completed { version, rank, participants, final_revision, timings: self.timings })
+        Flow::Done(Completed {
+            version,
+            rank,
+            participants,
+            final_revision,
+            run_lease,
+            timings: self.timings,
+        })
     }
 
     /// Phase 5: round `version` is running without us. Register as waiting; destroy the
@@ -436,10 +455,10 @@ impl<'a> Attempt<'a> {
     ) -> Result<Flow> {
         self.phase = "waiting for the running round to end";
         let ctx = self.ctx;
-        ctx.kv.put(&ctx.keys.waiter(version, &ctx.me.node), &self.me.to_bytes(), self.session_put()).await?;
         let mut states = self.watch_state(observed.seen + 1).await?;
         let mut members =
             ctx.kv.watch(&ctx.keys.ranks(version), WatchScope::Prefix, observed.seen + 1).await?;
+        ctx.kv.put(&ctx.keys.waiter(version, &ctx.me.node), &self.me.to_bytes(), self.session_put()).await?;
         // A member may have died before we started watching: the count settles that.
         let alive = ctx.kv.count(&ctx.keys.ranks(version), None).await?;
         let mut action = decide::on_change_while_waiting(observed.state.as_ref(), version, alive, world_size);
@@ -482,11 +501,12 @@ impl<'a> Attempt<'a> {
     /// Parses a state key (or its absence) seen at `seen` (default: its mod revision).
     fn observe(&self, kv: Option<KeyValue>, seen: Option<Revision>) -> Result<Observed> {
         match kv {
-            None => Ok(Observed { state: None, mod_revision: 0, seen: seen.unwrap_or(0) }),
+            None => Ok(Observed { state: None, mod_revision: 0, seen: seen.unwrap_or(0), lease: None }),
             Some(kv) => Ok(Observed {
                 state: Some(State::parse(&kv.key, &kv.value)?),
                 mod_revision: kv.mod_revision,
                 seen: seen.unwrap_or(kv.mod_revision),
+                lease: kv.lease,
             }),
         }
     }
@@ -502,7 +522,9 @@ impl<'a> Attempt<'a> {
                 let revision = event.revision();
                 match event.kind {
                     EventKind::Put => self.observe(Some(event.kv), Some(revision)),
-                    EventKind::Delete => Ok(Observed { state: None, mod_revision: 0, seen: revision }),
+                    EventKind::Delete => {
+                        Ok(Observed { state: None, mod_revision: 0, seen: revision, lease: None })
+                    }
                 }
             }
             Some(Err(e)) => Err(e.into()),

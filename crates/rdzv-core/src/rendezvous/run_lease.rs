@@ -1,6 +1,8 @@
 //! The run lease (PROTOCOL.md "Run lifetime"): one lease per run, TTL `run_ttl`, shared by
 //! every handler of the run and kept alive by each, so the run's persistent keys vanish
-//! `run_ttl` after its last worker went away.
+//! `run_ttl` after its last worker went away. Only a worker that writes a persistent key
+//! finds or creates it; the others adopt it from the `final` value of their round, so a
+//! crowd of workers starting together does not race to create it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +38,16 @@ impl RunLease {
         let mut current = self.lock();
         *current = Some(session);
         Ok(lease)
+    }
+
+    /// Helps keep `lease` alive: the run lease another worker created, learned from the
+    /// `final` value bound to it. No I/O until the first refresh.
+    pub(crate) fn adopt(&self, lease: LeaseId) {
+        let mut current = self.lock();
+        if current.as_ref().is_some_and(|s| s.lease() == lease && !s.is_lost()) {
+            return;
+        }
+        *current = Some(Session::attach(self.kv.clone(), lease, self.ttl));
     }
 
     /// Forgets the lease (after the server said it does not exist), so the next
