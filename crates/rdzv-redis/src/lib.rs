@@ -63,7 +63,7 @@
 //! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below) |
 //! | `{rdzv:ns}:k:<key>` | hash | `v` value, `c` create revision, `m` mod revision, `n` version, `l` lease |
 //! | `{rdzv:ns}:names` | sorted set | every key, for prefix ranges by key (`ZRANGEBYLEX`) |
-//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` (every prefix of a key ending in `/`, and the empty one) scored by create revision: counts and creation-ordered ranges in O(log N) |
+//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` (every prefix of a key ending in `/` or `_`, and the empty one) scored by create revision: counts and creation-ordered ranges in O(log N) |
 //! | `{rdzv:ns}:log` | stream | the events, ids `<revision>-<n>` |
 //! | `{rdzv:ns}:compacted` | string | the oldest revision the log still has |
 //! | `{rdzv:ns}:leases` | sorted set | lease ids scored by deadline (server ms) |

@@ -28,18 +28,45 @@ pub enum InitAction {
     AwaitChange,
     /// The run is over.
     Closed,
+    /// Round `version` froze with this worker in it (it started over after joining, e.g.
+    /// on a backend error): confirm, as if it had seen the freeze.
+    ResumeConfirm {
+        /// The round.
+        version: u64,
+        /// This worker's rank.
+        rank: usize,
+    },
+    /// Round `version` is final with this worker in it: it is a member if its keep-alive
+    /// key is still its own (then the round is its result), else the round is broken.
+    ResumeMember {
+        /// The round.
+        version: u64,
+        /// This worker's rank.
+        rank: usize,
+        /// The round's world size.
+        world_size: usize,
+    },
 }
 
-/// Phase 1: what the state value says to do.
-pub fn on_state(state: Option<&State>) -> InitAction {
+/// Phase 1: what the state value says to do, for worker `node`.
+pub fn on_state(state: Option<&State>, node: &str) -> InitAction {
+    let rank_of = |participants: &[Participant]| participants.iter().position(|p| p.node == node);
     match state {
         None => InitAction::CreateRound,
         Some(State::Closed) => InitAction::Closed,
         Some(State::Joinable { version }) => InitAction::Join { version: *version },
+        Some(State::Frozen { version, participants }) => match rank_of(participants) {
+            Some(rank) => InitAction::ResumeConfirm { version: *version, rank },
+            None => InitAction::AwaitChange,
+        },
         Some(State::Final { version, participants }) => {
-            InitAction::AwaitNextRound { version: *version, world_size: participants.len() }
+            let (version, world_size) = (*version, participants.len());
+            match rank_of(participants) {
+                Some(rank) => InitAction::ResumeMember { version, rank, world_size },
+                None => InitAction::AwaitNextRound { version, world_size },
+            }
         }
-        Some(State::Setup) | Some(State::Frozen { .. }) => InitAction::AwaitChange,
+        Some(State::Setup) => InitAction::AwaitChange,
     }
 }
 
@@ -236,16 +263,23 @@ mod tests {
 
     #[test]
     fn init_table() {
-        assert_eq!(on_state(None), InitAction::CreateRound);
-        assert_eq!(on_state(Some(&State::Closed)), InitAction::Closed);
-        assert_eq!(on_state(Some(&State::Setup)), InitAction::AwaitChange);
-        assert_eq!(on_state(Some(&State::Joinable { version: 2 })), InitAction::Join { version: 2 });
+        assert_eq!(on_state(None, "x"), InitAction::CreateRound);
+        assert_eq!(on_state(Some(&State::Closed), "x"), InitAction::Closed);
+        assert_eq!(on_state(Some(&State::Setup), "x"), InitAction::AwaitChange);
+        assert_eq!(on_state(Some(&State::Joinable { version: 2 }), "x"), InitAction::Join { version: 2 });
+        let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")] };
+        assert_eq!(on_state(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
+        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")] };
         assert_eq!(
-            on_state(Some(&State::Frozen { version: 2, participants: vec![p("a")] })),
+            on_state(Some(&fin), "a"),
+            InitAction::ResumeMember { version: 2, rank: 0, world_size: 2 }
+        );
+        assert_eq!(
+            on_state(Some(&State::Frozen { version: 2, participants: vec![p("a")] }), "x"),
             InitAction::AwaitChange
         );
         assert_eq!(
-            on_state(Some(&State::Final { version: 2, participants: vec![p("a"), p("b")] })),
+            on_state(Some(&State::Final { version: 2, participants: vec![p("a"), p("b")] }), "x"),
             InitAction::AwaitNextRound { version: 2, world_size: 2 }
         );
     }

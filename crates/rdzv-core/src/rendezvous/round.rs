@@ -157,7 +157,7 @@ impl<'a> Attempt<'a> {
             None => self.read_state().await?,
         };
         let params = &self.ctx.params;
-        match decide::on_state(observed.state.as_ref()) {
+        match decide::on_state(observed.state.as_ref(), &self.ctx.me.node) {
             InitAction::Closed => Err(self.closed()),
             InitAction::CreateRound => {
                 let span =
@@ -172,6 +172,26 @@ impl<'a> Attempt<'a> {
             InitAction::AwaitNextRound { version, world_size } => {
                 let span = tracing::debug_span!("wait_next_round", run_id = %params.run_id, version, node = %self.ctx.me.node);
                 self.await_next_round(version, world_size, observed).instrument(span).await
+            }
+            InitAction::ResumeConfirm { version, rank } => {
+                let participants = match &observed.state {
+                    Some(State::Frozen { participants, .. }) => participants.clone(),
+                    _ => return Ok(Flow::Restart(None)),
+                };
+                let states = self.watch_state(observed.seen + 1).await?;
+                self.confirm(version, rank, participants, observed, states).await
+            }
+            InitAction::ResumeMember { version, rank, world_size } => {
+                // Still a member only if our keep-alive key is there under our session.
+                let key = self.ctx.keys.rank(version, rank);
+                let ours = self.ctx.kv.get(&key).await?.kv.is_some_and(|kv| kv.lease == Some(self.session));
+                match (&observed.state, ours) {
+                    (Some(State::Final { participants, .. }), true) => {
+                        let participants = participants.clone();
+                        Ok(self.done(version, rank, participants, observed.mod_revision, observed.lease))
+                    }
+                    _ => self.await_next_round(version, world_size, observed).await,
+                }
             }
             InitAction::AwaitChange => {
                 self.phase = "waiting for another worker to finish setting up or freezing a round";

@@ -52,7 +52,7 @@ local function op_range()
     else
       keys = rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, lo, hi)
     end
-  elseif #p == 0 or string.sub(p, -1) == '/' then
+  elseif #p == 0 or string.sub(p, -1) == '/' or string.sub(p, -1) == '_' then
     local ik = ikey(p)
     local top = maxc and s(maxc) or '+inf'
     count = rcall(ik, 'ZCOUNT', ik, '-inf', top)
@@ -67,7 +67,7 @@ local function op_range()
       end
     end
   else
-    -- A prefix that does not end in '/' has no index: filter its keys (O(matches)).
+    -- A prefix that ends in neither '/' nor '_' has no index: filter its keys (O(matches)).
     local sel = {}
     for _, k in ipairs(keys_with_prefix(p)) do
       local rec = load(k, false)

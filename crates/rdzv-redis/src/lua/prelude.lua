@@ -103,13 +103,14 @@ local function reply_kv(k, rec)
   return { k, rec.v or '', rec.c, rec.m, rec.n, rec.l }
 end
 
--- The prefixes that end at a '/' of `k` (and the empty prefix): each has a create-revision
--- index, so a prefix query ending in '/' counts and orders by creation in O(log N).
+-- The prefixes that end at a '/' or a '_' of `k` (and the empty prefix): each has a
+-- create-revision index, so a prefix query ending in '/' or '_' (the rendezvous' `join/`,
+-- `rank_`, `waiting/`) counts and orders by creation in O(log N).
 local function dirs(k)
   local res = { '' }
   local i = 0
   while true do
-    i = string.find(k, '/', i + 1, true)
+    i = string.find(k, '[/_]', i + 1)
     if not i then
       break
     end
