@@ -192,18 +192,7 @@ pub(crate) fn is_unreachable(error: &EtcdError) -> bool {
 /// (its own `Display` shows them in `Debug` form).
 pub(crate) fn describe(error: &EtcdError) -> String {
     match error {
-        EtcdError::GRpcStatus(status) => {
-            let mut parts = vec![status.message().to_string()];
-            let mut source = StdError::source(status);
-            while let Some(err) = source {
-                let text = err.to_string();
-                if !parts.iter().any(|p| p.contains(&text)) {
-                    parts.push(text);
-                }
-                source = err.source();
-            }
-            parts.join(": ")
-        }
+        EtcdError::GRpcStatus(status) => chain_from(status.message().to_string(), StdError::source(status)),
         other => chain(other),
     }
 }
@@ -211,8 +200,12 @@ pub(crate) fn describe(error: &EtcdError) -> String {
 /// The error and its sources, `: `-separated, without repeats (tonic and hyper often
 /// repeat their source's text).
 pub(crate) fn chain(error: &(dyn StdError + 'static)) -> String {
-    let mut parts: Vec<String> = vec![error.to_string()];
-    let mut source = error.source();
+    chain_from(error.to_string(), error.source())
+}
+
+/// `first`, then each source's text that is not already contained in what came before.
+fn chain_from(first: String, mut source: Option<&(dyn StdError + 'static)>) -> String {
+    let mut parts = vec![first];
     while let Some(err) = source {
         let text = err.to_string();
         if !parts.iter().any(|p| p.contains(&text)) {
