@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing rdzv needs on a Debian machine, when it is missing:
-# protoc (the etcd client's build needs it), etcd and redis-server (the tests start their
-# own servers from these binaries), and the Rust components rustfmt and clippy.
+# protoc and protobuf's well-known .proto files (the etcd client's build needs both), etcd
+# and redis-server (the tests start their own servers from these binaries), and the Rust
+# components rustfmt and clippy.
 # Idempotent, and silent when everything is already there. It starts no server.
 set -euo pipefail
 
@@ -14,6 +15,18 @@ fi
 
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# protoc alone is not enough: the etcd client's protos import protobuf's well-known types
+# (google/protobuf/*.proto), which Debian ships in libprotobuf-dev, not in protobuf-compiler.
+protoc_has_includes() {
+    local dir
+    dir=$(mktemp -d) || return 1
+    printf 'syntax = "proto3";\nimport "google/protobuf/descriptor.proto";\n' >"$dir/probe.proto"
+    protoc --proto_path="$dir" --descriptor_set_out=/dev/null "$dir/probe.proto" >/dev/null 2>&1
+    local rc=$?
+    rm -rf "$dir"
+    return $rc
+}
+command -v protoc >/dev/null 2>&1 && protoc_has_includes || missing+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 
@@ -43,6 +56,8 @@ if ((${#missing[@]} > 0)); then
     for tool in protoc etcd redis-server; do
         command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is still missing after installing ${missing[*]}"
     done
+    protoc_has_includes \
+        || die "protoc cannot find google/protobuf/descriptor.proto after installing ${missing[*]} (the etcd client's build needs protobuf's well-known .proto files)"
 fi
 
 components=()

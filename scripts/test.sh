@@ -22,6 +22,7 @@ step setup bash scripts/setup.sh
 step format cargo fmt --all -- --check
 step clippy cargo clippy --workspace --all-targets -j2 -- -D warnings
 step docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -j2
+step readme-demo bash scripts/readme-demo.sh
 # Without this, tests whose server binary is missing would skip instead of failing.
 export RDZV_REQUIRE_SERVERS=1
 step tests cargo test --workspace -j2
