@@ -49,6 +49,18 @@ pub enum KvError {
     /// The arguments were not valid for this backend (empty prefix, bad TTL, too large…).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A key, value or request is larger than the backend accepts; nothing was sent.
+    #[error("{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less (or raise the server's limit and the matching option)")]
+    TooLarge {
+        /// Backend name.
+        backend: &'static str,
+        /// What is too large (`"a key"`, `"a value"`, `"a request"`).
+        what: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The backend lacks this capability.
     #[error("the {backend} backend does not support {what}")]
     Unsupported {
