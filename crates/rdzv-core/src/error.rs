@@ -50,7 +50,9 @@ pub enum KvError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// A key, value or request is larger than the backend accepts; nothing was sent.
-    #[error("{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less (or raise the server's limit and the matching option)")]
+    #[error(
+        "{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less (or raise the server's limit and the matching option)"
+    )]
     TooLarge {
         /// Backend name.
         backend: &'static str,
