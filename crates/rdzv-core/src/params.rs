@@ -1,4 +1,4 @@
-//! The parameters of a rendezvous (PROTOCOL.md "Parameters"), with defaults and validation.
+//! The parameters of a rendezvous (docs/PROTOCOL.md "Parameters"), with defaults and validation.
 
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ impl RendezvousParams {
         Ok(params)
     }
 
-    /// Every value at its PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
+    /// Every value at its docs/PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
     fn defaults() -> Self {
         RendezvousParams {
             run_id: String::new(),
@@ -68,7 +68,7 @@ impl RendezvousParams {
         }
     }
 
-    /// Checks every rule of PROTOCOL.md; the error names the first broken one.
+    /// Checks every rule of docs/PROTOCOL.md; the error names the first broken one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |option: &str, value: String, reason: &str| {
             Err(ConfigError::InvalidValue { option: option.into(), value, reason: reason.into() })
@@ -101,7 +101,7 @@ impl RendezvousParams {
 }
 
 /// The rendezvous parameters' option names as they appear in a URL query, canonical
-/// spelling, in the order of PROTOCOL.md.
+/// spelling, in the order of docs/PROTOCOL.md.
 pub const OPTION_NAMES: &[&str] = &[
     "min_workers",
     "max_workers",
@@ -170,7 +170,7 @@ fn parse_count(option: &str, value: &str) -> Result<usize, ConfigError> {
 impl RendezvousParams {
     /// Parameters for `run_id` from the rendezvous options of a URL (names canonical or
     /// aliases, values as strings): `min_workers` is required, `max_workers` defaults to it,
-    /// the rest to PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
+    /// the rest to docs/PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
     /// `min_workers`, [`ConfigError::UnknownOption`] for a name that is not a rendezvous
     /// parameter, [`ConfigError::InvalidUrl`] for a parameter given twice (as a name and its
     /// alias), [`ConfigError::InvalidValue`] for a bad value or a broken rule.
