@@ -7,9 +7,10 @@ use crate::error::ConfigError;
 /// Default key prefix under which all runs live (the reference's).
 pub const DEFAULT_PREFIX: &str = "/torchelastic/p2p";
 
-/// Parameters of one rendezvous handler. Build with [`RendezvousParams::new`] and the
-/// `with_*` setters; every setter keeps the value valid or the final
-/// [`RendezvousParams::validate`] says why not.
+/// Parameters of one rendezvous handler. Build with [`RendezvousParams::new`] (or
+/// [`RendezvousParams::from_options`] from a URL's query), then change the public fields as
+/// needed; [`RendezvousParams::validate`] (also run by the handler) says which rule a value
+/// breaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RendezvousParams {
     /// The run (job) id: all workers of one job use the same.
