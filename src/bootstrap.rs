@@ -1,4 +1,4 @@
-//! Bootstrap info (STORE.md): rank 0 publishes `MASTER_ADDR` and `MASTER_PORT` in the
+//! Bootstrap info (docs/STORE.md): rank 0 publishes `MASTER_ADDR` and `MASTER_PORT` in the
 //! round's Store; every member reads them back. This is what a launcher exports to the
 //! training processes.
 

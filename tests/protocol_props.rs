@@ -1,4 +1,4 @@
-//! Property tests of the rendezvous protocol (PROTOCOL.md "Guarantees") on the in-memory
+//! Property tests of the rendezvous protocol (docs/PROTOCOL.md "Guarantees") on the in-memory
 //! backend under a paused clock: generated worlds of 1–64 workers with random `min ≤ max`,
 //! arrival times, deaths (a cut link: the lease expires on the server), graceful leaves,
 //! re-entries, a close, slow links and injected backend errors. Every case checks

@@ -8,7 +8,7 @@ use crate::kv::{LeaseId, Revision};
 /// A boxed error from a backend's client library.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// An error of a backend operation (see KV.md). A failed precondition is not an error.
+/// An error of a backend operation (see docs/KV.md). A failed precondition is not an error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KvError {
@@ -148,7 +148,7 @@ pub enum ConfigError {
     SchemeTaken(String),
 }
 
-/// An error of the rendezvous (see SURFACE.md): the variants users branch on.
+/// An error of the rendezvous (see docs/PROTOCOL.md): the variants users branch on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RendezvousError {

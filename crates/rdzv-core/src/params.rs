@@ -1,4 +1,4 @@
-//! The parameters of a rendezvous (PROTOCOL.md "Parameters"), with defaults and validation.
+//! The parameters of a rendezvous (docs/PROTOCOL.md "Parameters"), with defaults and validation.
 
 use std::time::Duration;
 
@@ -7,9 +7,10 @@ use crate::error::ConfigError;
 /// Default key prefix under which all runs live (the reference's).
 pub const DEFAULT_PREFIX: &str = "/torchelastic/p2p";
 
-/// Parameters of one rendezvous handler. Build with [`RendezvousParams::new`] and the
-/// `with_*` setters; every setter keeps the value valid or the final
-/// [`RendezvousParams::validate`] says why not.
+/// Parameters of one rendezvous handler. Build with [`RendezvousParams::new`] (or
+/// [`RendezvousParams::from_options`] from a URL's query), then change the public fields as
+/// needed; [`RendezvousParams::validate`] (also run by the handler) says which rule a value
+/// breaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RendezvousParams {
     /// The run (job) id: all workers of one job use the same.
@@ -52,7 +53,7 @@ impl RendezvousParams {
         Ok(params)
     }
 
-    /// Every value at its PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
+    /// Every value at its docs/PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
     fn defaults() -> Self {
         RendezvousParams {
             run_id: String::new(),
@@ -68,7 +69,7 @@ impl RendezvousParams {
         }
     }
 
-    /// Checks every rule of PROTOCOL.md; the error names the first broken one.
+    /// Checks every rule of docs/PROTOCOL.md; the error names the first broken one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |option: &str, value: String, reason: &str| {
             Err(ConfigError::InvalidValue { option: option.into(), value, reason: reason.into() })
@@ -101,7 +102,7 @@ impl RendezvousParams {
 }
 
 /// The rendezvous parameters' option names as they appear in a URL query, canonical
-/// spelling, in the order of PROTOCOL.md.
+/// spelling, in the order of docs/PROTOCOL.md.
 pub const OPTION_NAMES: &[&str] = &[
     "min_workers",
     "max_workers",
@@ -170,7 +171,7 @@ fn parse_count(option: &str, value: &str) -> Result<usize, ConfigError> {
 impl RendezvousParams {
     /// Parameters for `run_id` from the rendezvous options of a URL (names canonical or
     /// aliases, values as strings): `min_workers` is required, `max_workers` defaults to it,
-    /// the rest to PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
+    /// the rest to docs/PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
     /// `min_workers`, [`ConfigError::UnknownOption`] for a name that is not a rendezvous
     /// parameter, [`ConfigError::InvalidUrl`] for a parameter given twice (as a name and its
     /// alias), [`ConfigError::InvalidValue`] for a bad value or a broken rule.

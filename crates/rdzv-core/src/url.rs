@@ -1,4 +1,4 @@
-//! Parsing of rendezvous URLs (SURFACE.md): `scheme://[user:pass@]host:port[,host:port…]/<run_id>?options`.
+//! Parsing of rendezvous URLs (docs/OPTIONS.md): `scheme://[user:pass@]host:port[,host:port…]/<run_id>?options`.
 
 use std::collections::BTreeMap;
 
@@ -127,7 +127,7 @@ impl RendezvousUrl {
     }
 
     /// The rendezvous parameters this URL gives: its run id and its rendezvous options with
-    /// PROTOCOL.md's defaults (`min_workers` is required; `max_workers` defaults to it).
+    /// docs/PROTOCOL.md's defaults (`min_workers` is required; `max_workers` defaults to it).
     pub fn params(&self) -> Result<RendezvousParams, ConfigError> {
         RendezvousParams::from_options(&self.run_id, &self.rendezvous_options)
     }

@@ -1,5 +1,5 @@
-//! The rules of rendezvous URLs (SURFACE.md) and of the parameters they carry
-//! (PROTOCOL.md "Parameters"): each rule holds, and each kind of bad input is one clear
+//! The rules of rendezvous URLs (docs/OPTIONS.md) and of the parameters they carry
+//! (docs/PROTOCOL.md "Parameters"): each rule holds, and each kind of bad input is one clear
 //! error, never a panic.
 
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! How to reach an etcd cluster: endpoints, credentials, TLS files and timeouts, from a
-//! rendezvous URL (SURFACE.md) or built by hand.
+//! rendezvous URL (docs/OPTIONS.md) or built by hand.
 
 use std::path::PathBuf;
 use std::time::Duration;

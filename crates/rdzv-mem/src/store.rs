@@ -21,7 +21,7 @@ pub const DEFAULT_HISTORY_LIMIT: usize = 100_000;
 /// The shortest lease TTL: shorter requests are rounded up to it.
 pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 
-/// An in-memory [`Kv`] with the complete semantics of KV.md: one store-wide revision
+/// An in-memory [`Kv`] with the complete semantics of docs/KV.md: one store-wide revision
 /// counter, preconditions whose failure returns the current key, leases on tokio time,
 /// watches from any retained revision and a bounded event history.
 ///

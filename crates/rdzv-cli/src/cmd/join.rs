@@ -26,7 +26,8 @@ it printed the first round.
 
 Examples:
   rdzv join 'etcd://10.0.0.5:2379/job42?min_workers=4' --hold 1h
-  eval \"$(rdzv join \"$URL\" --format env --hold 10m &)\"   # RANK=… WORLD_SIZE=…
+  eval \"$(rdzv join \"$URL\" --format env --hold 0s)\"   # sets RANK, WORLD_SIZE, MASTER_ADDR…
+      # $(…) waits for rdzv to exit, so the hold must be 0s: it leaves once it printed.
   some_launcher | rdzv join \"$URL\"    # member as long as the pipe is open
 
 Exit codes: 0 joined and left, 2 bad URL or option, 3 no round formed by the timeout,

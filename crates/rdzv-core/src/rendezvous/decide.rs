@@ -1,7 +1,7 @@
 //! The decision table of the protocol: pure functions from what a worker observed to what it
 //! does next. No I/O and no clock here — the driver (`round.rs`) performs the actions and
 //! feeds back what it sees, so these rules can be tested exhaustively and read next to
-//! PROTOCOL.md "The phases".
+//! docs/PROTOCOL.md "The phases".
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! The rendezvous handler of SURFACE.md: what a worker holds to take part in a run.
+//! The rendezvous handler (docs/PROTOCOL.md): what a worker holds to take part in a run.
 
 use std::sync::Arc;
 use std::time::Duration;

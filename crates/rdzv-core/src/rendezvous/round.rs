@@ -1,5 +1,5 @@
 //! The driver of one `next_rendezvous` call: performs the actions that `decide.rs` chooses,
-//! phase by phase (PROTOCOL.md "The phases"), and feeds back what it observes. Every wait
+//! phase by phase (docs/PROTOCOL.md "The phases"), and feeds back what it observes. Every wait
 //! is a watch from a known revision; the caller bounds the whole call by its deadline.
 
 use std::sync::Arc;
