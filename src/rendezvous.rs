@@ -73,7 +73,9 @@ impl Rendezvous {
         // finished and left.) What is left of the call's deadline bounds it: the round is
         // complete, so nothing here may fail the call and make the caller destroy it.
         let left = deadline.saturating_duration_since(Instant::now()).max(MIN_BOOTSTRAP_TIME);
-        let store = Store::new(self.handler.backend(), info.store_prefix.clone()).with_timeout(left);
+        let store = Store::new(self.handler.backend(), info.store_prefix.clone())
+            .with_timeout(left)
+            .with_lease(info.run_lease);
         let bootstrap = bootstrap::exchange(&info, &store, &self.handler).await?;
         Ok(Round {
             run_id: info.run_id,

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{KvError, RendezvousError};
 use crate::ext::KvExt;
-use crate::kv::{Kv, PutMode};
+use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::session::Session;
 
@@ -38,6 +38,10 @@ pub struct RendezvousInfo {
     pub participants: Vec<Participant>,
     /// The key prefix of the round's Store (`…/rdzv/v_<N>/kv/`).
     pub store_prefix: Vec<u8>,
+    /// The run lease (TTL `run_ttl`, kept alive by every live handler of the run): bind the
+    /// round's Store data to it, so that it goes with the run (`None` if this worker could
+    /// not learn it).
+    pub run_lease: Option<LeaseId>,
     /// How long the phases took.
     pub timings: RoundTimings,
 }
@@ -184,6 +188,7 @@ impl RendezvousHandler {
             world_size: round.participants.len(),
             participants: round.participants.clone(),
             store_prefix: ctx.keys.store(round.version),
+            run_lease: round.run_lease,
             timings: round.timings,
         };
         if let Some(lease) = round.run_lease {
@@ -297,6 +302,7 @@ impl RendezvousHandler {
         if worker.membership.take().is_some() {
             self.publish(None, Some(RoundBroken::Left));
         }
+        inner.ctx.run_lease.release();
         if let Some(session) = worker.session.take() {
             session.close().await?;
         }

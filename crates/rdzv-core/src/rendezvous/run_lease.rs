@@ -50,6 +50,13 @@ impl RunLease {
         *current = Some(Session::attach(self.kv.clone(), lease, self.ttl));
     }
 
+    /// Stops helping to keep the lease alive (this worker left the run): once every worker
+    /// has done so, the run's lasting keys go `run_ttl` later. Never revokes: other workers
+    /// may still use the run.
+    pub(crate) fn release(&self) {
+        self.lock().take();
+    }
+
     /// Forgets the lease (after the server said it does not exist), so the next
     /// [`RunLease::id`] finds or creates a new one.
     pub(crate) fn invalidate(&self, lease: LeaseId) {
