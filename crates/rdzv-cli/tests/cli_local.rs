@@ -102,3 +102,37 @@ async fn bench_on_mem_prints_json() {
     assert!(v["writes_per_worker_round"].as_f64().unwrap() > 0.0);
     assert!(v["peak_memory_kib"].as_u64().unwrap() > 0);
 }
+
+/// Run ids and node ids follow one rule at every entry point of the binary (flags, the
+/// URL's path, its `node_id` option), and over-long durations are refused: all exit 2
+/// before anything joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_identifiers_and_durations_exit_2() {
+    for (args, says) in [
+        (&["bench", "mem://ids/b", "--workers", "1", "--run-id", "a/rdzv/v_1/join/x"][..], "`/`"),
+        (&["bench", "mem://ids/b", "--workers", "1", "--run-id", ""], "empty"),
+        (&["join", "mem://ids/j?min_workers=1", "--node-id", ""], "empty"),
+        (&["join", "mem://ids/j?min_workers=1", "--node-id", "a b"], "whitespace"),
+        (&["run", "mem://ids/r?min_workers=1", "--node-id", "x/y", "--", "true"], "`/`"),
+        (&["join", "mem://ids/a%2Fb?min_workers=1"], "run_id"),
+        (&["join", "mem://ids/a%20b?min_workers=1"], "whitespace"),
+        (&["join", "mem://ids/j?min_workers=1&node_id=a%2Fb"], "node_id"),
+        (&["join", "mem://ids/j?min_workers=1&timeout=18446744073709551615"], "at most one year"),
+        (&["join", "mem://ids/j?min_workers=1&run_ttl=600000000000h"], "too long"),
+        (&["join", "mem://ids/j?min_workers=1", "--hold", "18446744073709551615s"], "too long"),
+        (
+            &["run", "mem://ids/r?min_workers=1", "--monitor-interval", "0s", "--", "true"],
+            "greater than zero",
+        ),
+    ] {
+        let (code, out, err) = run_once(args).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
+    }
+    // The same ids, well-formed, work.
+    let (code, _, err) =
+        run_once(&["join", "mem://ids/12345678?min_workers=1", "--node-id", "trainer-0.svc", "--hold", "0s"])
+            .await;
+    assert_eq!(code, 0, "{err}");
+}

@@ -467,13 +467,7 @@ fn parse_run_id(path: &str) -> Result<String, ConfigError> {
         value: raw.to_string(),
         reason: why,
     })?;
-    if run_id.contains('/') || run_id.chars().any(char::is_control) {
-        return Err(ConfigError::InvalidValue {
-            option: "run_id".into(),
-            value: raw.to_string(),
-            reason: "the run id must not contain `/` or control characters".into(),
-        });
-    }
+    crate::ids::validate_id("run_id", &run_id)?;
     Ok(run_id)
 }
 

@@ -175,7 +175,7 @@ fn parts() -> impl Strategy<Value = Parts> {
         proptest::option::of("\\PC{1,10}"),
         prop::collection::vec(endpoint(), 1..4),
         prop::collection::vec(endpoint(), 0..3),
-        "\\PC{1,12}".prop_filter("one segment", |r| !r.contains('/')),
+        "[A-Za-z0-9_.:@+-]{1,12}",
         prop::collection::btree_map(rendezvous_name, "\\PC{1,8}", 0..5),
         prop::collection::btree_map(backend_name, "\\PC{1,8}", 0..3),
         any::<bool>(),
@@ -241,6 +241,18 @@ proptest! {
         body in "[a-zA-Z0-9:/@?&=%\\[\\].,_~+# -]{0,60}",
     ) {
         check_any(&format!("{scheme}{body}"))?;
+    }
+
+    /// Whatever a run id's characters, the URL parser accepts it exactly when the
+    /// identifier rule does.
+    #[test]
+    fn run_ids_follow_the_identifier_rule(run_id in "\\PC{1,12}") {
+        let parsed = RendezvousUrl::parse(&format!("etcd://h/{}", enc(&run_id)));
+        let rule = rdzv_core::ids::validate_id("run_id", &run_id);
+        prop_assert_eq!(parsed.is_ok(), rule.is_ok(), "{:?}: {:?} vs {:?}", run_id, parsed, rule);
+        if let Ok(url) = parsed {
+            prop_assert_eq!(url.run_id, run_id);
+        }
     }
 
     #[test]

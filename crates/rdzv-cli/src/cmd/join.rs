@@ -41,13 +41,13 @@ pub struct JoinArgs {
     url: String,
     /// Stay a member this long after the round formed (e.g. 30s, 10m, 2h), then leave.
     /// Default: until stdin closes or SIGINT/SIGTERM.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::duration)]
     hold: Option<Duration>,
     /// How to print each round.
     #[arg(long, value_enum, default_value = "json")]
     format: JoinFormat,
     /// This worker's node id (unique within the run; default: host-pid-random).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = crate::args::node_id)]
     node_id: Option<String>,
     /// The address this worker advertises to the others (default: its host name).
     #[arg(long, value_name = "ADDR")]

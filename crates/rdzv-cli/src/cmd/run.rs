@@ -60,16 +60,16 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 3, value_name = "K")]
     max_restarts: u32,
     /// How often to check for workers waiting to join.
-    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::args::positive_duration)]
     monitor_interval: Duration,
     /// How long the command gets to exit after SIGTERM before it is killed.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::args::duration)]
     grace_period: Duration,
     /// How long a rank whose command succeeded waits for the others to succeed.
-    #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = crate::args::duration)]
     finish_timeout: Duration,
     /// This worker's node id (unique within the run; default: host-pid-random).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = crate::args::node_id)]
     node_id: Option<String>,
     /// The address this worker advertises (MASTER_ADDR when it is rank 0; default: host name).
     #[arg(long, value_name = "ADDR")]
