@@ -136,3 +136,54 @@ async fn bad_identifiers_and_durations_exit_2() {
             .await;
     assert_eq!(code, 0, "{err}");
 }
+
+/// `rdzv run` on a URL with a password, with `RDZV_PASSWORD` set too: the command's
+/// environment holds neither password; `RDZV_URL` reaches it redacted (or not at all when it
+/// does not parse), and the round's own variables are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_hides_the_password_from_the_command() {
+    let cases = [
+        // The URL comes from RDZV_URL.
+        (
+            None,
+            "mem://u:hunter2@pwtest/job1?min_workers=1",
+            Some("RDZV_URL=mem://u:***@pwtest/job1?min_workers=1"),
+        ),
+        // The URL is an argument; the inherited RDZV_URL names another backend.
+        (
+            Some("mem://pwtest/job2?min_workers=1"),
+            "redis://:hunter2@h:6379/x",
+            Some("RDZV_URL=redis://:***@h:6379/x"),
+        ),
+        // An inherited RDZV_URL that does not parse (an unencoded `/` in the password).
+        (Some("mem://pwtest/job3?min_workers=1"), "redis://:hun/ter2@h/x", None),
+    ];
+    for (arg, env_url, expected) in cases {
+        let mut args = vec!["run"];
+        args.extend(arg);
+        args.extend(["--", "env"]);
+        let out = tokio::process::Command::new(cli_support::RDZV)
+            .args(&args)
+            .env("RDZV_URL", env_url)
+            .env("RDZV_PASSWORD", "from-env-s3cret")
+            .stdin(std::process::Stdio::null())
+            .output();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(30), out).await.unwrap().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            stdout.contains("RANK=0\n") && stdout.contains("WORLD_SIZE=1\n"),
+            "the command ran: {stdout}"
+        );
+        for secret in ["hunter2", "ter2", "from-env-s3cret"] {
+            assert!(!stdout.contains(secret), "{args:?}: the command saw `{secret}`:\n{stdout}");
+            assert!(!stderr.contains(secret), "{args:?}: the agent printed `{secret}`:\n{stderr}");
+        }
+        assert!(!stdout.contains("RDZV_PASSWORD"), "{stdout}");
+        match expected {
+            Some(line) => assert!(stdout.lines().any(|l| l == line), "{args:?}: no `{line}` in:\n{stdout}"),
+            None => assert!(!stdout.contains("RDZV_URL="), "{args:?}: {stdout}"),
+        }
+    }
+}

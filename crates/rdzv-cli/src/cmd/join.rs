@@ -29,6 +29,12 @@ Examples:
   eval \"$(rdzv join \"$URL\" --format env --hold 10m &)\"   # RANK=… WORLD_SIZE=…
   some_launcher | rdzv join \"$URL\"    # member as long as the pipe is open
 
+Passwords: rather than user:password@ in the URL (visible to anyone who can list
+processes), use the URL option password_file=<path> (the file holds the password; a
+trailing newline is dropped) or the environment variable RDZV_PASSWORD (used when the URL
+gives no password and names a user, or is redis:// or rediss://), e.g.
+  RDZV_PASSWORD=\"$(cat /run/secrets/etcd)\" rdzv join 'etcd://trainer@10.0.0.5:2379/job42?min_workers=4'
+
 Exit codes: 0 joined and left, 2 bad URL or option, 3 no round formed by the timeout,
 4 the run is closed, 5 the backend is unreachable, 1 anything else.";
 
