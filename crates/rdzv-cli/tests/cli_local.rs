@@ -117,6 +117,8 @@ async fn bad_identifiers_and_durations_exit_2() {
         (&["join", "mem://ids/a%2Fb?min_workers=1"], "run_id"),
         (&["join", "mem://ids/a%20b?min_workers=1"], "whitespace"),
         (&["join", "mem://ids/j?min_workers=1&node_id=a%2Fb"], "node_id"),
+        // What other Redis tools read as the database is refused as a run id.
+        (&["join", "redis://127.0.0.1:1/0?min_workers=1"], "redis://host:6379/<run_id>?db=0"),
         (&["join", "mem://ids/j?min_workers=1&timeout=18446744073709551615"], "at most one year"),
         (&["join", "mem://ids/j?min_workers=1&run_ttl=600000000000h"], "too long"),
         (&["join", "mem://ids/j?min_workers=1", "--hold", "18446744073709551615s"], "too long"),

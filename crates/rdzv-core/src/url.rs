@@ -4,7 +4,14 @@
 //!
 //! The URL's path is the run id: one segment, percent-decoded, following the identifier
 //! rule of [`crate::ids`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
-//! characters).
+//! characters). On `redis://` and `rediss://` a path of **one or two digits** (`/0`,
+//! `/15`) is refused unless the URL also gives the database with `db=`: every other Redis
+//! tool reads that path as the database number, so two jobs sharing
+//! `REDIS_URL=redis://host:6379/0` would silently join the same run `0`. Write the run id
+//! as the path and the database as an option, `redis://host:6379/<run_id>?db=0`; a
+//! numeric run id such as a Slurm job id (`redis://host/12345678`) needs nothing more, and
+//! a one- or two-digit one is accepted with an explicit database
+//! (`redis://host/42?db=0`).
 //!
 //! # The password
 //!
@@ -148,7 +155,8 @@ impl RendezvousUrl {
     /// options are `name=value`, percent-decoded (`+` is a plain plus), each at most once,
     /// aliases mapped to canonical names (`min_nodes`, `max_nodes`, `etcd_prefix`); on
     /// `etcd`, `protocol=https` turns the scheme into `etcds`; the run id follows
-    /// [`crate::ids`]; the password comes from the URL, `password_file=` or `RDZV_PASSWORD` (read
+    /// [`crate::ids`] and, on `redis`/`rediss`, is not one or two digits unless `db=` is
+    /// given; the password comes from the URL, `password_file=` or `RDZV_PASSWORD` (read
     /// here; see the module's documentation). Every error is one [`ConfigError`] that never
     /// contains the password.
     pub fn parse_with_default_port(input: &str, default_port: Option<u16>) -> Result<Self, ConfigError> {
@@ -442,6 +450,22 @@ fn parse_url(input: &str, default_port: Option<u16>) -> Result<(RendezvousUrl, O
         }
     }
 
+    if matches!(scheme.as_str(), "redis" | "rediss")
+        && run_id.len() <= 2
+        && run_id.chars().all(|c| c.is_ascii_digit())
+        && !options.contains_key("db")
+    {
+        return Err(ConfigError::InvalidValue {
+            option: "run_id".into(),
+            value: run_id,
+            reason: format!(
+                "on {scheme}:// the path is the run id, not the database number as in other Redis \
+                 tools, so every job using this URL would join the same run; write \
+                 {scheme}://host:6379/<run_id>?db=0 (a run id of one or two digits needs an \
+                 explicit `db=`, e.g. {scheme}://host:6379/42?db=0)"
+            ),
+        });
+    }
     let url = RendezvousUrl { scheme, endpoints, username, password, run_id, options, rendezvous_options };
     Ok((url, password_file))
 }

@@ -736,3 +736,28 @@ fn redacting_a_url_text_hides_only_the_password() {
         assert_eq!(redact_url_text(input).as_deref(), expected, "{input}");
     }
 }
+
+/// On `redis://`, a path of one or two digits is what other tools read as the database:
+/// refused unless `db=` says which database is meant; longer numeric run ids work.
+#[test]
+fn redis_paths_that_look_like_a_database_are_refused() {
+    for url in
+        ["redis://h:6379/0", "redis://h/15", "rediss://h/7?min_workers=1", "redis://h/00", "redis://h/99"]
+    {
+        match parse_err(url) {
+            ConfigError::InvalidValue { option, reason, .. } => {
+                assert_eq!(option, "run_id", "{url}");
+                assert!(reason.contains("/<run_id>?db=0"), "{url}: {reason}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    assert_eq!(parse("redis://h/12345678").run_id, "12345678", "a Slurm job id");
+    assert_eq!(parse("redis://h/100").run_id, "100");
+    assert_eq!(parse("redis://h/0?db=0").run_id, "0", "explicit database: the path is a run id");
+    assert_eq!(parse("redis://h/job?db=0").options["db"], "0");
+    assert_eq!(parse("redis://h/0a").run_id, "0a");
+    // Other schemes have no database in the path.
+    assert_eq!(parse("etcd://h/0").run_id, "0");
+    assert_eq!(parse("mem://m/0").run_id, "0");
+}

@@ -180,8 +180,20 @@ fn parts() -> impl Strategy<Value = Parts> {
         prop::collection::btree_map(backend_name, "\\PC{1,8}", 0..3),
         any::<bool>(),
     )
-        .prop_map(|(scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases)| {
-            Parts { scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases }
+        .prop_map(|(scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases)| Parts {
+            scheme,
+            user,
+            password,
+            hosts,
+            extra,
+            run_id,
+            rendezvous,
+            backend,
+            use_aliases,
+        })
+        .prop_filter("a one- or two-digit Redis path needs db=", |p| {
+            let database_like = p.run_id.len() <= 2 && p.run_id.chars().all(|c| c.is_ascii_digit());
+            !(p.scheme.starts_with("redis") && database_like && !p.backend.contains_key("db"))
         })
 }
 
