@@ -18,7 +18,9 @@ pub const DEFAULT_PREFIX: &str = "/torchelastic/p2p";
 /// [`RendezvousParams::validate`] says why not.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RendezvousParams {
-    /// The run (job) id: all workers of one job use the same.
+    /// The run (job) id: all workers of one job use the same. It follows the identifier
+    /// rule of [`crate::ids`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
+    /// characters).
     pub run_id: String,
     /// Smallest world size a round may complete with (≥ 1).
     pub min_workers: usize,
@@ -34,7 +36,8 @@ pub struct RendezvousParams {
     pub keep_alive_ttl: Duration,
     /// How long a run's data outlives its last live worker.
     pub run_ttl: Duration,
-    /// This worker's node id (default: `<hostname>-<pid>-<random>`).
+    /// This worker's node id (default: `<hostname>-<pid>-<random>`); the same rule as
+    /// run ids.
     pub node_id: Option<String>,
     /// The address this worker advertises (default: its host name).
     pub local_addr: Option<String>,
@@ -42,7 +45,8 @@ pub struct RendezvousParams {
 
 impl RendezvousParams {
     /// Parameters for `run_id` with `min ..= max` workers and every other value at its
-    /// default; fails if `run_id` is empty, `min` is 0 or `min > max`.
+    /// default; fails if `run_id` breaks the rule of [`crate::ids`], `min` is 0 or
+    /// `min > max`.
     pub fn new(
         run_id: impl Into<String>,
         min_workers: usize,
