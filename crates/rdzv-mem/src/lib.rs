@@ -61,4 +61,6 @@ mod watch;
 
 pub use factory::MemFactory;
 pub use faults::{FaultyKv, Latency};
-pub use store::{DEFAULT_HISTORY_LIMIT, MIN_LEASE_TTL, MemKv, MemKvBuilder};
+pub use store::{
+    DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE, MIN_LEASE_TTL, MemKv, MemKvBuilder,
+};
