@@ -157,6 +157,17 @@ impl EtcdKv {
         }
     }
 
+    /// The store's current revision (one count-only read of an empty range).
+    async fn current_revision(&self) -> KvResult<Revision> {
+        let response = self
+            .call("compact", None, |c| {
+                let mut kv = c.kv.clone();
+                async move { kv.get(vec![0u8], Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?;
+        revision(response.header())
+    }
+
     async fn txn(&self, operation: &str, lease: Option<LeaseId>, txn: Txn) -> KvResult<TxnResponse> {
         self.call(operation, lease, |c| {
             let (mut kv, txn) = (c.kv.clone(), txn.clone());
@@ -420,7 +431,12 @@ impl Kv for EtcdKv {
                 async move {
                     // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
                     // etcd-client reports as "lease not found").
-                    let (mut keeper, mut responses) = lease.keep_alive(id).await?;
+                    // etcd-client's only `LeaseKeepAliveError` here is its own answer to TTL
+                    // 0 (the request channel it sends on cannot be closed yet).
+                    let (mut keeper, mut responses) = match lease.keep_alive(id).await {
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(errors::lease_not_found()),
+                        other => other,
+                    }?;
                     if let Some(ttl) = known_ttl {
                         return Ok(ttl);
                     }
@@ -428,9 +444,7 @@ impl Kv for EtcdKv {
                     keeper.keep_alive().await?;
                     match responses.message().await? {
                         Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-                        Some(_) => {
-                            Err(etcd_client::Error::LeaseKeepAliveError("lease not found".to_string()))
-                        }
+                        Some(_) => Err(errors::lease_not_found()),
                         None => Err(etcd_client::Error::LeaseKeepAliveError(
                             "keep-alive stream closed".to_string(),
                         )),
@@ -489,19 +503,33 @@ impl Kv for EtcdKv {
     }
 
     async fn compact(&self, revision: Revision) -> KvResult<()> {
-        let result = self
+        let compacted = self
             .call("compact", None, |c| {
                 let mut kv = c.kv.clone();
                 // Physical: return once the history is really gone, so that a watch from an
                 // older revision fails right after.
-                async move { kv.compact(revision, Some(CompactionOptions::new().with_physical())).await }
+                async move {
+                    match kv.compact(revision, Some(CompactionOptions::new().with_physical())).await {
+                        Ok(_) => Ok(true),
+                        // etcd answers OutOfRange both when `revision` is already compacted
+                        // and when it is in the future; the current revision tells which.
+                        Err(e) if errors::server_code(&e) == Some(tonic::Code::OutOfRange) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                }
             })
-            .await;
-        match result {
-            Ok(_) => Ok(()),
+            .await?;
+        if compacted {
+            return Ok(());
+        }
+        let current = self.current_revision().await?;
+        if revision <= current {
             // Already compacted at or past `revision`: nothing left to do.
-            Err(KvError::InvalidArgument(message)) if message.contains("has been compacted") => Ok(()),
-            Err(e) => Err(e),
+            Ok(())
+        } else {
+            Err(KvError::InvalidArgument(format!(
+                "etcd compact: revision {revision} is in the future (the current revision is {current})"
+            )))
         }
     }
 }

@@ -118,7 +118,13 @@ impl Shared {
         member
             .clients
             .get_or_try_init(|| async {
-                let client = Client::connect([member.url.as_str()], self.connect.clone()).await?;
+                let client = Client::connect([member.url.as_str()], self.connect.clone()).await;
+                // With credentials, connecting logs in, and the login is the only request
+                // it makes: a final answer to it means the credentials were refused.
+                let client = match client {
+                    Err(e) if self.username.is_some() => Err(errors::login_refused(e)),
+                    other => other,
+                }?;
                 Ok(Clients::new(client))
             })
             .await
@@ -292,7 +298,9 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     }
     let operation = "connect";
     let classify = |e: etcd_client::Error, ctx: Context<'_>| {
-        ConnectError::Kv(with_tls_hint(errors::classify(operation, e, ctx), options))
+        let tls_failure = errors::is_tls_failure(&e);
+        let error = errors::classify(operation, e, ctx);
+        ConnectError::Kv(if tls_failure { error } else { with_tls_hint(error, options) })
     };
     let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
     let members = urls.len() as u32;
@@ -314,13 +322,13 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     Ok(Arc::new(shared))
 }
 
-/// A TLS connection the server closes during the first contact, without a client
-/// certificate, is most likely a server that requires one; TLS 1.3 does not always let the
-/// client see the server's alert.
+/// A TLS connection the server closes during the first contact (without a TLS error on
+/// our side), without a client certificate, is most likely a server that requires one;
+/// TLS 1.3 does not always let the client see the server's alert.
 fn with_tls_hint(error: KvError, options: &EtcdOptions) -> KvError {
     match (error, &options.tls) {
         (KvError::Unavailable { backend, endpoint, message, source }, Some(tls))
-            if tls.client_cert.is_none() && !message.contains("TLS handshake") =>
+            if tls.client_cert.is_none() =>
         {
             KvError::Unavailable {
                 backend,
