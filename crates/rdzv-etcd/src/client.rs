@@ -353,10 +353,26 @@ fn no_answer(endpoint_list: &str, options: &EtcdOptions) -> KvError {
     }
 }
 
-/// Reads the PEM files of `tls`.
+/// Reads the PEM files of `tls`; without a CA file, the system's CA store is trusted.
 pub(crate) fn tls_options(tls: &TlsFiles) -> Result<TlsOptions, ConnectError> {
-    let ca = read_pem("cacert", &tls.ca_cert)?;
-    let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+    let mut config = match &tls.ca_cert {
+        Some(path) => TlsOptions::new().ca_certificate(Certificate::from_pem(read_pem("cacert", path)?)),
+        None => {
+            // tonic would fail every connection attempt with a transport error instead.
+            if rustls_native_certs::load_native_certs().certs.is_empty() {
+                return Err(ConnectError::Config(ConfigError::MissingOption(
+                    "cacert (etcds:// without cacert trusts the system's CA store, and none was \
+                     found: install the system's CA certificates (ca-certificates) or give \
+                     cacert=/path/ca.pem)"
+                        .to_string(),
+                )));
+            }
+            TlsOptions::new().with_native_roots()
+        }
+    };
+    if let Some(name) = &tls.server_name {
+        config = config.domain_name(name.clone());
+    }
     match (&tls.client_cert, &tls.client_key) {
         (Some(cert), Some(key)) => {
             let cert = read_pem("cert", cert)?;

@@ -31,13 +31,15 @@
 //! etcd://[user:password@]host[:2379][,host2:2379…]/<run_id>?min_workers=2
 //! etcd://host:2379/<run_id>?endpoints=h2:2379,h3:2379
 //! etcds://host:2379/<run_id>?cacert=ca.pem&cert=client.pem&key=client.key
+//! etcds://10.0.0.5:2379/<run_id>?tls_server_name=etcd.internal   (system CA store)
 //! etcd://host:2379/<run_id>?protocol=https&cacert=ca.pem      (the reference's spelling)
 //! ```
 //!
 //! | option | meaning | default |
 //! |---|---|---|
-//! | `cacert` | PEM file of the CA that signed the servers' certificates (required with TLS) | — |
+//! | `cacert` | PEM file of the CA that signed the servers' certificates | the system's CA store |
 //! | `cert`, `key` | PEM client certificate and its key, for servers with `--client-cert-auth` | none |
+//! | `tls_server_name` | the name the servers' certificates are issued to, if not the host in the URL | the host |
 //! | `connect_timeout` | how long connecting, and the first contact, may take | 5 s |
 //! | `request_timeout` | how long any single request may take | 10 s |
 //! | `max_request_bytes` | the servers' `--max-request-bytes`; set it only if theirs was raised | 1572864 (etcd's default, 1.5 MiB) |

@@ -8,7 +8,7 @@ use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
 
 /// The query options the etcd backend understands (besides the rendezvous parameters).
 pub const OPTIONS: &[&str] =
-    &["cacert", "cert", "key", "connect_timeout", "request_timeout", "max_request_bytes"];
+    &["cacert", "cert", "key", "tls_server_name", "connect_timeout", "request_timeout", "max_request_bytes"];
 
 /// etcd's default `--max-request-bytes` (1.5 MiB): the largest request an etcd server
 /// accepts unless started with a larger limit. The default of
@@ -43,16 +43,25 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default [`EtcdOptions::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// TLS settings: the CA that signed the servers' certificates, and optionally a client
-/// certificate and its key (for servers started with `--client-cert-auth`). All PEM files.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// TLS settings: the CA that signed the servers' certificates (or the system's CA store),
+/// optionally a client certificate and its key (for servers started with
+/// `--client-cert-auth`), all PEM files, and the name the servers' certificates are issued
+/// to if it is not the host connected to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TlsFiles {
-    /// PEM file of the CA certificate(s) to trust (URL option `cacert`).
-    pub ca_cert: PathBuf,
+    /// PEM file of the CA certificate(s) to trust (URL option `cacert`); `None` trusts the
+    /// system's CA store instead (`/etc/ssl/certs` and the like; `SSL_CERT_FILE` or
+    /// `SSL_CERT_DIR` replace it).
+    pub ca_cert: Option<PathBuf>,
     /// PEM file of the client certificate (URL option `cert`); requires `client_key`.
     pub client_cert: Option<PathBuf>,
     /// PEM file of the client certificate's private key (URL option `key`).
     pub client_key: Option<PathBuf>,
+    /// The name the servers' certificates must be issued to (URL option
+    /// `tls_server_name`), when it is not the endpoint's host — e.g. certificates for
+    /// `etcd.internal` on servers reached by IP address. `None`: the endpoint's host. Also
+    /// sent as the TLS server name (SNI).
+    pub server_name: Option<String>,
 }
 
 /// Everything needed to connect to an etcd cluster. Two [`EtcdKv`](crate::EtcdKv)s built
@@ -135,8 +144,8 @@ impl EtcdOptions {
     }
 
     /// Reads the options of a parsed `etcd://` or `etcds://` URL: its endpoints, user and
-    /// password, and the query options `cacert`, `cert`, `key` (TLS, only with `etcds`, where
-    /// `cacert` is required), `connect_timeout` and `request_timeout` (seconds, or a duration
+    /// password, and the query options `cacert`, `cert`, `key`, `tls_server_name` (TLS, only
+    /// with `etcds`; without `cacert` the system's CA store is trusted), `connect_timeout` and `request_timeout` (seconds, or a duration
     /// like `500ms`, `10s`) and `max_request_bytes` (bytes). Other query options are ignored here (the registry rejects the
     /// unknown ones before a backend sees them).
     pub fn from_url(url: &RendezvousUrl) -> Result<Self, ConfigError> {
@@ -179,10 +188,12 @@ impl EtcdOptions {
             options.max_request_bytes = parse_max_request_bytes(value)?;
         }
         let (cacert, cert, key) = (option("cacert"), option("cert"), option("key"));
+        let server_name = option("tls_server_name");
         if !tls_wanted {
-            if let Some((name, value)) = [("cacert", cacert), ("cert", cert), ("key", key)]
-                .into_iter()
-                .find_map(|(n, v)| v.map(|v| (n, v)))
+            if let Some((name, value)) =
+                [("cacert", cacert), ("cert", cert), ("key", key), ("tls_server_name", server_name)]
+                    .into_iter()
+                    .find_map(|(n, v)| v.map(|v| (n, v)))
             {
                 return Err(ConfigError::InvalidValue {
                     option: name.to_string(),
@@ -193,15 +204,19 @@ impl EtcdOptions {
             return Ok(options);
         }
         let ca_cert = match cacert {
-            Some(path) if !path.is_empty() => PathBuf::from(path),
-            _ => {
-                return Err(ConfigError::MissingOption(
-                    "cacert (etcds:// needs the PEM file of the CA that signed the etcd \
-                     servers' certificates: cacert=/path/ca.pem)"
+            Some("") => {
+                return Err(ConfigError::InvalidValue {
+                    option: "cacert".to_string(),
+                    value: String::new(),
+                    reason: "give the PEM file of the CA that signed the etcd servers' \
+                             certificates, or leave cacert out to trust the system's CA store"
                         .to_string(),
-                ));
+                });
             }
+            Some(path) => Some(PathBuf::from(path)),
+            None => None,
         };
+        let server_name = server_name.map(parse_server_name).transpose()?;
         let (client_cert, client_key) = match (cert, key) {
             (None, None) => (None, None),
             (Some(cert), Some(key)) => (Some(PathBuf::from(cert)), Some(PathBuf::from(key))),
@@ -221,7 +236,7 @@ impl EtcdOptions {
                 });
             }
         };
-        options.tls = Some(TlsFiles { ca_cert, client_cert, client_key });
+        options.tls = Some(TlsFiles { ca_cert, client_cert, client_key, server_name });
         Ok(options)
     }
 
@@ -229,6 +244,18 @@ impl EtcdOptions {
     pub fn endpoint_list(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// Checks `tls_server_name`: a DNS name or an IP address, as certificates name servers.
+fn parse_server_name(value: &str) -> Result<String, ConfigError> {
+    match rustls::pki_types::ServerName::try_from(value) {
+        Ok(_) => Ok(value.to_string()),
+        Err(e) => Err(ConfigError::InvalidValue {
+            option: "tls_server_name".to_string(),
+            value: value.to_string(),
+            reason: format!("{e}: give the DNS name (or IP address) the servers' certificates are issued to"),
+        }),
     }
 }
 
@@ -315,20 +342,31 @@ mod tests {
     }
 
     #[test]
-    fn tls_needs_etcds_and_a_ca() {
-        let err = EtcdOptions::from_url(&url("etcd", &[("cacert", "/ca.pem")])).unwrap_err();
-        assert!(err.to_string().contains("etcds"), "{err}");
-        let err = EtcdOptions::from_url(&url("etcds", &[])).unwrap_err();
-        assert!(err.to_string().contains("cacert"), "{err}");
+    fn tls_needs_etcds_and_trusts_the_system_store_without_a_ca() {
+        for option in ["cacert", "tls_server_name"] {
+            let err = EtcdOptions::from_url(&url("etcd", &[(option, "x")])).unwrap_err();
+            assert!(err.to_string().contains("etcds"), "{err}");
+        }
+        let options = EtcdOptions::from_url(&url("etcds", &[])).unwrap();
+        assert_eq!(options.tls, Some(TlsFiles::default()), "no CA: the system's store");
+        let err = EtcdOptions::from_url(&url("etcds", &[("cacert", "")])).unwrap_err();
+        assert!(err.to_string().contains("system's CA store"), "{err}");
         let err = EtcdOptions::from_url(&url("etcds", &[("cacert", "/ca"), ("cert", "/c")])).unwrap_err();
         assert!(err.to_string().contains("key="), "{err}");
-        let options =
-            EtcdOptions::from_url(&url("etcds", &[("cacert", "/ca"), ("cert", "/c"), ("key", "/k")]))
-                .unwrap();
+        let options = EtcdOptions::from_url(&url(
+            "etcds",
+            &[("cacert", "/ca"), ("cert", "/c"), ("key", "/k"), ("tls_server_name", "etcd.internal")],
+        ))
+        .unwrap();
         let tls = options.tls.clone().unwrap();
-        assert_eq!(tls.ca_cert, PathBuf::from("/ca"));
+        assert_eq!(tls.ca_cert, Some(PathBuf::from("/ca")));
         assert_eq!(tls.client_key, Some(PathBuf::from("/k")));
+        assert_eq!(tls.server_name.as_deref(), Some("etcd.internal"));
         assert_eq!(options.endpoint_list(), "https://127.0.0.1:2379");
+        for bad in ["", "not a name", "etcd..internal"] {
+            let err = EtcdOptions::from_url(&url("etcds", &[("tls_server_name", bad)])).unwrap_err();
+            assert!(err.to_string().contains("tls_server_name"), "{bad}: {err}");
+        }
     }
 
     #[test]
