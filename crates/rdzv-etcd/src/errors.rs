@@ -206,7 +206,8 @@ fn classify_answer(
             backend: BACKEND,
             message: format!(
                 "{operation}: permission denied at {} ({message}): the user's roles must grant \
-                 read and write on the keys under rdzv's prefix (see docs/ETCD.md, RBAC)",
+                 read and write on every key under rdzv's key prefix (parameter `prefix`, \
+                 default /torchelastic/p2p; see docs/ETCD.md, RBAC)",
                 ctx.endpoints
             ),
             source: Some(Box::new(error)),
