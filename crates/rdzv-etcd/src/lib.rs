@@ -109,7 +109,7 @@
 //! the servers' `--max-request-bytes`.
 //!
 //! ## Errors
-//! Classified by error type and gRPC status code, not by message (see the module `errors`):
+//! Classified by error type and gRPC status code, not by message (see docs/ETCD.md):
 //! unreachable, refused, reset or TLS-failed connections and etcd's `Unavailable` answers
 //! ("no leader", "request timed out"…) are `Unavailable`; deadlines are `Timeout`; an
 //! unknown lease is `LeaseNotFound`; compaction in a watch is `Compacted`; bad arguments
