@@ -66,28 +66,6 @@ async fn all_complete(
     back.elapsed()
 }
 
-/// The pid of the etcd serving `client_port` (the harness runs it under a watchdog shell).
-fn etcd_pid(client_port: u16) -> u32 {
-    let needle = format!("127.0.0.1:{client_port}");
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        let args: Vec<String> =
-            cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let is_etcd = args.first().is_some_and(|a| a.ends_with("etcd"));
-        if is_etcd && args.iter().any(|a| a.contains(&needle)) {
-            return pid;
-        }
-    }
-    panic!("no etcd process serves port {client_port}");
-}
-
-fn signal(pid: u32, name: &str) {
-    let status =
-        std::process::Command::new("kill").args([&format!("-{name}"), &pid.to_string()]).status().unwrap();
-    assert!(status.success(), "kill -{name} {pid} failed");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_paused_longer_than_the_ttl_then_the_round_completes() {
     let server = EtcdServer::start().await.unwrap();
@@ -96,10 +74,9 @@ async fn etcd_paused_longer_than_the_ttl_then_the_round_completes() {
     let early = handlers(&kv, &p, &["a", "b"]).await;
     let calls = spawn_calls(&early);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pid = etcd_pid(server.endpoint().port);
-    signal(pid, "STOP");
+    server.pause().unwrap();
     tokio::time::sleep(3 * TTL).await;
-    signal(pid, "CONT");
+    server.resume().unwrap();
     let back = Instant::now();
     let late = handlers(&kv, &p, &["c", "d"]).await;
     let mut calls = calls;

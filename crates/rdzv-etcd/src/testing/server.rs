@@ -311,6 +311,44 @@ impl EtcdServer {
         self.end("term").await
     }
 
+    /// Freezes the server with SIGSTOP, like a machine that stops answering without closing
+    /// its connections (a long GC pause, a hung disk). Its clock keeps running: leases whose
+    /// TTL passes meanwhile expire as soon as it is resumed with [`EtcdServer::resume`].
+    pub fn pause(&self) -> Result<(), HarnessError> {
+        self.signal("STOP")
+    }
+
+    /// Resumes a server frozen by [`EtcdServer::pause`] (SIGCONT).
+    pub fn resume(&self) -> Result<(), HarnessError> {
+        self.signal("CONT")
+    }
+
+    /// Sends `signal` to the etcd process (not its watchdog shell), found by the client
+    /// address on its command line.
+    fn signal(&self, signal: &str) -> Result<(), HarnessError> {
+        let needle = format!("127.0.0.1:{}", self.client_port);
+        let entries =
+            std::fs::read_dir("/proc").map_err(|e| HarnessError::new(format!("cannot list /proc: {e}")))?;
+        for entry in entries.flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+            let is_etcd = args.next().is_some_and(|a| a.ends_with("etcd"));
+            if is_etcd && args.any(|a| a.contains(&needle)) {
+                let pid = entry.file_name().to_string_lossy().into_owned();
+                let status = std::process::Command::new("kill")
+                    .args([format!("-{signal}"), pid.clone()])
+                    .status()
+                    .map_err(|e| HarnessError::new(format!("cannot run kill: {e}")))?;
+                return if status.success() {
+                    Ok(())
+                } else {
+                    Err(HarnessError::new(format!("kill -{signal} {pid} failed: {status}")))
+                };
+            }
+        }
+        Err(HarnessError::new(format!("no etcd process serves {needle}")))
+    }
+
     /// Kills the server (SIGKILL), like a crash; see [`EtcdServer::stop`].
     pub async fn kill(&mut self) -> Result<(), HarnessError> {
         self.end("kill").await
