@@ -375,14 +375,21 @@ impl RendezvousHandler {
     }
 }
 
-/// `<host>-<pid>-<random>`: unique per process and handler.
+/// `<host>-<pid>-<random>`: unique per process and handler. Characters of the host name
+/// that the identifier rule ([`crate::ids`]) does not allow become `-`, and the host part
+/// is cut so that the whole id fits.
 fn default_node_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
     );
-    format!("{}-{}-{:06x}", host_name(), std::process::id(), hasher.finish() & 0xff_ffff)
+    let host: String = host_name()
+        .chars()
+        .map(|c| if crate::ids::is_id_char(c) { c } else { '-' })
+        .take(crate::ids::MAX_ID_LEN - 20)
+        .collect();
+    format!("{host}-{}-{:06x}", std::process::id(), hasher.finish() & 0xff_ffff)
 }
 
 /// This machine's host name, or `localhost` if it cannot be found.
@@ -393,4 +400,16 @@ pub(crate) fn host_name() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_node_id_follows_the_identifier_rule() {
+        let id = default_node_id();
+        assert!(crate::ids::validate_id("node_id", &id).is_ok(), "{id:?}");
+        assert_ne!(id, default_node_id(), "two handlers got the same default id");
+    }
 }
