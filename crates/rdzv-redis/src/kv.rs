@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rdzv_core::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvResult,
-    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
-    WatchStream,
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, Kv, KvError,
+    KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision,
+    WatchScope, WatchStream,
 };
 
 use crate::client::{Retry, Shared};
@@ -55,6 +55,14 @@ impl RedisKv {
     pub fn config(&self) -> &RedisConfig {
         &self.shared.config
     }
+
+    /// Records the revision of a conflict's current key as seen.
+    fn saw(&self, current: Option<KeyValue>) -> Option<KeyValue> {
+        if let Some(kv) = &current {
+            self.shared.high.saw_revision(kv.mod_revision);
+        }
+        current
+    }
 }
 
 fn mode_args(mode: PutMode) -> (&'static [u8], Revision) {
@@ -91,6 +99,7 @@ impl Kv for RedisKv {
         let mut r = self.shared.call("get", &[key], Retry::Idempotent).await?;
         let revision = r.int()?;
         let kv = r.optional_key_value()?;
+        self.shared.high.saw_revision(revision);
         Ok(GetResponse { kv, revision })
     }
 
@@ -111,6 +120,7 @@ impl Kv for RedisKv {
         while !records.is_empty() {
             kvs.push(records.key_value()?);
         }
+        self.shared.high.saw_revision(revision);
         Ok(RangeResponse { kvs, count: u64::try_from(count).unwrap_or(0), revision })
     }
 
@@ -123,9 +133,10 @@ impl Kv for RedisKv {
             "ok" => {
                 let revision = r.int()?;
                 let create_revision = r.int()?;
+                self.shared.high.saw_revision(revision);
                 Ok(PutOutcome::Written { revision, create_revision })
             }
-            "conflict" => Ok(PutOutcome::Conflict { current: r.optional_key_value()? }),
+            "conflict" => Ok(PutOutcome::Conflict { current: self.saw(r.optional_key_value()?) }),
             "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
             _ => Err(r.unexpected()),
         }
@@ -138,9 +149,13 @@ impl Kv for RedisKv {
         };
         let mut r = self.shared.call("delete", &[key, mode, &num(expect)], Retry::Once).await?;
         match r.tag.as_str() {
-            "ok" => Ok(DeleteOutcome::Deleted { revision: r.int()? }),
+            "ok" => {
+                let revision = r.int()?;
+                self.shared.high.saw_revision(revision);
+                Ok(DeleteOutcome::Deleted { revision })
+            }
             "missing" => Ok(DeleteOutcome::Missing),
-            "conflict" => Ok(DeleteOutcome::Conflict { current: r.optional_key_value()? }),
+            "conflict" => Ok(DeleteOutcome::Conflict { current: self.saw(r.optional_key_value()?) }),
             _ => Err(r.unexpected()),
         }
     }
@@ -154,6 +169,7 @@ impl Kv for RedisKv {
         let mut r = self.shared.call("delete_prefix", &[prefix], Retry::Once).await?;
         let deleted = r.int()?;
         let revision = r.int()?;
+        self.shared.high.saw_revision(revision);
         Ok(DeletePrefixResponse { deleted: u64::try_from(deleted).unwrap_or(0), revision })
     }
 
@@ -167,7 +183,9 @@ impl Kv for RedisKv {
             return Err(KvError::InvalidArgument(format!("lease TTL {ttl:?} is too long")));
         }
         let mut r = self.shared.call("grant", &[&num(ms)], Retry::Once).await?;
-        r.int()
+        let lease = r.int()?;
+        self.shared.high.saw_lease(lease);
+        Ok(lease)
     }
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {

@@ -60,7 +60,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `{rdzv:ns}:rev` | string | the current revision |
-//! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below) |
+//! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below; `…:rolled-back:<found>:<seen>` after a rollback) |
 //! | `{rdzv:ns}:k:<key>` | hash | `v` value, `c` create revision, `m` mod revision, `n` version, `l` lease |
 //! | `{rdzv:ns}:names` | sorted set | every key, for prefix ranges by key (`ZRANGEBYLEX`) |
 //! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` (every prefix of a key ending in `/` or `_`, and the empty one) scored by create revision: counts and creation-ordered ranges in O(log N) |
@@ -81,7 +81,16 @@
 //! attaches to the namespace's *epoch*, created by the first client; if the server restarts
 //! without persistence (or is flushed) the epoch is gone, and every operation and watch of
 //! the old client fails with a clear error instead of serving a history that no longer
-//! exists.
+//! exists. If the server instead comes back with *older* data (restarted from an RDB/AOF
+//! snapshot that misses the last writes, or a lagging replica promoted), the epoch survives
+//! but the revision counter goes back, and revisions would be handed out again for
+//! different writes. Each client remembers the highest revision and lease id it has seen;
+//! every script call carries them and is refused when the server's counters are lower, and
+//! the feed checks the same after every reconnect and whenever the log is quiet. The client
+//! that finds a rollback fails that call, every later one and its open watches with a
+//! non-retryable error saying "rolled back", and gives the namespace a new epoch so that
+//! every other client attached to it stops too (at its next call, or its reaper's within
+//! a second). New clients start over on what the server has.
 //!
 //! ## What the server needs
 //! Redis 7 (Debian's 7.0 is what the tests run), or a compatible server with Lua scripting

@@ -188,6 +188,119 @@ async fn server_restart_is_unavailable_then_reported_as_lost_data() {
     assert!(matches!(kv.get(b"k").await, Err(KvError::Backend { .. })));
 }
 
+/// The error of a client that found its server rolled back: clear, and never retryable.
+fn assert_rolled_back(e: &KvError, what: &str) {
+    assert!(matches!(e, KvError::Backend { .. }) && !e.is_retryable(), "{what}: {e:?}");
+    assert!(e.to_string().contains("rolled back"), "{what}: {e}");
+}
+
+/// Retries `op` while the server is coming back (retryable errors), for at most `WAIT`.
+async fn once_back<T, F, Fut>(mut op: F) -> rdzv_core::KvResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = rdzv_core::KvResult<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_an_older_snapshot_is_a_rollback_for_operations_and_watches() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let mut config = server.config("rollback");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let watcher = connect(config.clone()).await;
+    let first = put(&*kv, b"/p/a", b"before", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", watcher.watch(b"/p/", WatchScope::Prefix, first + 1)).await.unwrap();
+    let saved = put(&*kv, b"/p/b", b"before", PutOptions::OVERWRITE).await;
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    // Acknowledged after the snapshot: the restart loses them.
+    let lost = put(&*kv, b"/p/a", b"after", PutOptions::OVERWRITE).await;
+    let last = put(&*kv, b"/p/c", b"after", PutOptions::OVERWRITE).await;
+    for rev in [saved, lost, last] {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+
+    server.restart_from_snapshot().expect("restart from the snapshot");
+    // A client that attaches after the restart carries on from the snapshot and is handed
+    // the lost revision again, for a different value. (If an old client has already
+    // detected the rollback, the namespace was reset and it attaches to the new epoch.)
+    let mut reused = None;
+    for _ in 0..3 {
+        let fresh = connect(config.clone()).await;
+        match once_back(|| fresh.put(b"/p/a", b"stranger", PutOptions::OVERWRITE)).await {
+            Ok(PutOutcome::Written { revision, .. }) => {
+                reused = Some(revision);
+                break;
+            }
+            Err(e) => assert_rolled_back(&e, "a client attached just before the reset"),
+            Ok(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(reused, Some(lost), "the restored server hands out revision {lost} again");
+
+    // A compare-and-swap on the revision the old client remembers would match the
+    // stranger's value: it must be refused, loudly.
+    let e = once_back(|| kv.put(b"/p/a", b"mine", PutOptions::new(rdzv_core::PutMode::Update(lost))))
+        .await
+        .expect_err("a swap on a reused revision succeeded");
+    assert_rolled_back(&e, "the swap");
+    let e = kv.get(b"/p/a").await.expect_err("a read after the rollback succeeded");
+    assert_rolled_back(&e, "the next read");
+    // The open watch ends with the same error instead of skipping the reused revisions.
+    let e = next(&mut events).await.expect_err("the watch went on after the rollback");
+    assert_rolled_back(&e, "the watch");
+    assert!(within("watch end", events.next()).await.is_none());
+    let e = once_back(|| watcher.get(b"/p/a")).await.expect_err("the watcher's client went on");
+    assert_rolled_back(&e, "the watcher's client");
+    // A new client starts over on what the server has.
+    let fresh = connect(config).await;
+    let got = within("get", fresh.get(b"/p/a")).await.unwrap().kv.unwrap();
+    assert_eq!(got.value, b"stranger");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_that_go_back_without_a_restart_are_a_rollback_too() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let base = format!("{{rdzv:{ns}}}:");
+    let mut conn = raw(server).await;
+
+    // A lease id handed out again: a keep-alive could renew a stranger's lease.
+    let kv = connect(server.config(&ns)).await;
+    let lease = within("grant", kv.lease_grant(Duration::from_secs(30))).await.unwrap();
+    let _: () =
+        redis::cmd("SET").arg(format!("{base}leaseid")).arg(lease - 1).query_async(&mut conn).await.unwrap();
+    let e = kv.lease_keep_alive(lease).await.expect_err("keep-alive after the lease ids went back");
+    assert_rolled_back(&e, "keep-alive");
+    assert!(e.to_string().contains("lease"), "{e}");
+
+    // The revision going back under a quiet watch (no reconnect): the feed's own check.
+    let ns = RedisServer::fresh_namespace();
+    let base = format!("{{rdzv:{ns}}}:");
+    let kv = connect(server.config(&ns)).await;
+    let rev = put(&*kv, b"/q/1", b"v", PutOptions::OVERWRITE).await;
+    put(&*kv, b"/q/2", b"v", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/q/", WatchScope::Prefix, rev)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    assert_eq!(next(&mut events).await.unwrap().revision(), rev + 1);
+    let _: () =
+        redis::cmd("SET").arg(format!("{base}rev")).arg(rev - 1).query_async(&mut conn).await.unwrap();
+    let e = next(&mut events).await.expect_err("the watch went on after the rollback");
+    assert_rolled_back(&e, "the quiet watch");
+    let e = kv.get(b"/q/1").await.expect_err("a read after the rollback");
+    assert_rolled_back(&e, "the read");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_to_nothing_is_unavailable_in_time() {
     let port = {

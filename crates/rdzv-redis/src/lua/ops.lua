@@ -1,6 +1,6 @@
 -- rdzv on Redis: the operations (helpers in prelude.lua). Each returns a table whose first
 -- element says what happened: 'ok', 'conflict', 'missing', 'lease_not_found', 'future';
--- 'corrupt' and 'epoch' come from the dispatcher at the end.
+-- 'corrupt', 'epoch' and 'rollback' come from the dispatcher at the end.
 
 -- Attaches a client: returns the namespace's epoch, creating it (from the server clock) if
 -- the namespace is new.
@@ -16,7 +16,7 @@ end
 
 local function op_get()
   prologue()
-  local k = ARGV[5]
+  local k = ARGV[7]
   local rec = load(k, true)
   if rec then
     return { 'ok', cur_rev(), reply_kv(k, rec) }
@@ -28,15 +28,15 @@ end
 -- keys only ('1'), count only ('1'). Reply: 'ok', revision, count, flat records.
 local function op_range()
   prologue()
-  local p = ARGV[5]
-  local limit = tonumber(ARGV[6])
+  local p = ARGV[7]
+  local limit = tonumber(ARGV[8])
   local maxc = nil
-  if ARGV[7] ~= '' then
-    maxc = tonumber(ARGV[7])
+  if ARGV[9] ~= '' then
+    maxc = tonumber(ARGV[9])
   end
-  local by_create = ARGV[8] == 'create'
-  local keys_only = ARGV[9] == '1'
-  local count_only = ARGV[10] == '1'
+  local by_create = ARGV[10] == 'create'
+  local keys_only = ARGV[11] == '1'
+  local count_only = ARGV[12] == '1'
   local rev = cur_rev()
   local lo, hi = '-', '+'
   if #p > 0 then
@@ -141,8 +141,8 @@ end
 -- revision, lease (0 = none). Reply: 'ok', revision, create revision.
 local function op_put()
   prologue()
-  local k, v, mode = ARGV[5], ARGV[6], ARGV[7]
-  local expect, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local k, v, mode = ARGV[7], ARGV[8], ARGV[9]
+  local expect, lease = tonumber(ARGV[10]), tonumber(ARGV[11])
   local cur = load(k, true)
   if mode == 'c' and cur then
     return conflict(k, cur)
@@ -163,7 +163,7 @@ end
 -- compare-and-swap, which is exact).
 local function op_incr()
   prologue()
-  local k, delta = ARGV[5], tonumber(ARGV[6])
+  local k, delta = ARGV[7], tonumber(ARGV[8])
   local cur = load(k, true)
   local n = 0
   if cur then
@@ -184,7 +184,7 @@ end
 -- ARGV: key, mode ('a' any | 'i' if mod revision), expected mod revision.
 local function op_delete()
   prologue()
-  local k, mode, expect = ARGV[5], ARGV[6], tonumber(ARGV[7])
+  local k, mode, expect = ARGV[7], ARGV[8], tonumber(ARGV[9])
   local cur = load(k, true)
   if mode == 'i' and (not cur or cur.m ~= expect) then
     return conflict(k, cur)
@@ -203,7 +203,7 @@ end
 local function op_delete_prefix()
   prologue()
   local recs = {}
-  for _, k in ipairs(keys_with_prefix(ARGV[5])) do
+  for _, k in ipairs(keys_with_prefix(ARGV[7])) do
     local rec = load(k, false)
     if not rec then
       corrupt(dkey(k), 'indexed key has no record')
@@ -225,7 +225,7 @@ end
 -- ARGV: ttl in ms. Reply: 'ok', lease id.
 local function op_grant()
   local now = prologue()
-  local ttl = tonumber(ARGV[5])
+  local ttl = tonumber(ARGV[7])
   local id = redis.call('INCR', K_LEASEID)
   redis.call('ZADD', K_LEASES, s(now + ttl), s(id))
   redis.call('HSET', K_LTTL, s(id), s(ttl))
@@ -235,7 +235,7 @@ end
 -- ARGV: lease id. Reply: 'ok', ttl in ms.
 local function op_keep_alive()
   local now = prologue()
-  local id = tonumber(ARGV[5])
+  local id = tonumber(ARGV[7])
   if not lease_alive(id) then
     return { 'lease_not_found' }
   end
@@ -250,7 +250,7 @@ end
 -- ARGV: lease id.
 local function op_revoke()
   prologue()
-  local id = tonumber(ARGV[5])
+  local id = tonumber(ARGV[7])
   if not lease_alive(id) then
     return { 'lease_not_found' }
   end
@@ -271,7 +271,7 @@ end
 -- ARGV: revision. Discards the log before it. Reply: 'ok', oldest available revision.
 local function op_compact()
   prologue()
-  local rev = tonumber(ARGV[5])
+  local rev = tonumber(ARGV[7])
   local cur = cur_rev()
   if rev > cur then
     return { 'future', cur }
@@ -298,9 +298,9 @@ local ops = {
   compact = op_compact,
 }
 
-local f = ops[ARGV[4]]
+local f = ops[ARGV[6]]
 if not f then
-  return redis.error_reply('rdzv: unknown operation ' .. tostring(ARGV[4]))
+  return redis.error_reply('rdzv: unknown operation ' .. tostring(ARGV[6]))
 end
 local ok, res = pcall(f)
 if ok then
@@ -311,5 +311,8 @@ if type(res) == 'table' and res.rdzv_corrupt then
 end
 if type(res) == 'table' and res.rdzv_epoch then
   return { 'epoch', res.found }
+end
+if type(res) == 'table' and res.rdzv_rollback then
+  return { 'rollback', res.rev, res.seen, res.lease, res.seen_lease }
 end
 error(res)

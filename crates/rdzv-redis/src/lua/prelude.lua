@@ -2,8 +2,10 @@
 --
 -- Calling convention: KEYS[1] = <base>rev (routes the call to the namespace's slot);
 -- ARGV[1] = <base> = "{rdzv:<namespace>}:", ARGV[2] = the epoch the client attached to,
--- ARGV[3] = how many revisions of history the event log keeps, ARGV[4] = the operation,
--- ARGV[5..] = its arguments. Every key touched starts with <base>, so one hash slot.
+-- ARGV[3] = how many revisions of history the event log keeps, ARGV[4] = the highest
+-- revision and ARGV[5] = the highest lease id this client has seen (rollback detection),
+-- ARGV[6] = the operation, ARGV[7..] = its arguments. Every key touched starts with <base>,
+-- so one hash slot.
 --
 -- Nothing here rolls back: Redis applies a script's writes as they happen. So every
 -- operation first reads and validates all it needs (a foreign value under our keys aborts
@@ -19,6 +21,8 @@ local K_LEASES = B .. 'leases'
 local K_LTTL = B .. 'lttl'
 local K_LEASEID = B .. 'leaseid'
 local HISTORY = tonumber(ARGV[3])
+local SEEN_REV = tonumber(ARGV[4]) or 0
+local SEEN_LEASE = tonumber(ARGV[5]) or 0
 
 -- Lua turns numbers into strings with "%.14g"; revisions are integers and must stay exact.
 local function s(n)
@@ -232,14 +236,28 @@ end
 -- Every operation but `init` starts here: the epoch must be the one the client attached
 -- to (otherwise the server lost or replaced our data), the counters must be ours, and
 -- expired leases are reaped before anything is read.
+--
+-- A counter below what this client has already seen means the server went back in time: it
+-- restarted from an older RDB/AOF snapshot, or a replica that missed writes was promoted.
+-- The epoch survived, but revisions and lease ids will be handed out again for different
+-- writes, so a compare-and-swap on a remembered revision could match a stranger's value and
+-- watches would skip the reused revisions. The operation is refused, and the namespace gets a
+-- new epoch that says why, so every other client attached to the old one stops too (its next
+-- call, or its reaper within a fraction of a second) instead of carrying on against a history
+-- that no longer holds. New clients attach to the new epoch and start over.
 local function prologue()
   local e = rcall(K_EPOCH, 'GET', K_EPOCH)
   if e ~= ARGV[2] then
     error({ rdzv_epoch = true, found = e or '' })
   end
-  cur_rev()
+  local rev = cur_rev()
   compacted()
-  int_at(K_LEASEID, 0)
+  local lease_id = int_at(K_LEASEID, 0)
+  if rev < SEEN_REV or lease_id < SEEN_LEASE then
+    local t = redis.call('TIME')
+    redis.call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
+    error({ rdzv_rollback = true, rev = rev, seen = SEEN_REV, lease = lease_id, seen_lease = SEEN_LEASE })
+  end
   rcall(K_LTTL, 'HLEN', K_LTTL)
   rcall(K_LOG, 'XLEN', K_LOG)
   return reap()

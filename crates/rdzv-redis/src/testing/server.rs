@@ -29,8 +29,10 @@ impl std::error::Error for HarnessError {}
 /// How long a server may take to answer `PING` after it was started.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 
-/// A `redis-server` process started by the test: no persistence (`--save ""
-/// --appendonly no`), a temporary directory, loopback only. It is killed on drop (also
+/// A `redis-server` process started by the test: no automatic persistence (`--save ""
+/// --appendonly no`; a test may still `SAVE` a snapshot and
+/// [restart from it](RedisServer::restart_from_snapshot)), a temporary directory, loopback
+/// only. It is killed on drop (also
 /// when a test panics) and when the test process exits in any way: the server runs under
 /// a small shell that kills it as soon as its standard input — a pipe held by this process
 /// — closes.
@@ -186,10 +188,37 @@ impl RedisServer {
         }
     }
 
-    /// Stops the server and starts it again on the same port(s), empty (no persistence).
+    /// Stops the server and starts it again on the same port(s), empty (no persistence; a
+    /// snapshot saved with `SAVE` is deleted first).
     pub fn restart(&mut self) -> Result<(), HarnessError> {
         self.stop();
+        match std::fs::remove_file(self.snapshot_file()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(HarnessError(format!("cannot delete the old snapshot: {e}"))),
+        }
         self.launch()
+    }
+
+    /// Kills the server (nothing is saved at exit) and starts it again on the same port(s)
+    /// and directory, so it loads the last snapshot a client saved with `SAVE` or `BGSAVE`:
+    /// what a restart from an RDB snapshot looks like in production, writes after the
+    /// snapshot lost. Errors if there is no snapshot.
+    pub fn restart_from_snapshot(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        let snapshot = self.snapshot_file();
+        if !snapshot.is_file() {
+            return Err(HarnessError(format!(
+                "no snapshot at {}: send SAVE to the server before restarting from it",
+                snapshot.display()
+            )));
+        }
+        self.launch()
+    }
+
+    /// Where `SAVE`/`BGSAVE` write the snapshot (the server's `dir` and default `dbfilename`).
+    pub fn snapshot_file(&self) -> PathBuf {
+        self.dir.path().join("dump.rdb")
     }
 
     /// Whether the server process is running.
