@@ -165,6 +165,7 @@ impl Shared {
             .arg(self.config.history)
             .arg(self.high.revision())
             .arg(self.high.lease())
+            .arg(self.config.history_bytes)
             .arg(op);
         for a in args {
             invocation.arg(*a);

@@ -14,7 +14,11 @@ pub const DEFAULT_PORT: u16 = 6379;
 pub const DEFAULT_NAMESPACE: &str = "rdzv";
 
 /// The URL query options the Redis backend understands.
-pub const OPTIONS: &[&str] = &["db", "cacert", "connect_timeout", "request_timeout", "namespace", "history"];
+pub const OPTIONS: &[&str] =
+    &["db", "cacert", "connect_timeout", "request_timeout", "namespace", "history", "history_bytes"];
+
+/// Default bound of the event log in bytes (`history_bytes=`).
+pub const DEFAULT_HISTORY_BYTES: u64 = 64 << 20;
 
 /// Connection and layout settings of a [`RedisKv`](crate::RedisKv).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +46,11 @@ pub struct RedisConfig {
     /// Revisions of watch history kept (`history=`, default 100 000); older ones are
     /// compacted away.
     pub history: u64,
+    /// Bytes of events the log keeps (`history_bytes=`, default 64 MiB; suffixes `KiB`,
+    /// `MiB`, `GiB` accepted): the oldest revisions are compacted away beyond it, whatever
+    /// `history` says. Each event counts its key and value plus 64 bytes; the newest
+    /// revision is always kept, so the log holds at most this plus one request.
+    pub history_bytes: u64,
 }
 
 impl RedisConfig {
@@ -58,6 +67,7 @@ impl RedisConfig {
             request_timeout: Duration::from_secs(10),
             namespace: DEFAULT_NAMESPACE.to_string(),
             history: 100_000,
+            history_bytes: DEFAULT_HISTORY_BYTES,
         }
     }
 
@@ -107,6 +117,7 @@ impl RedisConfig {
                 "request_timeout" => config.request_timeout = positive(name, value)?,
                 "namespace" => config.namespace = value.clone(),
                 "history" => config.history = parse_history(value)?,
+                "history_bytes" => config.history_bytes = parse_bytes(name, value)?,
                 other => {
                     return Err(ConfigError::UnknownOption {
                         option: other.to_string(),
@@ -135,6 +146,13 @@ impl RedisConfig {
                 option: "namespace".into(),
                 value: self.namespace.clone(),
                 reason: "expected a non-empty name without `{`, `}` or control characters".into(),
+            });
+        }
+        if self.history_bytes == 0 {
+            return Err(ConfigError::InvalidValue {
+                option: "history_bytes".into(),
+                value: "0".into(),
+                reason: "the event log needs room for at least one event".into(),
             });
         }
         if self.history == 0 {
@@ -173,6 +191,28 @@ fn parse_history(value: &str) -> Result<u64, ConfigError> {
         value: value.into(),
         reason: "expected a number of revisions, at least 1".into(),
     })
+}
+
+/// A byte count: digits, optionally followed by `KiB`, `MiB` or `GiB`.
+fn parse_bytes(option: &str, value: &str) -> Result<u64, ConfigError> {
+    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit: u64 = match &value[digits.len()..] {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => 0,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|n| *n > 0 && *n <= 1 << 50)
+        .ok_or_else(|| ConfigError::InvalidValue {
+            option: option.into(),
+            value: value.into(),
+            reason: "expected a size in bytes above zero, e.g. `67108864` or `64MiB`".into(),
+        })
 }
 
 fn positive(option: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -217,6 +257,7 @@ mod tests {
                 ("connect_timeout", "2s"),
                 ("namespace", "t1"),
                 ("history", "10"),
+                ("history_bytes", "2MiB"),
             ],
         ))
         .unwrap();
@@ -225,6 +266,7 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.key_base(), "{rdzv:t1}:");
         assert_eq!(c.history, 10);
+        assert_eq!(c.history_bytes, 2 << 20);
         assert_eq!(c.endpoint_display(), "rediss://h:7000/3");
         assert!(!format!("{c:?}").contains("hunter2"));
     }
@@ -234,6 +276,8 @@ mod tests {
         for (opts, name) in [
             (&[("db", "-1")][..], "db"),
             (&[("history", "0")][..], "history"),
+            (&[("history_bytes", "0")][..], "history_bytes"),
+            (&[("history_bytes", "5MB")][..], "history_bytes"),
             (&[("namespace", "a}b")][..], "namespace"),
             (&[("connect_timeout", "soon")][..], "connect_timeout"),
             (&[("bogus", "1")][..], "bogus"),

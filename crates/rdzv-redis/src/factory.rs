@@ -10,7 +10,7 @@ use crate::kv::RedisKv;
 
 /// The backend factory for the `redis` and `rediss` schemes (registered by the `rdzv`
 /// facade). Options: `db`, `cacert`, `connect_timeout`, `request_timeout`, `namespace`,
-/// `history` (see [`RedisConfig`]).
+/// `history`, `history_bytes` (see [`RedisConfig`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RedisFactory;
 

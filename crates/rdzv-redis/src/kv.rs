@@ -13,9 +13,13 @@ use rdzv_core::{
 use crate::client::{Retry, Shared};
 use crate::config::RedisConfig;
 use crate::error::NAME;
+use crate::limits::{check_key, check_write};
 
 /// The Redis backend: etcd v3 semantics from one Lua script and one stream per namespace
-/// (see the [crate docs](crate)). Cheap to share behind an `Arc`; every clone of that `Arc`
+/// (see the [crate docs](crate)). Keys, values and requests larger than
+/// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) and
+/// [`MAX_REQUEST_BYTES`](crate::MAX_REQUEST_BYTES) fail with [`KvError::TooLarge`] before
+/// anything is sent. Cheap to share behind an `Arc`; every clone of that `Arc`
 /// uses one multiplexed connection, plus one for all its watches while any is open.
 /// Dropping the last one stops its background lease reaper.
 pub struct RedisKv {
@@ -96,6 +100,7 @@ impl Kv for RedisKv {
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
+        check_key(key)?;
         let mut r = self.shared.call("get", &[key], Retry::Idempotent).await?;
         let revision = r.int()?;
         let kv = r.optional_key_value()?;
@@ -104,6 +109,7 @@ impl Kv for RedisKv {
     }
 
     async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
+        check_key(prefix)?;
         let limit = num(options.limit.unwrap_or(0));
         let max_create = options.max_create_revision.map(num).unwrap_or_default();
         let order: &[u8] = match options.order {
@@ -125,6 +131,7 @@ impl Kv for RedisKv {
     }
 
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        check_write(key, value)?;
         let (mode, expect) = mode_args(options.mode);
         let lease = lease_arg(options.lease)?;
         let args = [key, value, mode, &num(expect), &num(lease)];
@@ -143,6 +150,7 @@ impl Kv for RedisKv {
     }
 
     async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
+        check_key(key)?;
         let (mode, expect): (&[u8], Revision) = match mode {
             DeleteMode::Any => (b"a", 0),
             DeleteMode::IfRevision(rev) => (b"i", rev),
@@ -161,6 +169,7 @@ impl Kv for RedisKv {
     }
 
     async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
+        check_key(prefix)?;
         if prefix.is_empty() {
             return Err(KvError::InvalidArgument(
                 "delete_prefix needs a non-empty prefix (deleting every key is not allowed)".into(),
@@ -207,10 +216,12 @@ impl Kv for RedisKv {
     }
 
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+        check_key(key)?;
         crate::watch::start(&self.shared, key.to_vec(), scope, start_revision).await
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        check_key(key)?;
         // Lua numbers are doubles: beyond 2^53 the script declines and compare-and-swap,
         // which is exact, takes over.
         if delta.unsigned_abs() >= 1 << 53 {

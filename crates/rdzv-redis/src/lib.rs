@@ -13,7 +13,16 @@
 //! Options: `db` (database number), `cacert` (PEM CA for `rediss://`; default: the system's
 //! roots), `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
 //! `namespace` (default `rdzv`; clients in different namespaces never see each other),
-//! `history` (revisions of watch history kept, default 100 000).
+//! `history` (revisions of watch history kept, default 100 000), `history_bytes` (bytes of
+//! watch history kept, default 64 MiB).
+//!
+//! ## Limits
+//! Checked before anything is sent, failing with
+//! [`KvError::TooLarge`](rdzv_core::KvError::TooLarge): a key (or prefix) of at most
+//! [`MAX_KEY_BYTES`] (4 KiB), a value of at most [`MAX_VALUE_BYTES`] and a key and value
+//! together of at most [`MAX_REQUEST_BYTES`] (both 1.5 MiB, etcd's default request limit).
+//! A key is indexed under at most 51 prefixes (see the data layout), so a write costs a
+//! bounded number of index updates whatever its key looks like.
 //!
 //! ## Why scripts
 //! etcd answers "write this if the key's revision is still R, else tell me what is there" in
@@ -44,8 +53,10 @@
 //! entries a watch needs were trimmed it ends with
 //! [`KvError::Compacted`](rdzv_core::KvError::Compacted),
 //! naming the oldest revision still kept. The stream is trimmed to the last `history`
-//! revisions, or by [`Kv::compact`](rdzv_core::Kv::compact); the `compacted` key records
-//! how far, so compaction is detected exactly.
+//! revisions and, oldest revisions first, to `history_bytes` (each event counting its key,
+//! value and 64 bytes; the newest revision is always kept), or by
+//! [`Kv::compact`](rdzv_core::Kv::compact); the `compacted` key records how far, so
+//! compaction is detected exactly, and `logbytes` how much the log holds.
 //!
 //! ## Leases, on the server's clock
 //! A lease is a deadline in a sorted set, computed from the Redis server's `TIME` inside the
@@ -63,9 +74,10 @@
 //! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below; `…:rolled-back:<found>:<seen>` after a rollback) |
 //! | `{rdzv:ns}:k:<key>` | hash | `v` value, `c` create revision, `m` mod revision, `n` version, `l` lease |
 //! | `{rdzv:ns}:names` | sorted set | every key, for prefix ranges by key (`ZRANGEBYLEX`) |
-//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` (every prefix of a key ending in `/` or `_`, and the empty one) scored by create revision: counts and creation-ordered ranges in O(log N) |
+//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` scored by create revision: counts and creation-ordered ranges in O(log N). `<dir>` is the empty prefix, a prefix ending at one of a key's first 16 `/`, or one ending at one of the first two `_` of one of those path segments (at most 51 per key); other prefixes are answered by filtering their keys |
 //! | `{rdzv:ns}:log` | stream | the events, ids `<revision>-<n>` |
 //! | `{rdzv:ns}:compacted` | string | the oldest revision the log still has |
+//! | `{rdzv:ns}:logbytes` | string | the bytes the log's events count for (`history_bytes`) |
 //! | `{rdzv:ns}:leases` | sorted set | lease ids scored by deadline (server ms) |
 //! | `{rdzv:ns}:lttl` | hash | each lease's TTL |
 //! | `{rdzv:ns}:lk:<id>` | set | the keys bound to a lease |
@@ -122,6 +134,7 @@ mod error;
 mod factory;
 mod feed;
 mod kv;
+mod limits;
 mod reaper;
 mod reply;
 mod watch;
@@ -132,3 +145,4 @@ pub mod testing;
 pub use config::{DEFAULT_NAMESPACE, DEFAULT_PORT, OPTIONS, RedisConfig};
 pub use factory::RedisFactory;
 pub use kv::RedisKv;
+pub use limits::{MAX_KEY_BYTES, MAX_REQUEST_BYTES, MAX_VALUE_BYTES};

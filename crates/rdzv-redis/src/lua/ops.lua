@@ -16,7 +16,7 @@ end
 
 local function op_get()
   prologue()
-  local k = ARGV[7]
+  local k = ARGV[8]
   local rec = load(k, true)
   if rec then
     return { 'ok', cur_rev(), reply_kv(k, rec) }
@@ -28,15 +28,15 @@ end
 -- keys only ('1'), count only ('1'). Reply: 'ok', revision, count, flat records.
 local function op_range()
   prologue()
-  local p = ARGV[7]
-  local limit = tonumber(ARGV[8])
+  local p = ARGV[8]
+  local limit = tonumber(ARGV[9])
   local maxc = nil
-  if ARGV[9] ~= '' then
-    maxc = tonumber(ARGV[9])
+  if ARGV[10] ~= '' then
+    maxc = tonumber(ARGV[10])
   end
-  local by_create = ARGV[10] == 'create'
-  local keys_only = ARGV[11] == '1'
-  local count_only = ARGV[12] == '1'
+  local by_create = ARGV[11] == 'create'
+  local keys_only = ARGV[12] == '1'
+  local count_only = ARGV[13] == '1'
   local rev = cur_rev()
   local lo, hi = '-', '+'
   if #p > 0 then
@@ -52,7 +52,7 @@ local function op_range()
     else
       keys = rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, lo, hi)
     end
-  elseif #p == 0 or string.sub(p, -1) == '/' or string.sub(p, -1) == '_' then
+  elseif indexed(p) then
     local ik = ikey(p)
     local top = maxc and s(maxc) or '+inf'
     count = rcall(ik, 'ZCOUNT', ik, '-inf', top)
@@ -67,7 +67,7 @@ local function op_range()
       end
     end
   else
-    -- A prefix that ends in neither '/' nor '_' has no index: filter its keys (O(matches)).
+    -- A prefix without an index (see `dirs`): filter its keys (O(matches)).
     local sel = {}
     for _, k in ipairs(keys_with_prefix(p)) do
       local rec = load(k, false)
@@ -141,8 +141,8 @@ end
 -- revision, lease (0 = none). Reply: 'ok', revision, create revision.
 local function op_put()
   prologue()
-  local k, v, mode = ARGV[7], ARGV[8], ARGV[9]
-  local expect, lease = tonumber(ARGV[10]), tonumber(ARGV[11])
+  local k, v, mode = ARGV[8], ARGV[9], ARGV[10]
+  local expect, lease = tonumber(ARGV[11]), tonumber(ARGV[12])
   local cur = load(k, true)
   if mode == 'c' and cur then
     return conflict(k, cur)
@@ -163,7 +163,7 @@ end
 -- compare-and-swap, which is exact).
 local function op_incr()
   prologue()
-  local k, delta = ARGV[7], tonumber(ARGV[8])
+  local k, delta = ARGV[8], tonumber(ARGV[9])
   local cur = load(k, true)
   local n = 0
   if cur then
@@ -184,7 +184,7 @@ end
 -- ARGV: key, mode ('a' any | 'i' if mod revision), expected mod revision.
 local function op_delete()
   prologue()
-  local k, mode, expect = ARGV[7], ARGV[8], tonumber(ARGV[9])
+  local k, mode, expect = ARGV[8], ARGV[9], tonumber(ARGV[10])
   local cur = load(k, true)
   if mode == 'i' and (not cur or cur.m ~= expect) then
     return conflict(k, cur)
@@ -203,7 +203,7 @@ end
 local function op_delete_prefix()
   prologue()
   local recs = {}
-  for _, k in ipairs(keys_with_prefix(ARGV[7])) do
+  for _, k in ipairs(keys_with_prefix(ARGV[8])) do
     local rec = load(k, false)
     if not rec then
       corrupt(dkey(k), 'indexed key has no record')
@@ -225,7 +225,7 @@ end
 -- ARGV: ttl in ms. Reply: 'ok', lease id.
 local function op_grant()
   local now = prologue()
-  local ttl = tonumber(ARGV[7])
+  local ttl = tonumber(ARGV[8])
   local id = redis.call('INCR', K_LEASEID)
   redis.call('ZADD', K_LEASES, s(now + ttl), s(id))
   redis.call('HSET', K_LTTL, s(id), s(ttl))
@@ -235,7 +235,7 @@ end
 -- ARGV: lease id. Reply: 'ok', ttl in ms.
 local function op_keep_alive()
   local now = prologue()
-  local id = tonumber(ARGV[7])
+  local id = tonumber(ARGV[8])
   if not lease_alive(id) then
     return { 'lease_not_found' }
   end
@@ -250,7 +250,7 @@ end
 -- ARGV: lease id.
 local function op_revoke()
   prologue()
-  local id = tonumber(ARGV[7])
+  local id = tonumber(ARGV[8])
   if not lease_alive(id) then
     return { 'lease_not_found' }
   end
@@ -271,15 +271,12 @@ end
 -- ARGV: revision. Discards the log before it. Reply: 'ok', oldest available revision.
 local function op_compact()
   prologue()
-  local rev = tonumber(ARGV[7])
+  local rev = tonumber(ARGV[8])
   local cur = cur_rev()
   if rev > cur then
     return { 'future', cur }
   end
-  if rev > compacted() then
-    redis.call('SET', K_COMPACTED, s(rev))
-    redis.call('XTRIM', K_LOG, 'MINID', s(rev) .. '-0')
-  end
+  trim_log(cur, rev)
   return { 'ok', math.max(1, compacted()) }
 end
 
@@ -298,9 +295,9 @@ local ops = {
   compact = op_compact,
 }
 
-local f = ops[ARGV[6]]
+local f = ops[ARGV[7]]
 if not f then
-  return redis.error_reply('rdzv: unknown operation ' .. tostring(ARGV[6]))
+  return redis.error_reply('rdzv: unknown operation ' .. tostring(ARGV[7]))
 end
 local ok, res = pcall(f)
 if ok then

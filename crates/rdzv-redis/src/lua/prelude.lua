@@ -4,7 +4,8 @@
 -- ARGV[1] = <base> = "{rdzv:<namespace>}:", ARGV[2] = the epoch the client attached to,
 -- ARGV[3] = how many revisions of history the event log keeps, ARGV[4] = the highest
 -- revision and ARGV[5] = the highest lease id this client has seen (rollback detection),
--- ARGV[6] = the operation, ARGV[7..] = its arguments. Every key touched starts with <base>,
+-- ARGV[6] = how many bytes of events the log keeps at most (beyond its newest revision),
+-- ARGV[7] = the operation, ARGV[8..] = its arguments. Every key touched starts with <base>,
 -- so one hash slot.
 --
 -- Nothing here rolls back: Redis applies a script's writes as they happen. So every
@@ -20,9 +21,21 @@ local K_COMPACTED = B .. 'compacted'
 local K_LEASES = B .. 'leases'
 local K_LTTL = B .. 'lttl'
 local K_LEASEID = B .. 'leaseid'
+local K_LOGBYTES = B .. 'logbytes'
 local HISTORY = tonumber(ARGV[3])
 local SEEN_REV = tonumber(ARGV[4]) or 0
 local SEEN_LEASE = tonumber(ARGV[5]) or 0
+local HISTORY_BYTES = tonumber(ARGV[6])
+
+-- What one log entry counts for in the log's byte bound: its key and value, plus a fixed
+-- allowance for its id, field names and metadata.
+local ENTRY_OVERHEAD = 64
+
+-- How many '/' of a key, and how many '_' in each of its path segments, start an index (see
+-- `dirs`): a write costs at most 1 + MAX_SLASHES + (MAX_SLASHES + 1) * MAX_UNDERSCORES
+-- index entries, however long or oddly shaped its key.
+local MAX_SLASHES = 16
+local MAX_UNDERSCORES = 2
 
 -- Lua turns numbers into strings with "%.14g"; revisions are integers and must stay exact.
 local function s(n)
@@ -107,20 +120,42 @@ local function reply_kv(k, rec)
   return { k, rec.v or '', rec.c, rec.m, rec.n, rec.l }
 end
 
--- The prefixes that end at a '/' or a '_' of `k` (and the empty prefix): each has a
--- create-revision index, so a prefix query ending in '/' or '_' (the rendezvous' `join/`,
--- `rank_`, `waiting/`) counts and orders by creation in O(log N).
+-- The indexed prefixes of `k`: the empty one, those ending at one of its first MAX_SLASHES
+-- '/', and those ending at one of the first MAX_UNDERSCORES '_' of each of those path
+-- segments. Each has a create-revision index, so a prefix query ending there (the
+-- rendezvous' `join/`, `rank_`, `waiting/`) counts and orders by creation in O(log N); any
+-- other prefix is answered by filtering its keys. Whether a prefix is indexed depends on the
+-- prefix alone (never on the rest of the key), so its index holds every key under it.
 local function dirs(k)
   local res = { '' }
+  local slashes, underscores = 0, 0
   local i = 0
   while true do
     i = string.find(k, '[/_]', i + 1)
     if not i then
       break
     end
-    res[#res + 1] = string.sub(k, 1, i)
+    if string.byte(k, i) == 47 then -- '/'
+      slashes = slashes + 1
+      if slashes > MAX_SLASHES then
+        break
+      end
+      underscores = 0
+      res[#res + 1] = string.sub(k, 1, i)
+    else
+      underscores = underscores + 1
+      if underscores <= MAX_UNDERSCORES then
+        res[#res + 1] = string.sub(k, 1, i)
+      end
+    end
   end
   return res
+end
+
+-- Whether prefix `p` has an index (see `dirs`).
+local function indexed(p)
+  local d = dirs(p)
+  return d[#d] == p
 end
 
 local function ikey(dir)
@@ -160,24 +195,72 @@ local function keys_with_prefix(p)
   return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '[' .. p, lex_upper(p))
 end
 
--- Keeps the last HISTORY revisions in the log; older ones are compacted away. Exact
--- trimming (not '~'): it removes whole revisions only, which is what lets a watch tell a
--- compacted gap from a complete revision.
-local function trim(rev)
-  local oldest = rev - HISTORY + 1
-  if oldest > compacted() then
-    redis.call('SET', K_COMPACTED, s(oldest))
-    redis.call('XTRIM', K_LOG, 'MINID', s(oldest) .. '-0')
+-- The bytes a stored log entry counts for (`fields`: its flat field/value list).
+local function entry_cost(fields)
+  local n = ENTRY_OVERHEAD
+  for i = 1, #fields - 1, 2 do
+    if fields[i] == 'k' or fields[i] == 'v' then
+      n = n + #fields[i + 1]
+    end
   end
+  return n
+end
+
+-- Drops the log's oldest revisions: every one below `keep` and then, while the log counts
+-- more than HISTORY_BYTES, more of them, never `rev` (the newest). Whole revisions only
+-- (exact trimming, not '~'), which is what lets a watch tell a compacted gap from a
+-- complete revision; the `compacted` mark says where the log now starts. Reads each dropped
+-- entry once, to keep the byte count exact.
+local function trim_log(rev, keep)
+  local bytes = int_at(K_LOGBYTES, 0)
+  local kept = compacted()
+  if keep <= kept and bytes <= HISTORY_BYTES then
+    return
+  end
+  local freed, cut, prev = 0, nil, nil
+  local from = '-'
+  while not cut do
+    local batch = redis.call('XRANGE', K_LOG, from, '+', 'COUNT', 64)
+    if #batch == 0 then
+      break
+    end
+    for _, e in ipairs(batch) do
+      local r = tonumber(string.match(e[1], '^(%d+)-'))
+      if not r then
+        corrupt(K_LOG, 'bad entry id ' .. tostring(e[1]))
+      end
+      if r ~= prev and (r >= rev or (r >= keep and bytes - freed <= HISTORY_BYTES)) then
+        cut = r
+        break
+      end
+      freed = freed + entry_cost(e[2])
+      prev = r
+    end
+    from = '(' .. batch[#batch][1]
+  end
+  cut = math.max(cut or keep, keep)
+  if cut > kept then
+    redis.call('SET', K_COMPACTED, s(cut))
+    redis.call('XTRIM', K_LOG, 'MINID', s(cut) .. '-0')
+  end
+  redis.call('SET', K_LOGBYTES, s(math.max(0, bytes - freed)))
+end
+
+-- Keeps the last HISTORY revisions in the log, within HISTORY_BYTES; older ones are
+-- compacted away.
+local function trim(rev)
+  trim_log(rev, rev - HISTORY + 1)
 end
 
 local function log_put(rev, seq, k, rec)
   redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'p', 'k', k, 'v', rec.v,
     'c', s(rec.c), 'm', s(rec.m), 'n', s(rec.n), 'l', s(rec.l))
+  redis.call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k + #rec.v)
 end
 
 local function log_del(rev, seq, k)
   redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'd', 'k', k)
+  redis.call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k)
 end
 
 -- Removes a (validated) record and its index entries; the caller logs the event.
@@ -253,6 +336,7 @@ local function prologue()
   local rev = cur_rev()
   compacted()
   local lease_id = int_at(K_LEASEID, 0)
+  int_at(K_LOGBYTES, 0)
   if rev < SEEN_REV or lease_id < SEEN_LEASE then
     local t = redis.call('TIME')
     redis.call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
