@@ -14,8 +14,17 @@ pub const DEFAULT_PORT: u16 = 6379;
 pub const DEFAULT_NAMESPACE: &str = "rdzv";
 
 /// The URL query options the Redis backend understands.
-pub const OPTIONS: &[&str] =
-    &["db", "cacert", "connect_timeout", "request_timeout", "namespace", "history", "history_bytes"];
+pub const OPTIONS: &[&str] = &[
+    "db",
+    "cacert",
+    "cert",
+    "key",
+    "connect_timeout",
+    "request_timeout",
+    "namespace",
+    "history",
+    "history_bytes",
+];
 
 /// Default bound of the event log in bytes (`history_bytes=`).
 pub const DEFAULT_HISTORY_BYTES: u64 = 64 << 20;
@@ -36,6 +45,11 @@ pub struct RedisConfig {
     /// PEM file of the CA that signed the server's certificate (`cacert=`); `None`: the
     /// system's trust store.
     pub cacert: Option<PathBuf>,
+    /// PEM file of the client certificate presented to the server (`cert=`, with `key`), for
+    /// servers that verify clients (`tls-auth-clients yes`, Redis' default with TLS on).
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (`key=`, with `cert`).
+    pub key: Option<PathBuf>,
     /// Bound on establishing a connection (`connect_timeout=`, default 5 s).
     pub connect_timeout: Duration,
     /// Bound on every request (`request_timeout=`, default 10 s).
@@ -63,6 +77,8 @@ impl RedisConfig {
             db: 0,
             tls: false,
             cacert: None,
+            cert: None,
+            key: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             namespace: DEFAULT_NAMESPACE.to_string(),
@@ -113,6 +129,8 @@ impl RedisConfig {
             match name.as_str() {
                 "db" => config.db = parse_db(value)?,
                 "cacert" => config.cacert = Some(PathBuf::from(value)),
+                "cert" => config.cert = Some(PathBuf::from(value)),
+                "key" => config.key = Some(PathBuf::from(value)),
                 "connect_timeout" => config.connect_timeout = positive(name, value)?,
                 "request_timeout" => config.request_timeout = positive(name, value)?,
                 "namespace" => config.namespace = value.clone(),
@@ -126,12 +144,14 @@ impl RedisConfig {
                 }
             }
         }
-        if config.cacert.is_some() && !config.tls {
-            return Err(ConfigError::InvalidValue {
-                option: "cacert".into(),
-                value: url.options.get("cacert").cloned().unwrap_or_default(),
-                reason: "a CA certificate needs TLS: use `rediss://`".into(),
-            });
+        for option in ["cacert", "cert", "key"] {
+            if let (Some(value), false) = (url.options.get(option), config.tls) {
+                return Err(ConfigError::InvalidValue {
+                    option: option.into(),
+                    value: value.clone(),
+                    reason: "certificates need TLS: use `rediss://`".into(),
+                });
+            }
         }
         config.validate()?;
         Ok(config)
@@ -139,6 +159,35 @@ impl RedisConfig {
 
     /// Checks the values a user can get wrong when building the config by hand.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.cert, &self.key) {
+            (Some(_), Some(_)) | (None, None) => {}
+            (Some(cert), None) => {
+                return Err(ConfigError::InvalidValue {
+                    option: "cert".into(),
+                    value: cert.display().to_string(),
+                    reason: "a client certificate needs its private key (option `key`)".into(),
+                });
+            }
+            (None, Some(key)) => {
+                return Err(ConfigError::InvalidValue {
+                    option: "key".into(),
+                    value: key.display().to_string(),
+                    reason: "a private key needs its client certificate (option `cert`)".into(),
+                });
+            }
+        }
+        if !self.tls && (self.cacert.is_some() || self.cert.is_some()) {
+            return Err(ConfigError::InvalidValue {
+                option: if self.cacert.is_some() { "cacert" } else { "cert" }.into(),
+                value: self
+                    .cacert
+                    .as_ref()
+                    .or(self.cert.as_ref())
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                reason: "certificates need TLS: use `rediss://` (or set `tls`)".into(),
+            });
+        }
         if self.namespace.is_empty()
             || self.namespace.chars().any(|c| matches!(c, '{' | '}') || c.is_control())
         {
@@ -287,5 +336,13 @@ mod tests {
         }
         let e = RedisConfig::from_url(&url("redis", &[("cacert", "/ca.pem")])).unwrap_err();
         assert!(e.to_string().contains("rediss"), "{e}");
+        let e = RedisConfig::from_url(&url("redis", &[("cert", "/c.pem"), ("key", "/c.key")])).unwrap_err();
+        assert!(e.to_string().contains("rediss"), "{e}");
+        let e = RedisConfig::from_url(&url("rediss", &[("cert", "/c.pem")])).unwrap_err();
+        assert!(e.to_string().contains("`key`"), "{e}");
+        let e = RedisConfig::from_url(&url("rediss", &[("key", "/c.key")])).unwrap_err();
+        assert!(e.to_string().contains("`cert`"), "{e}");
+        let c = RedisConfig::from_url(&url("rediss", &[("cert", "/c.pem"), ("key", "/c.key")])).unwrap();
+        assert_eq!((c.cert.unwrap(), c.key.unwrap()), (PathBuf::from("/c.pem"), PathBuf::from("/c.key")));
     }
 }

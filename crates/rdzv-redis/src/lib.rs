@@ -8,10 +8,12 @@
 //! ```text
 //! redis://[user:pass@]host:6379/<run_id>?db=0&namespace=rdzv&connect_timeout=5s
 //! rediss://host:6380/<run_id>?cacert=/etc/ssl/my-ca.pem        (TLS)
+//! rediss://host:6380/<run_id>?cacert=ca.pem&cert=client.pem&key=client.key   (TLS, client certificate)
 //! ```
 //!
 //! Options: `db` (database number), `cacert` (PEM CA for `rediss://`; default: the system's
-//! roots), `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
+//! roots), `cert` and `key` (PEM client certificate and its key, for servers with
+//! `tls-auth-clients yes`; a server that wants one and gets none is reported as such), `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
 //! `namespace` (default `rdzv`; clients in different namespaces never see each other),
 //! `history` (revisions of watch history kept, default 100 000), `history_bytes` (bytes of
 //! watch history kept, default 64 MiB).

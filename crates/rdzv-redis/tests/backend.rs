@@ -783,3 +783,55 @@ async fn the_event_log_is_bounded_in_bytes_as_well_as_revisions() {
         redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();
     assert_eq!(counted, 64 + 5 + 10_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_certificates_are_presented_and_their_absence_explained() {
+    let server = RedisServer::start_tls_with_client_auth().expect("redis-server with TLS client auth");
+    let ns = RedisServer::fresh_namespace();
+    let config = server.tls_client_config(&ns).expect("tls server");
+    let kv = connect(config.clone()).await;
+    let rev = put(&*kv, b"k", b"with a client certificate", PutOptions::OVERWRITE).await;
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().mod_revision, rev);
+
+    // From a URL, with the same option names as etcd's.
+    let files = server.tls_files().unwrap();
+    let url = server
+        .tls_url(
+            "job",
+            &format!(
+                "namespace={ns}&cert={}&key={}",
+                files.client_cert.display(),
+                files.client_key.display()
+            ),
+        )
+        .unwrap();
+    let kv =
+        within("connect", RedisFactory.connect(&RendezvousUrl::parse(&url).unwrap())).await.expect("connect");
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().mod_revision, rev);
+
+    // Without one, the server refuses: the error says so and names the options.
+    let mut without = config.clone();
+    without.cert = None;
+    without.key = None;
+    let e = within("connect without a client certificate", RedisKv::connect(without)).await.unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, KvError::InvalidArgument(_)), "not retryable: {e:?}");
+    assert!(text.contains("client certificate") && text.contains("cert=") && text.contains("key="), "{text}");
+    assert!(text.contains(&format!(":{}", server.tls_port().unwrap())), "{text}");
+
+    // A certificate from another CA is refused too; a key file that is not PEM is named.
+    let other = tempfile::tempdir().unwrap();
+    let stranger = rdzv_redis::testing::TlsFiles::generate(other.path()).unwrap();
+    let mut foreign = config.clone();
+    foreign.cert = Some(stranger.client_cert);
+    foreign.key = Some(stranger.client_key);
+    let e = within("connect with a foreign client certificate", RedisKv::connect(foreign)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("refused the client certificate"), "{e}");
+    let mut not_pem = config;
+    let junk = other.path().join("junk.key");
+    std::fs::write(&junk, "not a key").unwrap();
+    not_pem.key = Some(junk);
+    let e = within("connect with a bad key file", RedisKv::connect(not_pem)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)) && e.to_string().contains("junk.key"), "{e}");
+}

@@ -41,6 +41,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     port: u16,
     tls: Option<(u16, TlsFiles)>,
+    /// Whether the TLS port requires a client certificate (`tls-auth-clients yes`).
+    client_auth: bool,
     extra_args: Vec<String>,
     guard: Option<Child>,
 }
@@ -66,6 +68,16 @@ impl RedisServer {
     /// open for the harness' own health checks.
     pub fn start_tls() -> Result<RedisServer, HarnessError> {
         Self::start_inner(true)
+    }
+
+    /// Like [`RedisServer::start_tls`], but the TLS port requires a client certificate
+    /// signed by the generated CA (`tls-auth-clients yes`, Redis' own default);
+    /// [`RedisServer::tls_client_config`] has one.
+    pub fn start_tls_with_client_auth() -> Result<RedisServer, HarnessError> {
+        let mut server = Self::prepare(true)?;
+        server.client_auth = true;
+        server.launch()?;
+        Ok(server)
     }
 
     /// Starts a plain-TCP server with extra `redis-server` arguments (e.g.
@@ -96,7 +108,15 @@ impl RedisServer {
         } else {
             None
         };
-        Ok(RedisServer { bin, dir, port: free_port()?, tls, extra_args: Vec::new(), guard: None })
+        Ok(RedisServer {
+            bin,
+            dir,
+            port: free_port()?,
+            tls,
+            client_auth: false,
+            extra_args: Vec::new(),
+            guard: None,
+        })
     }
 
     /// The plain-TCP port.
@@ -147,6 +167,20 @@ impl RedisServer {
         c.tls = true;
         c.cacert = Some(files.ca.clone());
         Some(c)
+    }
+
+    /// [`RedisServer::tls_config`] with the generated client certificate and key.
+    pub fn tls_client_config(&self, namespace: &str) -> Option<RedisConfig> {
+        let (_, files) = self.tls.as_ref()?;
+        let mut c = self.tls_config(namespace)?;
+        c.cert = Some(files.client_cert.clone());
+        c.key = Some(files.client_key.clone());
+        Some(c)
+    }
+
+    /// The PEM files of a TLS server (CA, server and client certificates).
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|(_, f)| f)
     }
 
     /// A fresh namespace name, unique in this process.
@@ -253,7 +287,7 @@ impl RedisServer {
                 "--tls-ca-cert-file".into(),
                 files.ca.display().to_string(),
                 "--tls-auth-clients".into(),
-                "no".into(),
+                if self.client_auth { "yes" } else { "no" }.into(),
             ]);
         }
         args.extend(self.extra_args.iter().cloned());
