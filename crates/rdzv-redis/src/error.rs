@@ -15,6 +15,18 @@ pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound
     if err.is_timeout() {
         return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: bound };
     }
+    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        return KvError::Backend {
+            backend: NAME,
+            message: format!(
+                "{operation} failed at {endpoint}: the Redis user lacks a permission rdzv needs ({}); \
+                 grant the ACL rules listed in docs/REDIS.md (its commands, and the keys \
+                 ~{{rdzv:<namespace>}}:*)",
+                err.detail().unwrap_or("NOPERM")
+            ),
+            source: Some(Box::new(err)),
+        };
+    }
     if err.is_io_error()
         || err.is_connection_refusal()
         || err.is_connection_dropped()

@@ -835,3 +835,114 @@ async fn tls_client_certificates_are_presented_and_their_absence_explained() {
     let e = within("connect with a bad key file", RedisKv::connect(not_pem)).await.unwrap_err();
     assert!(matches!(e, KvError::InvalidArgument(_)) && e.to_string().contains("junk.key"), "{e}");
 }
+
+/// The ACL rules documented in docs/REDIS.md, for user `user` (password `password`) in
+/// namespace `namespace`: the test runs exactly what the documentation says.
+fn documented_acl(user: &str, password: &str, namespace: &str) -> Vec<String> {
+    let doc = include_str!("../../../docs/REDIS.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER rdzv on >CHANGE-ME "))
+        .expect("docs/REDIS.md documents the ACL rules");
+    let mut words: Vec<String> = line.split_whitespace().skip(2).map(str::to_string).collect();
+    for w in words.iter_mut() {
+        match w.as_str() {
+            "rdzv" => *w = user.to_string(),
+            ">CHANGE-ME" => *w = format!(">{password}"),
+            "~{rdzv:rdzv}:*" => *w = format!("~{{rdzv:{namespace}}}:*"),
+            _ => {}
+        }
+    }
+    words
+}
+
+async fn set_user(conn: &mut redis::aio::MultiplexedConnection, rules: &[String]) {
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg(rules).query_async(conn).await.unwrap();
+}
+
+/// Everything rdzv does: writes of every kind, reads, leases and their expiry, a watch, and
+/// compaction.
+async fn exercise(kv: &dyn Kv) {
+    let rev = put(kv, b"/acl/a", b"1", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/acl/", WatchScope::Prefix, rev)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    let lease = within("grant", kv.lease_grant(Duration::from_millis(600))).await.unwrap();
+    put(kv, b"/acl/leased", b"x", PutOptions::OVERWRITE.with_lease(Some(lease))).await;
+    within("keep-alive", kv.lease_keep_alive(lease)).await.unwrap();
+    assert_eq!(within("increment", kv.increment(b"/acl/n", 2)).await.unwrap(), Some(2));
+    let by_create =
+        RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+    assert_eq!(within("range", kv.range(b"/acl/", by_create)).await.unwrap().count, 3);
+    assert_eq!(within("range", kv.range(b"/acl/le", RangeOptions::default())).await.unwrap().count, 1);
+    within("delete", kv.delete(b"/acl/n", rdzv_core::DeleteMode::Any)).await.unwrap();
+    // The lease ends by itself: the reaper's expiry shows up in the watch.
+    let mut kinds = Vec::new();
+    while kinds.len() < 4 {
+        kinds.push(next(&mut events).await.unwrap().kind);
+    }
+    assert_eq!(kinds, [EventKind::Put, EventKind::Put, EventKind::Delete, EventKind::Delete]);
+    let short = within("grant", kv.lease_grant(Duration::from_secs(5))).await.unwrap();
+    within("revoke", kv.lease_revoke(short)).await.unwrap();
+    let last = within("delete_prefix", kv.delete_prefix(b"/acl/")).await.unwrap().revision;
+    within("compact", kv.compact(last)).await.unwrap();
+    assert!(within("get", kv.get(b"/acl/a")).await.unwrap().kv.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_is_enough_and_less_fails_clearly() {
+    // A server of its own, so the script is not already cached by a more powerful user.
+    let server = RedisServer::start().expect("redis-server");
+    let mut admin = raw(&server).await;
+    let ns = RedisServer::fresh_namespace();
+    let rules = documented_acl("rdzv-exact", "pw-exact", &ns);
+    set_user(&mut admin, &rules).await;
+    let mut config = server.config(&ns);
+    config.username = Some("rdzv-exact".into());
+    config.password = Some(Secret::new("pw-exact"));
+    let kv = connect(config.clone()).await;
+    exercise(&*kv).await;
+
+    // Without the stream read, watches fail, saying what is missing and where to look.
+    let without_xread: Vec<String> = rules.iter().filter(|w| *w != "+xread").cloned().collect();
+    assert!(without_xread.len() < rules.len());
+    let mut user = without_xread.clone();
+    user[0] = "rdzv-no-xread".into();
+    set_user(&mut admin, &user).await;
+    let mut no_xread = config.clone();
+    no_xread.username = Some("rdzv-no-xread".into());
+    let kv = connect(no_xread).await;
+    let rev = put(&*kv, b"/w/1", b"v", PutOptions::OVERWRITE).await;
+    let e = match within("watch", kv.watch(b"/w/", WatchScope::Prefix, rev)).await {
+        Err(e) => e,
+        // What the feed read before it tails the log may come first.
+        Ok(mut events) => loop {
+            if let Err(e) = next(&mut events).await {
+                break e;
+            }
+        },
+    };
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("xread") && e.to_string().contains("docs/REDIS.md"), "{e}");
+
+    // Without access to the namespace's keys, connecting fails the same way.
+    let mut user = documented_acl("rdzv-other-keys", "pw-exact", "someone-else");
+    user[0] = "rdzv-other-keys".into();
+    set_user(&mut admin, &user).await;
+    let mut other_keys = config.clone();
+    other_keys.username = Some("rdzv-other-keys".into());
+    let e = within("connect", RedisKv::connect(other_keys)).await.unwrap_err();
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("docs/REDIS.md"), "{e}");
+
+    // Without one command used inside the script, the operation that needs it fails, named.
+    let mut user: Vec<String> = rules.iter().filter(|w| *w != "+xtrim").cloned().collect();
+    user[0] = "rdzv-no-xtrim".into();
+    set_user(&mut admin, &user).await;
+    let mut no_xtrim = config;
+    no_xtrim.username = Some("rdzv-no-xtrim".into());
+    let kv = connect(no_xtrim).await;
+    put(&*kv, b"/t/1", b"v", PutOptions::OVERWRITE).await;
+    let rev = put(&*kv, b"/t/2", b"v", PutOptions::OVERWRITE).await;
+    let e = kv.compact(rev).await.unwrap_err();
+    assert!(e.to_string().contains("xtrim") && e.to_string().contains("docs/REDIS.md"), "{e}");
+}

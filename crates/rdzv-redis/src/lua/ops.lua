@@ -7,9 +7,9 @@
 local function op_init()
   local e = rcall(K_EPOCH, 'GET', K_EPOCH)
   if not e then
-    local t = redis.call('TIME')
+    local t = call('TIME')
     e = t[1] .. '.' .. t[2]
-    redis.call('SET', K_EPOCH, e)
+    call('SET', K_EPOCH, e)
   end
   return { 'ok', e }
 end
@@ -122,15 +122,15 @@ local function write(k, v, cur, lease)
   else
     rec = { v = v, c = rev, m = rev, n = 1, l = lease }
   end
-  redis.call('HSET', dkey(k), 'v', v, 'c', s(rec.c), 'm', s(rev), 'n', s(rec.n), 'l', s(lease))
+  call('HSET', dkey(k), 'v', v, 'c', s(rec.c), 'm', s(rev), 'n', s(rec.n), 'l', s(lease))
   if not cur then
     index_add(k, rec.c)
   end
   if cur and cur.l ~= 0 and cur.l ~= lease then
-    redis.call('SREM', lease_keys_key(cur.l), k)
+    call('SREM', lease_keys_key(cur.l), k)
   end
   if lease ~= 0 then
-    redis.call('SADD', lease_keys_key(lease), k)
+    call('SADD', lease_keys_key(lease), k)
   end
   log_put(rev, 0, k, rec)
   trim(rev)
@@ -226,9 +226,9 @@ end
 local function op_grant()
   local now = prologue()
   local ttl = tonumber(ARGV[8])
-  local id = redis.call('INCR', K_LEASEID)
-  redis.call('ZADD', K_LEASES, s(now + ttl), s(id))
-  redis.call('HSET', K_LTTL, s(id), s(ttl))
+  local id = call('INCR', K_LEASEID)
+  call('ZADD', K_LEASES, s(now + ttl), s(id))
+  call('HSET', K_LTTL, s(id), s(ttl))
   return { 'ok', id }
 end
 
@@ -243,7 +243,7 @@ local function op_keep_alive()
   if not ttl then
     corrupt(K_LTTL, 'lease ' .. s(id) .. ' has no TTL')
   end
-  redis.call('ZADD', K_LEASES, s(now + ttl), s(id))
+  call('ZADD', K_LEASES, s(now + ttl), s(id))
   return { 'ok', ttl }
 end
 
@@ -261,7 +261,7 @@ end
 -- The background reaper's call. Reply: 'ok', ms until the next lease deadline (-1: none).
 local function op_reap()
   local now = prologue()
-  local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
   if #first == 0 then
     return { 'ok', -1 }
   end
@@ -311,5 +311,9 @@ if type(res) == 'table' and res.rdzv_epoch then
 end
 if type(res) == 'table' and res.rdzv_rollback then
   return { 'rollback', res.rev, res.seen, res.lease, res.seen_lease }
+end
+if type(res) == 'table' and res.rdzv_noperm then
+  -- Returned, not raised: a raised error would lose its NOPERM code to a script trace.
+  return redis.error_reply(res.rdzv_noperm)
 end
 error(res)

@@ -47,10 +47,32 @@ local function corrupt(key, msg)
   error({ rdzv_corrupt = true, key = key, msg = msg })
 end
 
--- redis.call that names the key in the error when the key holds a foreign type.
-local function rcall(key, ...)
-  local r = redis.pcall(...)
+-- Raises a NOPERM error naming the command if this user's ACL forbids `cmd` with these
+-- arguments (Redis 7.0 reports a command refused inside a script as a plain ERR that names
+-- neither the command nor the rule).
+local function check_acl(cmd, ...)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(cmd, ...) then
+    local key = select(1, ...)
+    error({ rdzv_noperm = 'NOPERM this user may not run ' .. string.lower(cmd) .. ' on ' ..
+      tostring(key) .. ' (in rdzv\'s script)' })
+  end
+end
+
+-- redis.call, with a refused command named (see check_acl).
+local function call(cmd, ...)
+  local r = redis.pcall(cmd, ...)
   if type(r) == 'table' and r.err then
+    check_acl(cmd, ...)
+    error(r)
+  end
+  return r
+end
+
+-- call() that names the key in the error when the key holds a foreign type.
+local function rcall(key, cmd, ...)
+  local r = redis.pcall(cmd, ...)
+  if type(r) == 'table' and r.err then
+    check_acl(cmd, ...)
     corrupt(key, r.err)
   end
   return r
@@ -70,7 +92,7 @@ local function int_at(key, default)
 end
 
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -83,7 +105,7 @@ local function compacted()
 end
 
 local function next_rev()
-  return redis.call('INCR', K_REV)
+  return call('INCR', K_REV)
 end
 
 local function dkey(k)
@@ -99,7 +121,7 @@ local function load(k, with_value)
   local dk = dkey(k)
   local h = rcall(dk, 'HMGET', dk, 'c', 'm', 'n', 'l', with_value and 'v' or 'c')
   if not h[1] then
-    if redis.call('EXISTS', dk) == 1 then
+    if call('EXISTS', dk) == 1 then
       corrupt(dk, 'not a key record written by rdzv (no create revision)')
     end
     return nil
@@ -163,16 +185,16 @@ local function ikey(dir)
 end
 
 local function index_add(k, c)
-  redis.call('ZADD', K_NAMES, 0, k)
+  call('ZADD', K_NAMES, 0, k)
   for _, d in ipairs(dirs(k)) do
-    redis.call('ZADD', ikey(d), c, k)
+    call('ZADD', ikey(d), c, k)
   end
 end
 
 local function index_rem(k)
-  redis.call('ZREM', K_NAMES, k)
+  call('ZREM', K_NAMES, k)
   for _, d in ipairs(dirs(k)) do
-    redis.call('ZREM', ikey(d), k)
+    call('ZREM', ikey(d), k)
   end
 end
 
@@ -220,7 +242,7 @@ local function trim_log(rev, keep)
   local freed, cut, prev = 0, nil, nil
   local from = '-'
   while not cut do
-    local batch = redis.call('XRANGE', K_LOG, from, '+', 'COUNT', 64)
+    local batch = call('XRANGE', K_LOG, from, '+', 'COUNT', 64)
     if #batch == 0 then
       break
     end
@@ -240,10 +262,10 @@ local function trim_log(rev, keep)
   end
   cut = math.max(cut or keep, keep)
   if cut > kept then
-    redis.call('SET', K_COMPACTED, s(cut))
-    redis.call('XTRIM', K_LOG, 'MINID', s(cut) .. '-0')
+    call('SET', K_COMPACTED, s(cut))
+    call('XTRIM', K_LOG, 'MINID', s(cut) .. '-0')
   end
-  redis.call('SET', K_LOGBYTES, s(math.max(0, bytes - freed)))
+  call('SET', K_LOGBYTES, s(math.max(0, bytes - freed)))
 end
 
 -- Keeps the last HISTORY revisions in the log, within HISTORY_BYTES; older ones are
@@ -253,22 +275,22 @@ local function trim(rev)
 end
 
 local function log_put(rev, seq, k, rec)
-  redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'p', 'k', k, 'v', rec.v,
+  call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'p', 'k', k, 'v', rec.v,
     'c', s(rec.c), 'm', s(rec.m), 'n', s(rec.n), 'l', s(rec.l))
-  redis.call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k + #rec.v)
+  call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k + #rec.v)
 end
 
 local function log_del(rev, seq, k)
-  redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'd', 'k', k)
-  redis.call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k)
+  call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'd', 'k', k)
+  call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k)
 end
 
 -- Removes a (validated) record and its index entries; the caller logs the event.
 local function remove(k, rec)
-  redis.call('DEL', dkey(k))
+  call('DEL', dkey(k))
   index_rem(k)
   if rec.l ~= 0 then
-    redis.call('SREM', lease_keys_key(rec.l), k)
+    call('SREM', lease_keys_key(rec.l), k)
   end
 end
 
@@ -283,9 +305,9 @@ local function end_lease(id)
       live[#live + 1] = { k, rec }
     end
   end
-  redis.call('DEL', lk)
-  redis.call('ZREM', K_LEASES, s(id))
-  redis.call('HDEL', K_LTTL, s(id))
+  call('DEL', lk)
+  call('ZREM', K_LEASES, s(id))
+  call('HDEL', K_LTTL, s(id))
   if #live > 0 then
     table.sort(live, function(a, b) return a[1] < b[1] end)
     local rev = next_rev()
@@ -313,7 +335,7 @@ end
 
 -- Whether lease `id` is alive (after reaping).
 local function lease_alive(id)
-  return redis.call('ZSCORE', K_LEASES, s(id)) ~= false
+  return call('ZSCORE', K_LEASES, s(id)) ~= false
 end
 
 -- Every operation but `init` starts here: the epoch must be the one the client attached
@@ -338,8 +360,8 @@ local function prologue()
   local lease_id = int_at(K_LEASEID, 0)
   int_at(K_LOGBYTES, 0)
   if rev < SEEN_REV or lease_id < SEEN_LEASE then
-    local t = redis.call('TIME')
-    redis.call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
+    local t = call('TIME')
+    call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
     error({ rdzv_rollback = true, rev = rev, seen = SEEN_REV, lease = lease_id, seen_lease = SEEN_LEASE })
   end
   rcall(K_LTTL, 'HLEN', K_LTTL)
