@@ -15,6 +15,17 @@ pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound
     if err.is_timeout() {
         return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: bound };
     }
+    if err.code() == Some("OOM") {
+        return KvError::Backend {
+            backend: NAME,
+            message: format!(
+                "{operation} failed at {endpoint}: the Redis server is out of memory (maxmemory \
+                 reached; nothing was written): free memory or raise maxmemory, and keep \
+                 maxmemory-policy noeviction (see docs/REDIS.md on memory)"
+            ),
+            source: Some(Box::new(err)),
+        };
+    }
     if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
         return KvError::Backend {
             backend: NAME,

@@ -946,3 +946,43 @@ async fn the_documented_acl_is_enough_and_less_fails_clearly() {
     let e = kv.compact(rev).await.unwrap_err();
     assert!(e.to_string().contains("xtrim") && e.to_string().contains("docs/REDIS.md"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_refuses_writes_cleanly_and_still_serves_reads() {
+    let server = RedisServer::start_with_args(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"])
+        .expect("redis-server with maxmemory");
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    let value = vec![b'v'; 256 * 1024];
+    let mut written = Vec::new();
+    let e = loop {
+        let key = format!("/full/{}", written.len());
+        match within("put", kv.put(key.as_bytes(), &value, PutOptions::OVERWRITE)).await {
+            Ok(PutOutcome::Written { revision, .. }) => written.push(revision),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 100, "4 MB of maxmemory took {} writes of 256 KiB", written.len());
+    };
+    assert!(!e.is_retryable() && e.to_string().contains("out of memory"), "{e:?}");
+    // Nothing of the refused write happened: the revision did not move, no key, no event.
+    let last = *written.last().expect("some writes fit");
+    let read = within("get", kv.get(format!("/full/{}", written.len()).as_bytes())).await.unwrap();
+    assert_eq!((read.revision, read.kv.is_none()), (last, true));
+    let range = within("range", kv.range(b"/full/", RangeOptions { keys_only: true, ..Default::default() }))
+        .await
+        .unwrap();
+    assert_eq!(range.count, written.len() as u64);
+    let mut conn = raw(&server).await;
+    let log_len: usize =
+        redis::cmd("XLEN").arg(format!("{{rdzv:{ns}}}:log")).query_async(&mut conn).await.unwrap();
+    assert_eq!(log_len, written.len());
+    // Deletes and lease expiries write events too, so they wait for room as well.
+    let e = kv.delete_prefix(b"/full/").await.unwrap_err();
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    // With room again, writes go on at the next revision.
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query_async(&mut conn).await.unwrap();
+    within("delete", kv.delete_prefix(b"/full/")).await.unwrap();
+    assert_eq!(put(&*kv, b"/after", b"v", PutOptions::OVERWRITE).await, last + 2);
+}

@@ -312,8 +312,8 @@ end
 if type(res) == 'table' and res.rdzv_rollback then
   return { 'rollback', res.rev, res.seen, res.lease, res.seen_lease }
 end
-if type(res) == 'table' and res.rdzv_noperm then
-  -- Returned, not raised: a raised error would lose its NOPERM code to a script trace.
-  return redis.error_reply(res.rdzv_noperm)
+if type(res) == 'table' and res.rdzv_error then
+  -- Returned, not raised: a raised error would lose its code to a script trace.
+  return redis.error_reply(res.rdzv_error)
 end
 error(res)

@@ -53,17 +53,19 @@ end
 local function check_acl(cmd, ...)
   if redis.acl_check_cmd and not redis.acl_check_cmd(cmd, ...) then
     local key = select(1, ...)
-    error({ rdzv_noperm = 'NOPERM this user may not run ' .. string.lower(cmd) .. ' on ' ..
+    error({ rdzv_error = 'NOPERM this user may not run ' .. string.lower(cmd) .. ' on ' ..
       tostring(key) .. ' (in rdzv\'s script)' })
   end
 end
 
--- redis.call, with a refused command named (see check_acl).
+-- redis.call, with a refused command named (see check_acl). A server error (out of memory,
+-- read-only replica…) ends the script as the reply, keeping its code (`OOM`, `READONLY`):
+-- raised as is, it would reach the client as a plain ERR with a script trace.
 local function call(cmd, ...)
   local r = redis.pcall(cmd, ...)
   if type(r) == 'table' and r.err then
     check_acl(cmd, ...)
-    error(r)
+    error({ rdzv_error = r.err })
   end
   return r
 end
