@@ -63,7 +63,7 @@ pub struct RedisConfig {
     /// Bytes of events the log keeps (`history_bytes=`, default 64 MiB; suffixes `KiB`,
     /// `MiB`, `GiB` accepted): the oldest revisions are compacted away beyond it, whatever
     /// `history` says. Each event counts its key and value plus 64 bytes; the newest
-    /// revision is always kept, so the log holds at most this plus one request.
+    /// revision is always kept, so the log holds at most this plus that revision's events.
     pub history_bytes: u64,
 }
 

@@ -82,6 +82,7 @@
 //! | `{rdzv:ns}:log` | stream | the events, ids `<revision>-<n>` |
 //! | `{rdzv:ns}:compacted` | string | the oldest revision the log still has |
 //! | `{rdzv:ns}:logbytes` | string | the bytes the log's events count for (`history_bytes`) |
+//! | `{rdzv:ns}:logsz` | stream | what each event counts for, same ids as the log (trimming reads these, not the values) |
 //! | `{rdzv:ns}:leases` | sorted set | lease ids scored by deadline (server ms) |
 //! | `{rdzv:ns}:lttl` | hash | each lease's TTL |
 //! | `{rdzv:ns}:lk:<id>` | set | the keys bound to a lease |

@@ -767,6 +767,9 @@ async fn the_event_log_is_bounded_in_bytes_as_well_as_revisions() {
     let counted: usize =
         redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();
     assert_eq!(counted, bytes);
+    let sizes: usize =
+        redis::cmd("XLEN").arg(format!("{{rdzv:{ns}}}:logsz")).query_async(&mut conn).await.unwrap();
+    assert_eq!(sizes, entries.ids.len(), "one size per event kept");
     // A watch from before the kept history is told so; one from within it replays.
     let oldest = revs[revs.len() - entries.ids.len()];
     match kv.watch(b"/b/", WatchScope::Prefix, revs[0]).await {

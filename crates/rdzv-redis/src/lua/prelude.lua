@@ -22,6 +22,7 @@ local K_LEASES = B .. 'leases'
 local K_LTTL = B .. 'lttl'
 local K_LEASEID = B .. 'leaseid'
 local K_LOGBYTES = B .. 'logbytes'
+local K_LOGSZ = B .. 'logsz'
 local HISTORY = tonumber(ARGV[3])
 local SEEN_REV = tonumber(ARGV[4]) or 0
 local SEEN_LEASE = tonumber(ARGV[5]) or 0
@@ -219,53 +220,50 @@ local function keys_with_prefix(p)
   return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '[' .. p, lex_upper(p))
 end
 
--- The bytes a stored log entry counts for (`fields`: its flat field/value list).
-local function entry_cost(fields)
-  local n = ENTRY_OVERHEAD
-  for i = 1, #fields - 1, 2 do
-    if fields[i] == 'k' or fields[i] == 'v' then
-      n = n + #fields[i + 1]
-    end
-  end
-  return n
-end
-
 -- Drops the log's oldest revisions: every one below `keep` and then, while the log counts
 -- more than HISTORY_BYTES, more of them, never `rev` (the newest). Whole revisions only
 -- (exact trimming, not '~'), which is what lets a watch tell a compacted gap from a
--- complete revision; the `compacted` mark says where the log now starts. Reads each dropped
--- entry once, to keep the byte count exact.
+-- complete revision; the `compacted` mark says where the log now starts. The sizes come
+-- from the `logsz` stream (one small entry per event, same ids as the log), so the values
+-- being dropped are never read into the script's memory.
 local function trim_log(rev, keep)
   local bytes = int_at(K_LOGBYTES, 0)
   local kept = compacted()
   if keep <= kept and bytes <= HISTORY_BYTES then
     return
   end
-  local freed, cut, prev = 0, nil, nil
+  local freed, cut, prev = 0, keep, nil
   local from = '-'
-  while not cut do
-    local batch = call('XRANGE', K_LOG, from, '+', 'COUNT', 64)
+  local done = false
+  while not done do
+    local batch = rcall(K_LOGSZ, 'XRANGE', K_LOGSZ, from, '+', 'COUNT', 256)
     if #batch == 0 then
       break
     end
     for _, e in ipairs(batch) do
       local r = tonumber(string.match(e[1], '^(%d+)-'))
-      if not r then
-        corrupt(K_LOG, 'bad entry id ' .. tostring(e[1]))
+      local z = tonumber(e[2][2])
+      if not (r and z) then
+        corrupt(K_LOGSZ, 'bad entry ' .. tostring(e[1]))
       end
-      if r ~= prev and (r >= rev or (r >= keep and bytes - freed <= HISTORY_BYTES)) then
-        cut = r
+      -- Stop at the newest revision, or at the first one that may stay (the rest of a
+      -- revision already being dropped goes too).
+      if r >= rev or (r >= keep and r ~= prev and bytes - freed <= HISTORY_BYTES) then
+        done = true
         break
       end
-      freed = freed + entry_cost(e[2])
+      freed = freed + z
       prev = r
+      if r + 1 > cut then
+        cut = r + 1
+      end
     end
     from = '(' .. batch[#batch][1]
   end
-  cut = math.max(cut or keep, keep)
   if cut > kept then
     call('SET', K_COMPACTED, s(cut))
     call('XTRIM', K_LOG, 'MINID', s(cut) .. '-0')
+    call('XTRIM', K_LOGSZ, 'MINID', s(cut) .. '-0')
   end
   call('SET', K_LOGBYTES, s(math.max(0, bytes - freed)))
 end
@@ -276,15 +274,24 @@ local function trim(rev)
   trim_log(rev, rev - HISTORY + 1)
 end
 
+-- Counts an event of `size` bytes (plus the overhead) in the log's byte bound.
+local function log_size(id, size)
+  local z = ENTRY_OVERHEAD + size
+  call('XADD', K_LOGSZ, id, 'z', s(z))
+  call('INCRBY', K_LOGBYTES, z)
+end
+
 local function log_put(rev, seq, k, rec)
-  call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'p', 'k', k, 'v', rec.v,
+  local id = s(rev) .. '-' .. s(seq)
+  call('XADD', K_LOG, id, 't', 'p', 'k', k, 'v', rec.v,
     'c', s(rec.c), 'm', s(rec.m), 'n', s(rec.n), 'l', s(rec.l))
-  call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k + #rec.v)
+  log_size(id, #k + #rec.v)
 end
 
 local function log_del(rev, seq, k)
-  call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'd', 'k', k)
-  call('INCRBY', K_LOGBYTES, ENTRY_OVERHEAD + #k)
+  local id = s(rev) .. '-' .. s(seq)
+  call('XADD', K_LOG, id, 't', 'd', 'k', k)
+  log_size(id, #k)
 end
 
 -- Removes a (validated) record and its index entries; the caller logs the event.
@@ -368,5 +375,6 @@ local function prologue()
   end
   rcall(K_LTTL, 'HLEN', K_LTTL)
   rcall(K_LOG, 'XLEN', K_LOG)
+  rcall(K_LOGSZ, 'XLEN', K_LOGSZ)
   return reap()
 end
