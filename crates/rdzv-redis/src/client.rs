@@ -34,6 +34,8 @@ pub(crate) struct HighWater {
     revision: AtomicI64,
     lease: AtomicI64,
     failure: OnceLock<String>,
+    /// Whether the other clients were told (see [`Shared::announce_rollback`]).
+    announced: std::sync::atomic::AtomicBool,
 }
 
 impl HighWater {
@@ -60,6 +62,11 @@ impl HighWater {
     /// Records that the server rolled back (the first message wins) and returns the error.
     pub fn fail(&self, message: String) -> KvError {
         KvError::backend(NAME, self.failure.get_or_init(|| message).clone())
+    }
+
+    /// Whether a rollback was found and the namespace not yet marked (true once).
+    pub fn should_announce(&self) -> bool {
+        self.failure.get().is_some() && !self.announced.swap(true, Ordering::Relaxed)
     }
 
     /// The rollback error, once one was found.
@@ -123,6 +130,19 @@ impl Shared {
 
     pub fn context(&self) -> Context<'_> {
         Context { endpoint: &self.endpoint, namespace: &self.config.namespace, high: &self.high }
+    }
+
+    /// Marks the namespace as rolled back (a new epoch saying so), so that every other client
+    /// attached to it stops too; for a rollback this client found outside a script (its
+    /// watch feed), where nothing marked it yet. Best effort: bypasses the failure this
+    /// client already reports, and ignores the answer.
+    pub async fn announce_rollback(&self) {
+        let timeout = self.config.request_timeout;
+        match tokio::time::timeout(timeout, self.invoke("mark_rolled_back", &[])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "redis: marking the namespace as rolled back"),
+            Err(_) => tracing::debug!("redis: marking the namespace as rolled back timed out"),
+        }
     }
 
     /// Runs operation `op` of the script with `args`, within the request timeout.

@@ -288,6 +288,8 @@ async fn counters_that_go_back_without_a_restart_are_a_rollback_too() {
     let ns = RedisServer::fresh_namespace();
     let base = format!("{{rdzv:{ns}}}:");
     let kv = connect(server.config(&ns)).await;
+    // A client that never saw past the restored revision, so cannot tell by itself.
+    let other = connect(server.config(&ns)).await;
     let rev = put(&*kv, b"/q/1", b"v", PutOptions::OVERWRITE).await;
     put(&*kv, b"/q/2", b"v", PutOptions::OVERWRITE).await;
     let mut events = within("watch", kv.watch(b"/q/", WatchScope::Prefix, rev)).await.unwrap();
@@ -299,6 +301,18 @@ async fn counters_that_go_back_without_a_restart_are_a_rollback_too() {
     assert_rolled_back(&e, "the quiet watch");
     let e = kv.get(b"/q/1").await.expect_err("a read after the rollback");
     assert_rolled_back(&e, "the read");
+    // The watcher's client told the others: they stop too, within about a second.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let e = loop {
+        match other.get(b"/q/1").await {
+            Err(e) => break e,
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Ok(r) => panic!("another client still reads after the rollback: {r:?}"),
+        }
+    };
+    assert_rolled_back(&e, "another client");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

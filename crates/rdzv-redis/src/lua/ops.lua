@@ -280,6 +280,16 @@ local function op_compact()
   return { 'ok', math.max(1, compacted()) }
 end
 
+-- A client whose watch feed found a rollback tells the others: the namespace gets a new
+-- epoch, unless it already has one. Reply: 'ok'.
+local function op_mark_rolled_back()
+  local e = rcall(K_EPOCH, 'GET', K_EPOCH)
+  if e == ARGV[2] then
+    mark_rolled_back(cur_rev())
+  end
+  return { 'ok' }
+end
+
 local ops = {
   init = op_init,
   get = op_get,
@@ -293,6 +303,7 @@ local ops = {
   revoke = op_revoke,
   reap = op_reap,
   compact = op_compact,
+  mark_rolled_back = op_mark_rolled_back,
 }
 
 local f = ops[ARGV[7]]

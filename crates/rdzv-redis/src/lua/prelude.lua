@@ -359,6 +359,12 @@ end
 -- new epoch that says why, so every other client attached to the old one stops too (its next
 -- call, or its reaper within a fraction of a second) instead of carrying on against a history
 -- that no longer holds. New clients attach to the new epoch and start over.
+-- Gives the namespace a new epoch saying it rolled back (found revision `rev`, seen SEEN_REV).
+local function mark_rolled_back(rev)
+  local t = call('TIME')
+  call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
+end
+
 local function prologue()
   local e = rcall(K_EPOCH, 'GET', K_EPOCH)
   if e ~= ARGV[2] then
@@ -369,8 +375,7 @@ local function prologue()
   local lease_id = int_at(K_LEASEID, 0)
   int_at(K_LOGBYTES, 0)
   if rev < SEEN_REV or lease_id < SEEN_LEASE then
-    local t = call('TIME')
-    call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
+    mark_rolled_back(rev)
     error({ rdzv_rollback = true, rev = rev, seen = SEEN_REV, lease = lease_id, seen_lease = SEEN_LEASE })
   end
   rcall(K_LTTL, 'HLEN', K_LTTL)
