@@ -128,6 +128,18 @@ fn connect_error(e: redis::RedisError, config: &RedisConfig) -> KvError {
             shown(&config.cert),
             shown(&config.key),
         )),
+        // Of the commands that set up a connection, only SELECT can fail with a plain
+        // response error (a refused AUTH has a kind of its own); `redis` keeps its text only.
+        _ if config.db != 0
+            && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+        {
+            KvError::InvalidArgument(format!(
+                "the Redis server at {endpoint} refused to switch to database {} (option db): {e}; \
+                 check that the database exists (the server's `databases` setting) and that the \
+                 Redis user may run SELECT (`+select`, see docs/REDIS.md)",
+                config.db
+            ))
+        }
         _ => from_redis(e, &endpoint, "connecting", config.connect_timeout),
     }
 }

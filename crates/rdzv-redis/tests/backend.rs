@@ -951,6 +951,22 @@ async fn the_documented_acl_is_enough_and_less_fails_clearly() {
     assert!(!e.is_retryable(), "{e:?}");
     assert!(e.to_string().contains("docs/REDIS.md"), "{e}");
 
+    // Another database needs `select` as well, as documented.
+    let mut db1 = config.clone();
+    db1.db = 1;
+    let e = within("connect to db 1", RedisKv::connect(db1.clone())).await.unwrap_err();
+    assert!(e.to_string().contains("docs/REDIS.md"), "{e}");
+    let mut user = rules.clone();
+    user[0] = "rdzv-db1".into();
+    user.push("+select".into());
+    set_user(&mut admin, &user).await;
+    db1.username = Some("rdzv-db1".into());
+    let kv = connect(db1.clone()).await;
+    put(&*kv, b"/db1", b"v", PutOptions::OVERWRITE).await;
+    db1.db = 100;
+    let e = within("connect to db 100", RedisKv::connect(db1)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)) && e.to_string().contains("database 100"), "{e}");
+
     // Without one command used inside the script, the operation that needs it fails, named.
     let mut user: Vec<String> = rules.iter().filter(|w| *w != "+xtrim").cloned().collect();
     user[0] = "rdzv-no-xtrim".into();
