@@ -269,6 +269,29 @@ async fn a_restart_from_an_older_snapshot_is_a_rollback_for_operations_and_watch
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_keeps_every_write_is_not_a_rollback() {
+    let mut server = RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("redis-server with AOF");
+    let mut config = server.config("durable");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let first = put(&*kv, b"/d/a", b"1", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/d/", WatchScope::Prefix, first)).await.unwrap();
+    let last = put(&*kv, b"/d/b", b"2", PutOptions::OVERWRITE).await;
+    for rev in [first, last] {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+
+    server.restart_keeping_files().expect("restart");
+    // Everything acknowledged is still there: the same client carries on, watch included.
+    let got = once_back(|| kv.get(b"/d/b")).await.expect("a read after a lossless restart");
+    assert_eq!((got.revision, got.kv.unwrap().value), (last, b"2".to_vec()));
+    let next_rev = once_back(|| kv.put(b"/d/c", b"3", PutOptions::OVERWRITE)).await.expect("write");
+    assert!(matches!(next_rev, PutOutcome::Written { revision, .. } if revision == last + 1), "{next_rev:?}");
+    assert_eq!(next(&mut events).await.unwrap().revision(), last + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_that_go_back_without_a_restart_are_a_rollback_too() {
     let server = shared();
     let ns = RedisServer::fresh_namespace();

@@ -250,6 +250,14 @@ impl RedisServer {
         self.launch()
     }
 
+    /// Kills the server and starts it again on the same port(s) and directory, keeping its
+    /// files: a server started with persistence (e.g. `--appendonly yes --appendfsync
+    /// always` through [`RedisServer::start_with_args`]) comes back with its data.
+    pub fn restart_keeping_files(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        self.launch()
+    }
+
     /// Where `SAVE`/`BGSAVE` write the snapshot (the server's `dir` and default `dbfilename`).
     pub fn snapshot_file(&self) -> PathBuf {
         self.dir.path().join("dump.rdb")
