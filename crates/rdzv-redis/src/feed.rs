@@ -356,6 +356,21 @@ async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut curs
             .arg(format!("{rev}-{n}"))
             .query_async(&mut conn)
             .await;
+        if let Err(e) = &reply
+            && e.code() == Some("UNBLOCKED")
+        {
+            // The server changed role under the blocked read (a failover, `REPLICAOF`): the
+            // read was cut short, not refused. What it holds now is checked, then read on.
+            match log.check_alive(&mut conn).await {
+                Ok(()) => {}
+                Err(e) if e.is_retryable() => match log.reconnect().await {
+                    Ok(c) => conn = c,
+                    Err(e) => break e,
+                },
+                Err(e) => break e,
+            }
+            continue;
+        }
         match reply.map_err(|e| log.err(e, "watch: reading the event log")) {
             Ok(Some(reply)) => {
                 let mut entries = Vec::new();
@@ -382,11 +397,14 @@ async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut curs
                     break e;
                 }
             }
-            Ok(None) => {
-                if let Err(e) = log.check_alive(&mut conn).await {
-                    break e;
-                }
-            }
+            Ok(None) => match log.check_alive(&mut conn).await {
+                Ok(()) => {}
+                Err(e) if e.is_retryable() => match log.reconnect().await {
+                    Ok(c) => conn = c,
+                    Err(e) => break e,
+                },
+                Err(e) => break e,
+            },
             Err(e) if e.is_retryable() => match log.reconnect().await {
                 Ok(c) => conn = c,
                 Err(e) => break e,

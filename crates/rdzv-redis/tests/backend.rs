@@ -1042,3 +1042,63 @@ async fn a_full_server_refuses_writes_cleanly_and_still_serves_reads() {
     within("delete", kv.delete_prefix(b"/full/")).await.unwrap();
     assert_eq!(put(&*kv, b"/after", b"v", PutOptions::OVERWRITE).await, last + 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_that_missed_writes_is_a_rollback() {
+    // No delay before a full sync (Redis waits 5 s by default, for more replicas to join).
+    let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]).expect("redis-server");
+    let replica = RedisServer::start_with_args(&[
+        "--repl-diskless-sync-delay",
+        "0",
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port().to_string(),
+    ])
+    .expect("redis-server replica");
+    let mut config = primary.config("failover");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let first = put(&*kv, b"/f/a", b"1", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/f/", WatchScope::Prefix, first)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), first);
+    // The replica has everything so far, then stops following.
+    let mut to_primary = raw(&primary).await;
+    let mut to_replica = raw(&replica).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let rev: Option<i64> =
+            redis::cmd("GET").arg("{rdzv:failover}:rev").query_async(&mut to_replica).await.unwrap();
+        if rev == Some(first) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the replica did not catch up: {rev:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut to_replica).await.unwrap();
+    // Acknowledged by the primary only.
+    let lost = put(&*kv, b"/f/b", b"2", PutOptions::OVERWRITE).await;
+    assert_eq!(next(&mut events).await.unwrap().revision(), lost);
+    // The failover: the endpoint now serves the replica's data (the old primary resyncs
+    // from it and is then promoted, so the clients' address stays the same).
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(replica.port())
+        .query_async(&mut to_primary)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut to_primary).await.unwrap();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the old primary did not resync: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut to_primary).await.unwrap();
+
+    let e = once_back(|| kv.get(b"/f/a")).await.expect_err("a read after the failover succeeded");
+    assert_rolled_back(&e, "the next read");
+    let e = next(&mut events).await.expect_err("the watch went on after the failover");
+    assert_rolled_back(&e, "the watch");
+}
