@@ -144,7 +144,12 @@ impl Group {
                 };
                 let prefix = format!("[{}]:", spec.rank);
                 if let Some(out) = child.stdout.take() {
-                    group.copies.push(tokio::spawn(copy_lines(out, file("stdout.log")?, prefix.clone(), false)));
+                    group.copies.push(tokio::spawn(copy_lines(
+                        out,
+                        file("stdout.log")?,
+                        prefix.clone(),
+                        false,
+                    )));
                 }
                 if let Some(err) = child.stderr.take() {
                     group.copies.push(tokio::spawn(copy_lines(err, file("stderr.log")?, prefix, true)));
@@ -215,7 +220,12 @@ impl Drop for Group {
 
 /// Copies lines from a worker's pipe to `file` (if any) and, prefixed, to the agent's
 /// stdout or stderr. Lines are copied as bytes: the worker's output need not be UTF-8.
-async fn copy_lines(pipe: impl AsyncRead + Unpin, mut file: Option<std::fs::File>, prefix: String, to_stderr: bool) {
+async fn copy_lines(
+    pipe: impl AsyncRead + Unpin,
+    mut file: Option<std::fs::File>,
+    prefix: String,
+    to_stderr: bool,
+) {
     let mut reader = BufReader::new(pipe);
     let mut line = Vec::new();
     loop {
@@ -224,11 +234,11 @@ async fn copy_lines(pipe: impl AsyncRead + Unpin, mut file: Option<std::fs::File
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
-        if let Some(f) = file.as_mut() {
-            if let Err(e) = f.write_all(&line) {
-                tracing::warn!("writing a worker's log: {e}");
-                file = None;
-            }
+        if let Some(f) = file.as_mut()
+            && let Err(e) = f.write_all(&line)
+        {
+            tracing::warn!("writing a worker's log: {e}");
+            file = None;
         }
         if !line.ends_with(b"\n") {
             line.push(b'\n');
@@ -283,7 +293,8 @@ pub fn read_error_file(path: &Path) -> Option<ErrorReport> {
 /// checked before joining so that a node that cannot run the command does not join.
 pub fn find_program(program: &str) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    let runnable =
+        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if program.contains('/') {
         let p = PathBuf::from(program);
         return if runnable(&p) {

@@ -200,7 +200,8 @@ async fn a_killed_worker_restarts_the_group() {
     bounded(async {
         let run = run_id("wkill");
         let url = etcd_url(&run, "min_workers=2&keep_alive_ttl=2s&timeout=25s").await;
-        let script = format!("{ENV_LINE}\nif [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi");
+        let script =
+            format!("{ENV_LINE}\nif [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi");
         let extra = ["--nproc-per-node", "2", "--monitor-interval", "1s"];
         let mut agents: Vec<Proc> = (0..2).map(|i| agent(&format!("k{i}"), &url, &extra, &script)).collect();
         let mut first = Vec::new();
@@ -242,9 +243,11 @@ async fn a_killed_worker_restarts_the_group() {
 async fn a_killed_agent_takes_its_workers_along() {
     bounded(async {
         let run = run_id("akill");
-        let url = etcd_url(&run, "min_workers=2&max_workers=3&last_call_timeout=2s&keep_alive_ttl=2s&timeout=25s")
-            .await;
-        let script = format!("{ENV_LINE}\nif [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi");
+        let url =
+            etcd_url(&run, "min_workers=2&max_workers=3&last_call_timeout=2s&keep_alive_ttl=2s&timeout=25s")
+                .await;
+        let script =
+            format!("{ENV_LINE}\nif [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi");
         let extra = ["--nproc-per-node", "2", "--monitor-interval", "1s"];
         let mut agents: Vec<Proc> = (0..3).map(|i| agent(&format!("d{i}"), &url, &extra, &script)).collect();
         let mut first = Vec::new();
@@ -257,7 +260,10 @@ async fn a_killed_agent_takes_its_workers_along() {
         let orphans: Vec<u32> = first[0].iter().map(|e| num(e, "PID") as u32).collect();
         assert!(orphans.iter().all(|p| !ended(*p)), "the workers run before the agent dies");
         victim.kill9(); // the agent's own process group: its workers are in theirs
-        assert!(all_end(&orphans, Duration::from_secs(3)).await, "the workers outlived their agent: {orphans:?}");
+        assert!(
+            all_end(&orphans, Duration::from_secs(3)).await,
+            "the workers outlived their agent: {orphans:?}"
+        );
 
         let mut second = Vec::new();
         for a in &mut agents {
@@ -278,8 +284,9 @@ async fn a_killed_agent_takes_its_workers_along() {
 async fn a_waiting_node_is_admitted() {
     bounded(async {
         let run = run_id("admit");
-        let url = etcd_url(&run, "min_workers=2&max_workers=3&last_call_timeout=1s&keep_alive_ttl=2s&timeout=25s")
-            .await;
+        let url =
+            etcd_url(&run, "min_workers=2&max_workers=3&last_call_timeout=1s&keep_alive_ttl=2s&timeout=25s")
+                .await;
         let script = format!("{ENV_LINE}\nif [ \"$WORLD_SIZE\" != 6 ]; then exec sleep 60; fi");
         let extra = ["--nproc-per-node", "2", "--monitor-interval", "500ms"];
         let mut agents: Vec<Proc> = (0..2).map(|i| agent(&format!("w{i}"), &url, &extra, &script)).collect();
@@ -376,7 +383,11 @@ async fn no_worker_sees_the_password() {
     for local_rank in 0..3 {
         assert!(stdout.contains(&format!("END {local_rank}")), "worker {local_rank} ran: {stdout}");
     }
-    assert_eq!(stdout.lines().filter(|l| *l == "RDZV_URL=mem://u:***@pw/job?min_workers=1").count(), 3, "{stdout}");
+    assert_eq!(
+        stdout.lines().filter(|l| *l == "RDZV_URL=mem://u:***@pw/job?min_workers=1").count(),
+        3,
+        "{stdout}"
+    );
     for secret in ["hunter2", "from-env-s3cret", "RDZV_PASSWORD"] {
         assert!(!stdout.contains(secret), "a worker saw `{secret}`:\n{stdout}");
         assert!(!stderr.contains(secret), "the agent printed `{secret}`:\n{stderr}");
@@ -390,7 +401,18 @@ async fn sighup_stops_the_workers_like_sigterm() {
     let script = r#"sleep 60 & echo "CHILD $LOCAL_RANK $!"; trap 'echo "TERM $LOCAL_RANK"; exit 7' TERM; echo "READY $LOCAL_RANK $PPID"; while :; do sleep 0.1; done"#;
     let mut a = Proc::spawn(
         "hup",
-        &["run", "mem://hup/job?min_workers=1", "--nproc-per-node", "2", "--grace-period", "5s", "--", "sh", "-c", script],
+        &[
+            "run",
+            "mem://hup/job?min_workers=1",
+            "--nproc-per-node",
+            "2",
+            "--grace-period",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
     );
     let mut children = Vec::new();
     let mut ready = 0;
@@ -428,7 +450,16 @@ async fn sighup_stops_the_workers_like_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_counts_the_visible_gpus() {
     let out = tokio::process::Command::new(cli_support::RDZV)
-        .args(["run", "mem://auto/job?min_workers=1", "--nproc-per-node", "auto", "--", "sh", "-c", "echo W=$LOCAL_WORLD_SIZE"])
+        .args([
+            "run",
+            "mem://auto/job?min_workers=1",
+            "--nproc-per-node",
+            "auto",
+            "--",
+            "sh",
+            "-c",
+            "echo W=$LOCAL_WORLD_SIZE",
+        ])
         .env("CUDA_VISIBLE_DEVICES", "0,1,3")
         .env_remove("RDZV_URL")
         .stdin(std::process::Stdio::null())
@@ -443,7 +474,8 @@ async fn auto_counts_the_visible_gpus() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_command_is_refused_before_joining() {
     let (code, _, err) =
-        run_once(&["run", "mem://none/job?min_workers=2", "--nproc-per-node", "2", "--", "rdzv-no-such-cmd"]).await;
+        run_once(&["run", "mem://none/job?min_workers=2", "--nproc-per-node", "2", "--", "rdzv-no-such-cmd"])
+            .await;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("cannot start `rdzv-no-such-cmd`"), "{err}");
 }

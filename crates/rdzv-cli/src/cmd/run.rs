@@ -174,8 +174,9 @@ fn prepare(args: &RunArgs) -> Result<Setup, CliError> {
     let program = &args.command[0];
     crate::workers::find_program(program)
         .map_err(|e| CliError::other(format!("cannot start `{program}`: {e}")))?;
-    let exe = std::env::current_exe()
-        .map_err(|e| CliError::other(format!("cannot find the rdzv binary to start the workers with: {e}")))?;
+    let exe = std::env::current_exe().map_err(|e| {
+        CliError::other(format!("cannot find the rdzv binary to start the workers with: {e}"))
+    })?;
     let nproc = match args.nproc_per_node {
         NProc::Count(n) => n,
         NProc::Auto => {
@@ -240,7 +241,8 @@ async fn agent(
                             Ok(group) => group,
                             Err(e) => {
                                 // Nothing ran, so there is nothing to restart: the job cannot work here.
-                                let message = format!("cannot start the workers (`{}`): {e}", args.command[0]);
+                                let message =
+                                    format!("cannot start the workers (`{}`): {e}", args.command[0]);
                                 publish_failure(&round, &message).await;
                                 let _ = worker.set_closed().await;
                                 return Err(CliError { code: FAILURE, message });
@@ -248,7 +250,9 @@ async fn agent(
                         };
                     supervise(args, worker, &round, &mut group, signals).await
                 }
-                None => Outcome::PeerFailed(format!("round {}: this node's rank is out of range", round.version)),
+                None => {
+                    Outcome::PeerFailed(format!("round {}: this node's rank is out of range", round.version))
+                }
             },
             Err(what) => Outcome::PeerFailed(what),
         };
@@ -293,7 +297,10 @@ async fn agent(
                 eprintln!("rdzv: {report}");
                 publish_failure(&round, &what).await;
                 if restarts >= args.max_restarts {
-                    eprintln!("rdzv: no restarts left (--max-restarts {}); closing the run", args.max_restarts);
+                    eprintln!(
+                        "rdzv: no restarts left (--max-restarts {}); closing the run",
+                        args.max_restarts
+                    );
                     worker.set_closed().await?;
                     return Ok(exit_code(exit.status));
                 }
@@ -576,7 +583,8 @@ mod tests {
         assert_eq!(run.monitor_interval, Duration::from_secs(5));
         assert_eq!(run.nproc_per_node, NProc::Count(1));
         assert_eq!(run.role, "default");
-        let parsed = Cli::try_parse_from(["rdzv", "u", "--nproc-per-node", "auto", "--role", "trainer", "--", "x"]);
+        let parsed =
+            Cli::try_parse_from(["rdzv", "u", "--nproc-per-node", "auto", "--role", "trainer", "--", "x"]);
         let run = parsed.expect("parses").run;
         assert_eq!((run.nproc_per_node, run.role.as_str()), (NProc::Auto, "trainer"));
         assert!(Cli::try_parse_from(["rdzv", "u", "--nproc-per-node", "0", "--", "x"]).is_err());
