@@ -110,10 +110,12 @@ pub struct RunArgs {
     /// How long a node whose workers succeeded waits for the other nodes' to succeed.
     #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = crate::args::duration)]
     finish_timeout: Duration,
-    /// Write each worker's stdout and stderr to DIR/attempt_<k>/<local_rank>/{stdout,stderr}.log.
+    /// Write each worker's stdout and stderr to DIR/attempt_K/LOCAL_RANK/stdout.log and
+    /// stderr.log (K: the restart count).
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
-    /// Also copy the workers' output to this agent's, each line prefixed with [<rank>]:.
+    /// Also copy the workers' output to this agent's, each line prefixed with the worker's
+    /// rank in brackets and a colon.
     #[arg(long)]
     tee: bool,
     /// This node's id (unique within the run; default: host-pid-random).
