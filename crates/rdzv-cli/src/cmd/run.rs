@@ -285,7 +285,7 @@ async fn agent(
                 }
                 continue;
             }
-            Outcome::Succeeded => match finish(args, worker, &round).await? {
+            Outcome::Succeeded => match finish(args, worker, &round, signals).await? {
                 None => {
                     eprintln!("rdzv: every worker of round {} succeeded; closing the run", round.version);
                     worker.set_closed().await?;
@@ -486,31 +486,41 @@ async fn publish_failure(round: &Round, what: &str) {
     }
 }
 
-/// After this rank's command succeeded: waits until every rank's did (`Ok(None)`), or
+/// After this node's workers succeeded: waits until every node's did (`Ok(None)`), or
 /// returns why the group must restart (`Ok(Some(reason))`).
-async fn finish(args: &RunArgs, worker: &Rendezvous, round: &Round) -> Result<Option<String>, CliError> {
+async fn finish(
+    args: &RunArgs,
+    worker: &Rendezvous,
+    round: &Round,
+    signals: &mut Signals,
+) -> Result<Option<String>, CliError> {
     let barrier = round.store.barrier(FINISHED_KEY, round.world_size, args.finish_timeout);
     let failed = peer_failure(round.store.clone());
     tokio::pin!(barrier, failed);
     let broken = tokio::select! {
         biased;
         done = &mut barrier => {
-            done.map_err(|e| CliError::from(e).context("waiting for the other ranks to finish"))?;
+            done.map_err(|e| CliError::from(e).context("waiting for the other nodes to finish"))?;
             return Ok(None);
         }
         what = &mut failed => return Ok(Some(what)),
         reason = worker.round_broken() => reason,
+        // Its workers are done: nothing to pass the signal on to.
+        s = signals.recv() => return Err(CliError {
+            code: s.exit_code(),
+            message: format!("SIG{} received while waiting for the other nodes to finish; left the run", s.name()),
+        }),
     };
     // Ranks that passed the barrier close the run and leave: that breaks the round too, so
     // give the barrier a moment to report that everyone got there.
     if let Ok(done) = tokio::time::timeout(Duration::from_secs(2), &mut barrier).await {
-        done.map_err(|e| CliError::from(e).context("waiting for the other ranks to finish"))?;
+        done.map_err(|e| CliError::from(e).context("waiting for the other nodes to finish"))?;
         return Ok(None);
     }
     if broken == RoundBroken::Closed && !round.store.check([FAILED_KEY]).await.unwrap_or(true) {
         return Ok(None);
     }
-    Ok(Some(format!("round {} is over before every rank finished: {}", round.version, why(&broken))))
+    Ok(Some(format!("round {} is over before every node finished: {}", round.version, why(&broken))))
 }
 
 /// The exit code for a command's status: its code, or 128 + the signal that ended it.
