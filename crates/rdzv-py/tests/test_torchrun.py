@@ -117,6 +117,17 @@ def test_entry_point_registers_the_backend_and_its_store_serves_the_agent(run_id
     other.shutdown()
 
 
+def test_importing_the_backend_first_registers_it_cleanly() -> None:
+    code = (
+        "import rdzv.torch_backend\n"
+        "from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as r\n"
+        "print('rdzv' in r._registry)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+    assert "Exception while registering" not in out.stderr
+
+
 def test_rdzv_conf_keys_map_to_rdzv_options(run_id: str) -> None:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 

@@ -265,6 +265,17 @@ class RdzvRendezvousHandler(RendezvousHandler):
         return True
 
 
+def _redacted(endpoint: str) -> str:
+    """The endpoint without its password (it may carry one: ``redis://:secret@host``)."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        scheme, rest = "", endpoint
+    if "@" in rest.split("/", 1)[0]:
+        user, _, host = rest.partition("@")
+        rest = f"{user.split(':', 1)[0]}:***@{host}"
+    return f"{scheme}{sep}{rest}"
+
+
 def create_handler(params: RendezvousParameters) -> RdzvRendezvousHandler:
     """torchrun's handler creator: builds the URL, connects (so a bad endpoint fails here,
     before any worker starts) and returns the handler."""
@@ -277,10 +288,5 @@ def create_handler(params: RendezvousParameters) -> RdzvRendezvousHandler:
             message += "; torch's --rdzv-conf keys accepted too: " + ", ".join(TORCH_KEYS)
         raise ValueError(f"rdzv backend: {message}") from None
     except rdzv.RendezvousUnavailableError as e:
-        raise RendezvousConnectionError(f"rdzv backend: --rdzv-endpoint {params.endpoint}: {e}") from None
+        raise RendezvousConnectionError(f"rdzv backend: --rdzv-endpoint {_redacted(params.endpoint)}: {e}") from None
     return RdzvRendezvousHandler(worker, store_timeout)
-
-
-def handler_creator() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """The ``torchrun.handlers`` entry point: torch calls it and registers what it returns."""
-    return create_handler
