@@ -2,7 +2,7 @@
 //! (see `python/rdzv/__init__.py` and the stubs in `python/rdzv/_rdzv.pyi`).
 //!
 //! Every blocking call runs its future on one tokio runtime per process (created lazily, and
-//! again in a forked child), with the GIL released, in slices of [`SLICE`] between which it
+//! again in a forked child), with the GIL released, in slices of 100 ms between which it
 //! checks for Python signals, so Ctrl-C interrupts it with `KeyboardInterrupt` (the future is
 //! dropped, which cancels it: a cancelled `next_rendezvous` withdraws what it wrote).
 
@@ -23,7 +23,12 @@ const SLICE: Duration = Duration::from_millis(100);
 create_exception!(_rdzv, Error, PyException, "Base of every rdzv error.");
 create_exception!(_rdzv, RendezvousError, Error, "A rendezvous failed (base of the rendezvous errors).");
 create_exception!(_rdzv, RendezvousClosedError, RendezvousError, "The run was closed; no round will form.");
-create_exception!(_rdzv, RendezvousTimeoutError, RendezvousError, "The call did not complete by its deadline.");
+create_exception!(
+    _rdzv,
+    RendezvousTimeoutError,
+    RendezvousError,
+    "The call did not complete by its deadline."
+);
 create_exception!(
     _rdzv,
     RendezvousUnavailableError,
@@ -40,9 +45,19 @@ create_exception!(
 );
 create_exception!(_rdzv, RendezvousShutdownError, RendezvousError, "The handle was shut down.");
 create_exception!(_rdzv, StoreError, Error, "A Store operation failed (base of the Store errors).");
-create_exception!(_rdzv, StoreTimeoutError, StoreError, "A Store operation did not complete within its timeout.");
+create_exception!(
+    _rdzv,
+    StoreTimeoutError,
+    StoreError,
+    "A Store operation did not complete within its timeout."
+);
 create_exception!(_rdzv, StoreQueueEmptyError, StoreError, "A non-blocking queue_pop found the queue empty.");
-create_exception!(_rdzv, StoreUnavailableError, StoreError, "The Store's backend could not be reached (retryable).");
+create_exception!(
+    _rdzv,
+    StoreUnavailableError,
+    StoreError,
+    "The Store's backend could not be reached (retryable)."
+);
 
 fn rendezvous_err(e: RustRendezvousError) -> PyErr {
     let message = e.to_string();
@@ -152,9 +167,9 @@ fn duration_of(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Du
     } else {
         obj.extract().map_err(|_| PyTypeError::new_err(format!("{what} must be seconds or a timedelta")))?
     };
-    Duration::try_from_secs_f64(seconds)
-        .map(Some)
-        .map_err(|_| PyValueError::new_err(format!("{what} must be a non-negative number of seconds, not {seconds}")))
+    Duration::try_from_secs_f64(seconds).map(Some).map_err(|_| {
+        PyValueError::new_err(format!("{what} must be a non-negative number of seconds, not {seconds}"))
+    })
 }
 
 /// Joins the run named by `url` as one worker (see the README for URLs and options).
@@ -220,7 +235,11 @@ impl Rendezvous {
 
     /// Waits until this worker's round is over and returns why, or `None` after `timeout`.
     #[pyo3(signature = (timeout=None))]
-    fn round_broken(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<Option<&'static str>> {
+    fn round_broken(
+        &self,
+        py: Python<'_>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<&'static str>> {
         let handle = self.handle()?;
         let timeout = duration_of(timeout, "timeout")?;
         let reason = block(py, async move {
@@ -447,7 +466,12 @@ impl Store {
 
     /// Waits until every key exists (`timeout`: seconds or timedelta; default the store's).
     #[pyo3(signature = (keys, timeout=None))]
-    fn wait(&self, py: Python<'_>, keys: &Bound<'_, PyAny>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    fn wait(
+        &self,
+        py: Python<'_>,
+        keys: &Bound<'_, PyAny>,
+        timeout: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let keys = keys_of(keys)?;
         let timeout = duration_of(timeout, "timeout")?;
         self.run(py, |s| async move {
@@ -480,7 +504,11 @@ impl Store {
     }
 
     /// The values of `keys`, waiting until all exist.
-    fn multi_get<'py>(&self, py: Python<'py>, keys: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    fn multi_get<'py>(
+        &self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let keys = keys_of(keys)?;
         let values = self.run(py, |s| async move { s.multi_get(keys).await })?;
         Ok(values.iter().map(|v| PyBytes::new(py, v)).collect())
@@ -509,7 +537,12 @@ impl Store {
 
     /// Removes and returns the oldest item of the queue `key`.
     #[pyo3(signature = (key, block=true))]
-    fn queue_pop<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>, block: bool) -> PyResult<Bound<'py, PyBytes>> {
+    fn queue_pop<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        block: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let key = bytes_of(key, "key")?;
         let value = self.run(py, |s| async move { s.queue_pop(key, block).await })?;
         Ok(PyBytes::new(py, &value))
