@@ -25,6 +25,7 @@ their workers are stuck in a collective.
 from __future__ import annotations
 
 import datetime
+import logging
 import urllib.parse
 from typing import Any, Callable
 
@@ -42,6 +43,8 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 
 import rdzv
+
+logger = logging.getLogger(__name__)
 
 #: torch's ``--rdzv-conf`` keys and what they become here.
 TORCH_KEYS = {
@@ -247,7 +250,13 @@ class RdzvRendezvousHandler(RendezvousHandler):
         self._worker.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        waiting = self._worker.num_nodes_waiting()
+        try:
+            waiting = self._worker.num_nodes_waiting()
+        except rdzv.RendezvousUnavailableError as e:
+            # The agent polls this every monitor interval; an error here would end the agent
+            # (and its healthy workers) over a blip of the backend. The next poll asks again.
+            logger.warning("rdzv: could not count the waiting nodes (will ask again): %s", e)
+            waiting = 0
         if waiting == 0 and self._in_round and self._worker.round_broken(timeout=0) in _BROKEN:
             # torch's agent polls only this between its checks of the workers: reporting the
             # broken round as a waiting node makes it re-form now, not when a collective of
@@ -261,7 +270,13 @@ class RdzvRendezvousHandler(RendezvousHandler):
     def shutdown(self) -> bool:
         # Leave, do not close: see the module's docs.
         self._in_round = False
-        self._worker.shutdown()
+        try:
+            self._worker.shutdown()
+        except rdzv.Error as e:
+            # Torch's contract: False when shutting down failed. The session lease then
+            # expires by itself within keep_alive_ttl, which the others see as a departure.
+            logger.warning("rdzv: could not leave the run cleanly: %s", e)
+            return False
         return True
 
 
