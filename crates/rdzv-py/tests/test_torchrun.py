@@ -117,6 +117,33 @@ def test_entry_point_registers_the_backend_and_its_store_serves_the_agent(run_id
     other.shutdown()
 
 
+def test_a_broken_round_counts_as_a_waiting_node(run_id: str) -> None:
+    import threading
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    def handler():
+        params = RendezvousParameters(
+            backend="rdzv", endpoint="mem://broken", run_id=run_id, min_nodes=2, max_nodes=2, timeout=30
+        )
+        return get_rendezvous_handler(params)
+
+    a, b = handler(), handler()
+    t = threading.Thread(target=b.next_rendezvous)
+    t.start()
+    a.next_rendezvous()
+    t.join(30)
+    assert a.num_nodes_waiting() == 0
+    b.shutdown()  # b leaves (its agent ended): a's agent must re-form, the run stays open
+    deadline = time.monotonic() + 10
+    while a.num_nodes_waiting() == 0:
+        assert time.monotonic() < deadline, "a never saw its round broken"
+        time.sleep(0.05)
+    assert not a.is_closed()
+    a.shutdown()
+
+
 def test_importing_the_backend_first_registers_it_cleanly() -> None:
     code = (
         "import rdzv.torch_backend\n"
