@@ -26,4 +26,5 @@ step readme-demo bash scripts/readme-demo.sh
 # Without this, tests whose server binary is missing would skip instead of failing.
 export RDZV_REQUIRE_SERVERS=1
 step tests cargo test --workspace -j2
+step python bash scripts/test-python.sh
 echo "==> all steps passed" >&2

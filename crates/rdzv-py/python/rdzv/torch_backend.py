@@ -1,0 +1,307 @@
+"""The torchrun rendezvous backend ``rdzv``.
+
+torchrun loads it through the ``torchrun.handlers`` entry point of this package::
+
+    torchrun --rdzv-backend=rdzv --rdzv-endpoint=etcd://10.0.0.5:2379 --rdzv-id=job42 \\
+        --nnodes=2:4 --nproc-per-node=8 train.py
+
+``--rdzv-endpoint`` is an rdzv URL without the run id (``etcd://``, ``etcds://``,
+``redis://``, ``rediss://``, ``mem://``; options may follow ``?``); a bare ``host:port``
+means etcd. ``--rdzv-id`` is the run id, ``--nnodes=MIN:MAX`` the world's bounds.
+``--rdzv-conf`` takes torch's key names (see ``TORCH_KEYS``) and rdzv's own options.
+
+Leaving is not closing. torch's ``shutdown()`` closes the rendezvous in its own backends;
+here it only makes this agent leave (its keys vanish at once, the other agents re-form
+without it if at least ``MIN`` remain). torchrun calls ``shutdown()`` when its agent ends,
+also when it fails, so an agent that dies, is stopped, or gives up after ``--max-restarts``
+never ends the job for the others. The run is closed only by ``set_closed()``; when every
+agent has left, its keys expire after ``run_ttl`` (2 h by default).
+
+``num_nodes_waiting()`` also counts this agent's round as needing a restart when a member
+of it is gone (died or left), so the agents re-form within the keep-alive TTL even while
+their workers are stuck in a collective.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import urllib.parse
+from typing import Any, Callable
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStateError,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+import rdzv
+
+logger = logging.getLogger(__name__)
+
+#: torch's ``--rdzv-conf`` keys and what they become here.
+TORCH_KEYS = {
+    "join_timeout": "rdzv `timeout`: deadline of one rendezvous (wins over `timeout`)",
+    "timeout": "rdzv `timeout` (torchrun sets it to 900 unless given)",
+    "last_call_timeout": "rdzv `last_call_timeout`",
+    "keep_alive_interval": "with keep_alive_max_attempt: rdzv `keep_alive_ttl` = interval x attempts",
+    "keep_alive_max_attempt": "see keep_alive_interval (torch's defaults: 5 s x 3)",
+    "read_timeout": "timeout of the agent's Store calls, in seconds (default 60, as torch's)",
+    "local_addr": "rdzv `local_addr` (also from --local-addr)",
+    "etcd_prefix": "rdzv `prefix` (torch's etcd backend's name)",
+    "protocol": "etcd `protocol` (https = TLS)",
+    "cacert": "etcd/Redis `cacert`",
+    "cert": "etcd/Redis `cert`",
+    "key": "etcd/Redis `key`",
+    "close_timeout": "accepted and ignored: closing is one write here",
+    "is_host": "accepted and ignored: no agent hosts the store here",
+}
+
+#: torch's defaults for the keep-alive, used when only one of the two keys is given.
+_KEEP_ALIVE_INTERVAL = 5.0
+_KEEP_ALIVE_ATTEMPTS = 3
+#: torch's c10d backend's default read timeout, in seconds.
+_READ_TIMEOUT = 60.0
+#: Round-broken reasons that mean the agent's worker group must re-form.
+_BROKEN = frozenset({"member_gone", "ended", "closed", "lease_lost"})
+
+
+def _seconds(key: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--rdzv-conf {key}={value!r}: expected a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"--rdzv-conf {key}={value!r}: must be more than 0 seconds")
+    return seconds
+
+
+def build_url(params: RendezvousParameters) -> tuple[str, float]:
+    """The rdzv URL for torchrun's parameters, and the agent Store's timeout in seconds.
+
+    Raises ``ValueError`` naming the flag at fault (the endpoint, a ``--rdzv-conf`` key)."""
+    endpoint = (params.endpoint or "").strip()
+    if not endpoint:
+        raise ValueError(
+            "the rdzv backend needs --rdzv-endpoint: an rdzv URL without run id, "
+            "e.g. etcd://10.0.0.5:2379, redis://host:6379, or a bare host:port for etcd"
+        )
+    if "://" not in endpoint:
+        endpoint = "etcd://" + endpoint
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.path not in ("", "/"):
+        raise ValueError(
+            f"--rdzv-endpoint must not name a run (its path is {parts.path!r}): "
+            "the run id comes from --rdzv-id"
+        )
+    if parts.fragment:
+        raise ValueError("--rdzv-endpoint must not contain '#'")
+
+    config = dict(params.config)
+    options: dict[str, str] = {}
+    store_timeout = _READ_TIMEOUT
+    for key, value in config.items():
+        if value is None:
+            continue
+        if key == "join_timeout":
+            options["timeout"] = str(_seconds(key, value))
+        elif key == "timeout":
+            if config.get("join_timeout") is None:
+                options["timeout"] = str(_seconds(key, value))
+        elif key == "etcd_prefix":
+            options["prefix"] = str(value)
+        elif key == "read_timeout":
+            store_timeout = _seconds(key, value)
+        elif key in ("keep_alive_interval", "keep_alive_max_attempt", "close_timeout", "is_host"):
+            continue
+        elif key in ("min_workers", "max_workers", "min_nodes", "max_nodes"):
+            raise ValueError(f"--rdzv-conf {key}: give the number of nodes with --nnodes=MIN:MAX instead")
+        else:
+            # rdzv's own options and the backend's (TLS files, protocol, db, …); rdzv checks
+            # them and names the known ones.
+            options[key] = str(value)
+
+    if config.get("keep_alive_interval") is not None or config.get("keep_alive_max_attempt") is not None:
+        if "keep_alive_ttl" in options:
+            raise ValueError(
+                "--rdzv-conf: give keep_alive_ttl, or keep_alive_interval/keep_alive_max_attempt, not both"
+            )
+        interval = _seconds("keep_alive_interval", config.get("keep_alive_interval", _KEEP_ALIVE_INTERVAL))
+        attempts = _seconds("keep_alive_max_attempt", config.get("keep_alive_max_attempt", _KEEP_ALIVE_ATTEMPTS))
+        options["keep_alive_ttl"] = str(interval * attempts)
+    if "local_addr" not in options and params.local_addr:
+        options["local_addr"] = params.local_addr
+    options["min_workers"] = str(params.min_nodes)
+    options["max_workers"] = str(params.max_nodes)
+
+    query = "&".join(
+        [parts.query] * bool(parts.query)
+        + [f"{k}={urllib.parse.quote(v, safe='')}" for k, v in options.items()]
+    )
+    run_id = urllib.parse.quote(str(params.run_id), safe="")
+    return f"{parts.scheme}://{parts.netloc}/{run_id}?{query}", store_timeout
+
+
+class TorchStore(dist.Store):
+    """A ``torch.distributed.Store`` backed by an rdzv Store (the round's): what the agent
+    runs its rank assignment and barriers on. Store timeouts raise ``DistStoreError``, as
+    torch's stores do."""
+
+    def __init__(self, store: rdzv.Store, timeout: float) -> None:
+        super().__init__()
+        self._store = store
+        self.set_timeout(datetime.timedelta(seconds=timeout))
+
+    @staticmethod
+    def _call(fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except rdzv.StoreError as e:
+            raise dist.DistStoreError(str(e)) from e
+
+    @property
+    def timeout(self) -> datetime.timedelta:  # type: ignore[override]
+        return datetime.timedelta(seconds=self._store.timeout)
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:  # type: ignore[override]
+        self._store.set_timeout(timeout)
+        super().set_timeout(timeout)
+
+    def set(self, key: str, value: Any) -> None:  # type: ignore[override]
+        self._call(self._store.set, key, value)
+
+    def get(self, key: str) -> bytes:  # type: ignore[override]
+        return self._call(self._store.get, key)
+
+    def add(self, key: str, value: int) -> int:  # type: ignore[override]
+        return self._call(self._store.add, key, value)
+
+    def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:  # type: ignore[override]
+        return self._call(self._store.compare_set, key, expected_value, desired_value)
+
+    def append(self, key: str, value: Any) -> None:  # type: ignore[override]
+        self._call(self._store.append, key, value)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:  # type: ignore[override]
+        self._call(self._store.wait, keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:  # type: ignore[override]
+        return self._call(self._store.check, keys)
+
+    def delete_key(self, key: str) -> bool:  # type: ignore[override]
+        return self._call(self._store.delete_key, key)
+
+    def num_keys(self) -> int:  # type: ignore[override]
+        return self._call(self._store.num_keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:  # type: ignore[override]
+        return self._call(self._store.multi_get, keys)
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:  # type: ignore[override]
+        self._call(self._store.multi_set, keys, values)
+
+
+class RdzvRendezvousHandler(RendezvousHandler):
+    """torch's ``RendezvousHandler`` over one rdzv worker (see the module's docs)."""
+
+    def __init__(self, worker: rdzv.Rendezvous, store_timeout: float) -> None:
+        self._worker = worker
+        self._store_timeout = store_timeout
+        self._in_round = False
+
+    def get_backend(self) -> str:
+        return "rdzv"
+
+    @property
+    def use_agent_store(self) -> bool:
+        # The workers bootstrap their own TCPStore at MASTER_ADDR:MASTER_PORT (rank 0's
+        # address and a port that was free there); the agent's Store is not a TCPStore.
+        return False
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self._in_round = False
+        try:
+            r = self._worker.next_rendezvous()
+        except rdzv.RendezvousClosedError as e:
+            raise RendezvousClosedError(str(e)) from e
+        except rdzv.RendezvousTimeoutError as e:
+            raise RendezvousTimeoutError(str(e)) from e
+        except rdzv.RendezvousUnavailableError as e:
+            raise RendezvousConnectionError(str(e)) from e
+        except rdzv.RendezvousStateError as e:
+            raise RendezvousStateError(str(e)) from e
+        except rdzv.RendezvousError as e:
+            raise RendezvousError(str(e)) from e
+        self._in_round = True
+        store = TorchStore(r.store, self._store_timeout)
+        return RendezvousInfo(store, r.rank, r.world_size, RendezvousStoreInfo(r.master_addr, r.master_port))
+
+    def is_closed(self) -> bool:
+        return self._worker.is_closed()
+
+    def set_closed(self) -> None:
+        self._worker.set_closed()
+
+    def num_nodes_waiting(self) -> int:
+        try:
+            waiting = self._worker.num_nodes_waiting()
+        except rdzv.RendezvousUnavailableError as e:
+            # The agent polls this every monitor interval; an error here would end the agent
+            # (and its healthy workers) over a blip of the backend. The next poll asks again.
+            logger.warning("rdzv: could not count the waiting nodes (will ask again): %s", e)
+            waiting = 0
+        if waiting == 0 and self._in_round and self._worker.round_broken(timeout=0) in _BROKEN:
+            # torch's agent polls only this between its checks of the workers: reporting the
+            # broken round as a waiting node makes it re-form now, not when a collective of
+            # its workers times out.
+            return 1
+        return waiting
+
+    def get_run_id(self) -> str:
+        return self._worker.run_id
+
+    def shutdown(self) -> bool:
+        # Leave, do not close: see the module's docs.
+        self._in_round = False
+        try:
+            self._worker.shutdown()
+        except rdzv.Error as e:
+            # Torch's contract: False when shutting down failed. The session lease then
+            # expires by itself within keep_alive_ttl, which the others see as a departure.
+            logger.warning("rdzv: could not leave the run cleanly: %s", e)
+            return False
+        return True
+
+
+def _redacted(endpoint: str) -> str:
+    """The endpoint without its password (it may carry one: ``redis://:secret@host``)."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep:
+        scheme, rest = "", endpoint
+    if "@" in rest.split("/", 1)[0]:
+        user, _, host = rest.partition("@")
+        rest = f"{user.split(':', 1)[0]}:***@{host}"
+    return f"{scheme}{sep}{rest}"
+
+
+def create_handler(params: RendezvousParameters) -> RdzvRendezvousHandler:
+    """torchrun's handler creator: builds the URL, connects (so a bad endpoint fails here,
+    before any worker starts) and returns the handler."""
+    url, store_timeout = build_url(params)
+    try:
+        worker = rdzv.connect(url)
+    except rdzv.RendezvousConfigError as e:
+        message = str(e)
+        if message.startswith("unknown option"):
+            message += "; torch's --rdzv-conf keys accepted too: " + ", ".join(TORCH_KEYS)
+        raise ValueError(f"rdzv backend: {message}") from None
+    except rdzv.RendezvousUnavailableError as e:
+        raise RendezvousConnectionError(f"rdzv backend: --rdzv-endpoint {_redacted(params.endpoint)}: {e}") from None
+    return RdzvRendezvousHandler(worker, store_timeout)

@@ -1,0 +1,113 @@
+"""Real servers for the tests: etcd and redis-server, started on free loopback ports.
+
+A missing binary fails the tests that need it (never skips): install them with
+`scripts/setup.sh` (Debian's etcd-server and redis-server)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import rdzv
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"`{name}` is not installed; run scripts/setup.sh (the tests need a real server)")
+    return path
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 30
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            store = rdzv.open_store(url)
+            store.set_timeout(2)
+            store.set("ping", "1")
+            return
+        except rdzv.Error as e:
+            last = e
+            time.sleep(0.2)
+    raise RuntimeError(f"server at {url} did not answer within 30 s: {last}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`host:port` of a fresh single-member etcd."""
+    binary = _binary("etcd")
+    d = tmp_path_factory.mktemp("etcd")
+    client, peer, metrics = free_port(), free_port(), free_port()
+    c, p = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    log = d / "log"
+    cmd = [
+        binary, "--name", "n0", "--data-dir", str(d / "data"),
+        "--listen-client-urls", c, "--advertise-client-urls", c,
+        "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+        "--initial-cluster", f"n0={p}", "--initial-cluster-state", "new",
+        "--listen-metrics-urls", f"http://127.0.0.1:{metrics}", "--log-level", "warn",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(f"etcd://127.0.0.1:{client}/ready", proc, log)
+        yield f"127.0.0.1:{client}"
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`host:port` of a fresh redis-server."""
+    binary = _binary("redis-server")
+    d = tmp_path_factory.mktemp("redis")
+    port = free_port()
+    log = d / "log"
+    cmd = [
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", str(d), "--logfile", str(log),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(f"redis://127.0.0.1:{port}/ready", proc, log)
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+@pytest.fixture(params=["etcd", "redis"])
+def endpoint(request: pytest.FixtureRequest) -> str:
+    """An rdzv endpoint URL without run id, on each real backend."""
+    return f"{request.param}://{request.getfixturevalue(request.param)}"
+
+
+@pytest.fixture
+def run_id(request: pytest.FixtureRequest) -> str:
+    """A run id of its own for each test (and each parametrization)."""
+    name = "".join(ch if ch.isalnum() else "-" for ch in request.node.name)
+    return f"{name[:60]}-{os.getpid()}-{time.monotonic_ns() % 10**9}"

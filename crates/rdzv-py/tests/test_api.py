@@ -1,0 +1,171 @@
+"""The Python API on real etcd and Redis (and memory): rounds, the Store, errors, signals, fork."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import rdzv
+
+
+def test_import_does_not_import_torch() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, rdzv; print('torch' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "False"
+
+
+def test_two_workers_form_a_round_and_share_the_store(endpoint: str, run_id: str) -> None:
+    url = f"{endpoint}/{run_id}?min_workers=2&max_workers=2&keep_alive_ttl=3s"
+    a, b = rdzv.connect(url), rdzv.connect(url)
+    assert a.run_id == run_id and a.backend in ("etcd", "redis")
+    rounds: dict[str, rdzv.Round] = {}
+    t = threading.Thread(target=lambda: rounds.__setitem__("b", b.next_rendezvous()))
+    t.start()
+    rounds["a"] = a.next_rendezvous()
+    t.join(30)
+    ra, rb = rounds["a"], rounds["b"]
+    assert (ra.world_size, rb.world_size) == (2, 2)
+    assert {ra.rank, rb.rank} == {0, 1}
+    assert ra.version == rb.version
+    assert [p.node for p in ra.participants] == [p.node for p in rb.participants]
+    assert (ra.master_addr, ra.master_port) == (rb.master_addr, rb.master_port)
+    assert ra.participants[0].port == ra.master_port
+    # The round's Store, shared; rank 0 published the bootstrap keys in it.
+    assert ra.store.get("MASTER_PORT") == str(ra.master_port).encode()
+    ra.store.set("k", "v")
+    assert rb.store.get(b"k") == b"v"
+    assert ra.store.add("n", 2) == 2 and rb.store.add("n", 3) == 5
+    assert rb.store.compare_set("k", "v", "w") == b"w"
+    assert ra.store.compare_set("k", "x", "y") == b"w"
+    ra.store.multi_set(["x", "y"], [b"1", "2"])
+    assert rb.store.multi_get(["x", "y"]) == [b"1", b"2"]
+    assert rb.store.check(["x", "y"]) and not rb.store.check(["x", "nope"])
+    assert rb.store.delete_key("x") and not rb.store.delete_key("x")
+    ra.store.append("log", "a")
+    rb.store.append("log", b"b")
+    assert ra.store.get("log") == b"ab"
+    ra.store.queue_push("q", "item")
+    assert rb.store.queue_len("q") == 1 and rb.store.queue_pop("q") == b"item"
+    with pytest.raises(rdzv.StoreQueueEmptyError):
+        rb.store.queue_pop("q", block=False)
+    assert a.num_nodes_waiting() == 0 and not a.is_closed()
+    assert a.round_broken(timeout=0) is None
+    # b leaves: a's round breaks, the run stays open; then a closes it.
+    b.shutdown()
+    assert a.round_broken(timeout=10) in ("member_gone", "ended")
+    assert not a.is_closed()
+    a.set_closed()
+    assert a.is_closed()
+    with pytest.raises(rdzv.RendezvousClosedError):
+        a.next_rendezvous()
+    a.shutdown()
+
+
+def test_store_timeouts_and_types() -> None:
+    store = rdzv.open_store("mem://api/store-timeouts")
+    store.set_timeout(datetime.timedelta(milliseconds=200))
+    assert store.timeout == pytest.approx(0.2)
+    with pytest.raises(rdzv.StoreTimeoutError, match="missing"):
+        store.get("missing")
+    with pytest.raises(rdzv.StoreTimeoutError):
+        store.wait(["missing"], 0.1)
+    with pytest.raises(TypeError):
+        store.set("k", 3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        store.check("k")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        store.multi_set(["a", "b"], ["1"])
+    store.set("n", "x")
+    with pytest.raises(rdzv.StoreError, match="not a decimal integer"):
+        store.add("n", 1)
+    store.barrier("b", 1, timeout=1)
+
+
+def test_errors_mirror_the_rust_kinds(run_id: str) -> None:
+    with pytest.raises(rdzv.RendezvousConfigError, match="unknown option `bogus`"):
+        rdzv.connect(f"mem://api/{run_id}?min_workers=1&bogus=1")
+    with pytest.raises(rdzv.RendezvousConfigError, match="min_workers"):
+        rdzv.connect(f"mem://api/{run_id}")
+    started = time.monotonic()
+    with pytest.raises(rdzv.RendezvousUnavailableError):
+        rdzv.connect(f"etcd://127.0.0.1:1/{run_id}?min_workers=1&connect_timeout=1s")
+    assert time.monotonic() - started < 15
+    w = rdzv.connect(f"mem://api/{run_id}?min_workers=2&timeout=0.3s")
+    with pytest.raises(rdzv.RendezvousTimeoutError):
+        w.next_rendezvous()
+    assert issubclass(rdzv.RendezvousTimeoutError, rdzv.RendezvousError)
+    assert issubclass(rdzv.StoreTimeoutError, rdzv.Error)
+    w.shutdown()
+    with pytest.raises(rdzv.RendezvousShutdownError):
+        w.next_rendezvous()
+
+
+def test_blocking_call_releases_the_gil(run_id: str) -> None:
+    w = rdzv.connect(f"mem://gil/{run_id}?min_workers=2&timeout=3s")
+    ticks = []
+    t = threading.Thread(target=lambda: [ticks.append(time.sleep(0.05)) for _ in range(10)])
+    t.start()
+    with pytest.raises(rdzv.RendezvousTimeoutError):
+        w.next_rendezvous()
+    t.join()
+    assert len(ticks) == 10
+
+
+def test_ctrl_c_interrupts_a_blocking_call(etcd: str, run_id: str) -> None:
+    code = (
+        "import rdzv, sys\n"
+        f"w = rdzv.connect('etcd://{etcd}/{run_id}?min_workers=2')\n"
+        "print('waiting', flush=True)\n"
+        "try:\n"
+        "    w.next_rendezvous()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(7)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "waiting"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(10) == 7
+    assert proc.stdout.read().strip() == "interrupted"
+    # Nobody is left behind: the interrupted join was withdrawn.
+    w = rdzv.connect(f"etcd://{etcd}/{run_id}?min_workers=1")
+    assert w.next_rendezvous().world_size == 1
+    w.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+def test_fork_child_makes_its_own_handles(redis: str, run_id: str) -> None:
+    url = f"redis://{redis}/{run_id}?min_workers=1"
+    parent = rdzv.connect(url)
+    store = rdzv.open_store(url)
+    store.set("from", "parent")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                store.get("from")
+            except rdzv.RendezvousError as e:
+                assert "before a fork" in str(e)
+                child_store = rdzv.open_store(url)
+                assert child_store.get("from") == b"parent"
+                child_store.set("child", "ok")
+                code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.get("child") == b"ok"
+    assert parent.next_rendezvous().world_size == 1
+    parent.shutdown()
