@@ -28,7 +28,11 @@ const WORLD_LIMIT: Duration = Duration::from_secs(1800);
 
 fn cases() -> u32 {
     let soak = std::env::var("RDZV_SOAK").is_ok_and(|v| v == "1");
-    std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(if soak { 20_000 } else { 1000 })
+    std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(if soak {
+        20_000
+    } else {
+        1000
+    })
 }
 
 fn shape() -> Shape {
