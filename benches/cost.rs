@@ -1,6 +1,6 @@
 //! Cost figures that do not depend on the machine's speed: for N in-process workers
 //! (min = max = N) on one shared client, the backend writes and reads per worker per round
-//! (counted by `CountingKv`; lease refreshes aside, like PROTOCOL.md's "Cost"), and on etcd
+//! (counted by `CountingKv`; lease refreshes aside, like docs/PROTOCOL.md's cost section), and on etcd
 //! the server's own committed Raft proposals per worker (`etcd_server_proposals_committed_total`
 //! from its `/metrics`, before and after the round). Round 1 is a first rendezvous; round 2
 //! is everyone calling `next_rendezvous` again (a re-rendezvous). Creating the workers is

@@ -14,7 +14,7 @@ import statistics
 import sys
 from collections import defaultdict
 
-# QUALITY.md: the reference implementation on this kind of machine (processes, etcd 3.4).
+# Reference figures (docs/TESTING.md): the reference implementation on this kind of machine (processes, etcd 3.4).
 REFERENCE = {16: (1.9, 16, 77), 64: (11.0, 49, 283), 128: (46.0, 114, 607)}
 REFERENCE_TIME_TEXT = {16: "1.9 s", 64: "10–12 s", 128: "46 s"}
 COLORS = {"mem": "#1b9e77", "etcd": "#d95f02", "redis": "#7570b3", "etcd, processes": "#e7298a",
@@ -165,7 +165,7 @@ def main():
     md.append("")
 
     # ---- targets summary
-    md.append("## Against QUALITY.md")
+    md.append("## Against the targets (docs/TESTING.md)")
     md.append("")
     rows = []
     mp_by = defaultdict(list)

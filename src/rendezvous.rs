@@ -4,10 +4,16 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use rdzv_core::{Kv, Participant, RendezvousError, RendezvousHandler, RendezvousParams, RoundTimings};
 use rdzv_store::Store;
 
 use crate::bootstrap::{self, Bootstrap};
+
+/// The least time rank 0 gives the publication of the bootstrap keys before it carries on
+/// and keeps trying in the background, even when the call's deadline is nearly spent.
+const MIN_BOOTSTRAP_TIME: Duration = Duration::from_secs(1);
 
 /// A worker's handle on a run (see [`RendezvousHandler`], whose methods it also offers:
 /// `num_nodes_waiting`, `round_broken`, `set_closed`, `shutdown`, …); its
@@ -59,14 +65,18 @@ impl Rendezvous {
     /// [`RendezvousHandler::next_rendezvous`] for the errors), and hands out the round's
     /// Store and bootstrap info (rank 0 also publishes `MASTER_ADDR`/`MASTER_PORT` in it).
     pub async fn next_rendezvous(&self) -> Result<Round, RendezvousError> {
+        let deadline = Instant::now() + self.handler.params().timeout;
         let info = self.handler.next_rendezvous().await?;
         // Rank 0's address and port come with the participant list; only rank 0 writes them
         // to the Store, so no member waits on another here. (Racing this against
         // `round_broken` once let rank 0 abandon a complete round its peers had already
-        // finished and left.)
+        // finished and left.) What is left of the call's deadline bounds it: the round is
+        // complete, so nothing here may fail the call and make the caller destroy it.
+        let left = deadline.saturating_duration_since(Instant::now()).max(MIN_BOOTSTRAP_TIME);
         let store = Store::new(self.handler.backend(), info.store_prefix.clone())
-            .with_timeout(self.handler.params().timeout.max(Duration::from_secs(1)));
-        let bootstrap = bootstrap::exchange(&info, &store).await?;
+            .with_timeout(left)
+            .with_lease(info.run_lease);
+        let bootstrap = bootstrap::exchange(&info, &store, &self.handler).await?;
         Ok(Round {
             run_id: info.run_id,
             version: info.version,

@@ -13,7 +13,7 @@ use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 use tokio::time::{Instant, timeout};
 
-/// Deadline of each call, and the most it may overrun (PROTOCOL.md "Timeout").
+/// Deadline of each call, and the most it may overrun (docs/PROTOCOL.md "Guarantees").
 const CALL: Duration = Duration::from_secs(20);
 const SLACK: Duration = Duration::from_secs(1);
 

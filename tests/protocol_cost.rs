@@ -1,4 +1,4 @@
-//! The cost guarantee of PROTOCOL.md: backend writes per worker per round are bounded by a
+//! The cost guarantee of docs/PROTOCOL.md: backend writes per worker per round are bounded by a
 //! constant (≤ 4, lease refreshes aside) whatever N, and the shared state value changes
 //! O(1) times per round — for a first round and for a re-rendezvous of everyone.
 #![allow(clippy::unwrap_used)]

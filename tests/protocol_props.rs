@@ -1,4 +1,4 @@
-//! Property tests of the rendezvous protocol (PROTOCOL.md "Guarantees") on the in-memory
+//! Property tests of the rendezvous protocol (docs/PROTOCOL.md "Guarantees") on the in-memory
 //! backend under a paused clock: generated worlds of 1–64 workers (the engine and every
 //! property are in `props/mod.rs`). Until a random heal time a world is hostile — links
 //! that fail calls before the request or after it took effect (a lost answer), dropped

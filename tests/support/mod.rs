@@ -75,7 +75,7 @@ pub async fn rendezvous_all(
     out
 }
 
-/// The guarantees of PROTOCOL.md for the members of one round: same version, world size and
+/// The guarantees of docs/PROTOCOL.md for the members of one round: same version, world size and
 /// participants; ranks exactly `0..W`; `min ≤ W ≤ max`.
 pub fn assert_agreement(infos: &[RendezvousInfo], min: usize, max: usize) {
     assert!(!infos.is_empty());

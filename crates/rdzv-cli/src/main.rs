@@ -1,6 +1,7 @@
 //! `rdzv`: the rendezvous from the command line, for jobs launched by shell scripts, Slurm
 //! or Kubernetes (see `rdzv --help`).
 
+mod args;
 mod cmd;
 mod exit;
 mod output;
@@ -26,7 +27,9 @@ rank and the world size. The backend and the rendezvous parameters are one URL:
   redis://host:6379/<run_id>?min_workers=2
   mem://<name>/<run_id>?min_workers=2      (in-process: only useful for `demo` and `bench`)
 
-RDZV_URL supplies the URL when none is given; RUST_LOG controls logging to stderr
+RDZV_URL supplies the URL when none is given. Keep the password out of it with the URL
+option password_file=<path> or the variable RDZV_PASSWORD (used when the URL gives no
+password and names a user, or is redis/rediss). RUST_LOG controls logging to stderr
 (default: warnings; errors only for `demo`), e.g. RUST_LOG=rdzv_core=debug.
 
 Exit codes: 0 success, 2 usage or configuration error, 3 timeout, 4 run closed,

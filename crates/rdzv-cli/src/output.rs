@@ -1,6 +1,7 @@
 //! How results are printed: a round as one JSON line, `eval`-able shell assignments, or
 //! text; participant tables; shell quoting.
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::time::Duration;
 
@@ -106,16 +107,42 @@ impl RoundView {
     pub fn text(&self) -> String {
         format!(
             "run {} round {}: rank {} of {} (master {}:{}), formed in {}\n{}",
-            self.run_id,
+            printable(&self.run_id),
             self.version,
             self.rank,
             self.world_size,
-            self.master_addr,
+            printable(&self.master_addr),
             self.master_port,
             seconds(self.elapsed),
             participant_table(&self.participants, None, Some(self.rank)),
         )
     }
+}
+
+/// `text` safe to print on a terminal: control characters, line and paragraph separators,
+/// and invisible formatting characters (bidirectional overrides, zero-width characters)
+/// become `\u{…}` escapes, and a backslash becomes `\\` so that escapes cannot be
+/// forged. Names and addresses read from the backend are written by any client of the run
+/// and could otherwise move the cursor, clear the screen or disguise themselves.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    fn needs_escape(c: char) -> bool {
+        c == '\\'
+            || c.is_control()
+            || (c.is_whitespace() && c != ' ')
+            || matches!(c, '\u{ad}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
+    }
+    if !text.chars().any(needs_escape) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if needs_escape(c) => out.extend(c.escape_unicode()),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// A participant as JSON: `{"node", "addr", "pid"}`.
@@ -150,7 +177,12 @@ pub fn participant_table(participants: &[Participant], alive: Option<&[bool]>, m
         .enumerate()
         .map(|(rank, p)| {
             let mark = if me == Some(rank) { " *" } else { "" };
-            let mut row = vec![format!("{rank}{mark}"), p.node.clone(), p.addr.clone(), p.pid.to_string()];
+            let mut row = vec![
+                format!("{rank}{mark}"),
+                printable(&p.node).into_owned(),
+                printable(&p.addr).into_owned(),
+                p.pid.to_string(),
+            ];
             if let Some(alive) = alive {
                 row.push(if alive.get(rank).copied().unwrap_or(false) { "yes" } else { "no" }.to_string());
             }
@@ -266,6 +298,36 @@ mod tests {
         let with_alive = participant_table(&view().participants, Some(&[true, false]), None);
         assert!(with_alive.contains("alive"));
         assert!(with_alive.lines().nth(2).is_some_and(|l| l.ends_with("no")), "{with_alive}");
+    }
+
+    #[test]
+    fn printable_escapes_what_a_terminal_would_act_on() {
+        assert!(matches!(printable("host-1:29500"), Cow::Borrowed("host-1:29500")));
+        assert_eq!(printable("a b.c_d@é"), "a b.c_d@é");
+        assert_eq!(printable("x\u{1b}[2J"), "x\\u{1b}[2J");
+        assert_eq!(printable("a\r\nb\tc"), "a\\u{d}\\u{a}b\\u{9}c");
+        assert_eq!(printable("evil\u{202e}gpj.exe"), "evil\\u{202e}gpj.exe");
+        assert_eq!(printable("zero\u{200b}width\u{2028}"), "zero\\u{200b}width\\u{2028}");
+        assert_eq!(printable("\\u{1b}"), "\\\\u{1b}", "a literal escape stays distinguishable");
+        assert_eq!(printable("\u{7f}\u{85}"), "\\u{7f}\\u{85}");
+    }
+
+    #[test]
+    fn tables_escape_names_and_addresses() {
+        let mut v = view();
+        v.participants[0].node = "n\u{1b}]0;owned\u{7}".into();
+        v.participants[1].addr = "10.0.0.2\nrank 9".into();
+        v.master_addr = "m\r".into();
+        let text = v.render(JoinFormat::Text);
+        assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+        assert_eq!(text.lines().count(), 4, "one heading, one header, two rows: {text}");
+        assert!(text.contains("n\\u{1b}]0;owned\\u{7}"), "{text}");
+        assert!(text.contains("10.0.0.2\\u{a}rank 9"), "{text}");
+        // JSON keeps the real value (serde escapes it).
+        let line = v.render(JoinFormat::Json);
+        assert_eq!(line.lines().count(), 1);
+        let parsed: serde_json::Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(parsed["participants"][1]["addr"], "10.0.0.2\nrank 9");
     }
 
     #[test]

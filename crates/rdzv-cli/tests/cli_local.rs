@@ -102,3 +102,90 @@ async fn bench_on_mem_prints_json() {
     assert!(v["writes_per_worker_round"].as_f64().unwrap() > 0.0);
     assert!(v["peak_memory_kib"].as_u64().unwrap() > 0);
 }
+
+/// Run ids and node ids follow one rule at every entry point of the binary (flags, the
+/// URL's path, its `node_id` option), and over-long durations are refused: all exit 2
+/// before anything joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_identifiers_and_durations_exit_2() {
+    for (args, says) in [
+        (&["bench", "mem://ids/b", "--workers", "1", "--run-id", "a/rdzv/v_1/join/x"][..], "`/`"),
+        (&["bench", "mem://ids/b", "--workers", "1", "--run-id", ""], "empty"),
+        (&["join", "mem://ids/j?min_workers=1", "--node-id", ""], "empty"),
+        (&["join", "mem://ids/j?min_workers=1", "--node-id", "a b"], "whitespace"),
+        (&["run", "mem://ids/r?min_workers=1", "--node-id", "x/y", "--", "true"], "`/`"),
+        (&["join", "mem://ids/a%2Fb?min_workers=1"], "run_id"),
+        (&["join", "mem://ids/a%20b?min_workers=1"], "whitespace"),
+        (&["join", "mem://ids/j?min_workers=1&node_id=a%2Fb"], "node_id"),
+        // What other Redis tools read as the database is refused as a run id.
+        (&["join", "redis://127.0.0.1:1/0?min_workers=1"], "redis://host:6379/<run_id>?db=0"),
+        (&["join", "mem://ids/j?min_workers=1&timeout=18446744073709551615"], "at most one year"),
+        (&["join", "mem://ids/j?min_workers=1&run_ttl=600000000000h"], "too long"),
+        (&["join", "mem://ids/j?min_workers=1", "--hold", "18446744073709551615s"], "too long"),
+        (
+            &["run", "mem://ids/r?min_workers=1", "--monitor-interval", "0s", "--", "true"],
+            "greater than zero",
+        ),
+    ] {
+        let (code, out, err) = run_once(args).await;
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        assert!(err.contains(says), "{args:?} should say {says:?}: {err}");
+    }
+    // The same ids, well-formed, work.
+    let (code, _, err) =
+        run_once(&["join", "mem://ids/12345678?min_workers=1", "--node-id", "trainer-0.svc", "--hold", "0s"])
+            .await;
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `rdzv run` on a URL with a password, with `RDZV_PASSWORD` set too: the command's
+/// environment holds neither password; `RDZV_URL` reaches it redacted (or not at all when it
+/// does not parse), and the round's own variables are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_hides_the_password_from_the_command() {
+    let cases = [
+        // The URL comes from RDZV_URL.
+        (
+            None,
+            "mem://u:hunter2@pwtest/job1?min_workers=1",
+            Some("RDZV_URL=mem://u:***@pwtest/job1?min_workers=1"),
+        ),
+        // The URL is an argument; the inherited RDZV_URL names another backend.
+        (
+            Some("mem://pwtest/job2?min_workers=1"),
+            "redis://:hunter2@h:6379/x",
+            Some("RDZV_URL=redis://:***@h:6379/x"),
+        ),
+        // An inherited RDZV_URL that does not parse (an unencoded `/` in the password).
+        (Some("mem://pwtest/job3?min_workers=1"), "redis://:hun/ter2@h/x", None),
+    ];
+    for (arg, env_url, expected) in cases {
+        let mut args = vec!["run"];
+        args.extend(arg);
+        args.extend(["--", "env"]);
+        let out = tokio::process::Command::new(cli_support::RDZV)
+            .args(&args)
+            .env("RDZV_URL", env_url)
+            .env("RDZV_PASSWORD", "from-env-s3cret")
+            .stdin(std::process::Stdio::null())
+            .output();
+        let out = tokio::time::timeout(std::time::Duration::from_secs(30), out).await.unwrap().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(
+            stdout.contains("RANK=0\n") && stdout.contains("WORLD_SIZE=1\n"),
+            "the command ran: {stdout}"
+        );
+        for secret in ["hunter2", "ter2", "from-env-s3cret"] {
+            assert!(!stdout.contains(secret), "{args:?}: the command saw `{secret}`:\n{stdout}");
+            assert!(!stderr.contains(secret), "{args:?}: the agent printed `{secret}`:\n{stderr}");
+        }
+        assert!(!stdout.contains("RDZV_PASSWORD"), "{stdout}");
+        match expected {
+            Some(line) => assert!(stdout.lines().any(|l| l == line), "{args:?}: no `{line}` in:\n{stdout}"),
+            None => assert!(!stdout.contains("RDZV_URL="), "{args:?}: {stdout}"),
+        }
+    }
+}

@@ -8,7 +8,7 @@ use crate::kv::{LeaseId, Revision};
 /// A boxed error from a backend's client library.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// An error of a backend operation (see KV.md). A failed precondition is not an error.
+/// An error of a backend operation (see docs/KV.md). A failed precondition is not an error.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KvError {
@@ -50,7 +50,9 @@ pub enum KvError {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     /// A key, value or request is larger than the backend accepts; nothing was sent.
-    #[error("{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less (or raise the server's limit and the matching option)")]
+    #[error(
+        "{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less (or raise the server's limit and the matching option)"
+    )]
     TooLarge {
         /// Backend name.
         backend: &'static str,
@@ -146,7 +148,7 @@ pub enum ConfigError {
     SchemeTaken(String),
 }
 
-/// An error of the rendezvous (see SURFACE.md): the variants users branch on.
+/// An error of the rendezvous (see docs/PROTOCOL.md): the variants users branch on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RendezvousError {

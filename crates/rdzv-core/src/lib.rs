@@ -5,6 +5,7 @@
 //! parsing, the backend registry, and the rendezvous protocol itself.
 
 pub mod error;
+pub mod ids;
 pub mod kv;
 pub mod params;
 

@@ -1,18 +1,27 @@
-//! The parameters of a rendezvous (PROTOCOL.md "Parameters"), with defaults and validation.
+//! The parameters of a rendezvous (docs/PROTOCOL.md "Parameters"), with defaults and validation.
 
 use std::time::Duration;
 
 use crate::error::ConfigError;
+use crate::ids::validate_id;
+
+/// The longest duration any option may have: one year. Deadlines are computed as "now +
+/// duration", which overflows (and panics) for durations near `u64::MAX` seconds; a year is
+/// far beyond any useful timeout or TTL and far below any overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Default key prefix under which all runs live (the reference's).
 pub const DEFAULT_PREFIX: &str = "/torchelastic/p2p";
 
-/// Parameters of one rendezvous handler. Build with [`RendezvousParams::new`] and the
-/// `with_*` setters; every setter keeps the value valid or the final
-/// [`RendezvousParams::validate`] says why not.
+/// Parameters of one rendezvous handler. Build with [`RendezvousParams::new`] (or
+/// [`RendezvousParams::from_options`] from a URL's query), then change the public fields as
+/// needed; [`RendezvousParams::validate`] (also run by the handler) says which rule a value
+/// breaks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RendezvousParams {
-    /// The run (job) id: all workers of one job use the same.
+    /// The run (job) id: all workers of one job use the same. It follows the identifier
+    /// rule of [`crate::ids`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
+    /// characters).
     pub run_id: String,
     /// Smallest world size a round may complete with (≥ 1).
     pub min_workers: usize,
@@ -28,7 +37,8 @@ pub struct RendezvousParams {
     pub keep_alive_ttl: Duration,
     /// How long a run's data outlives its last live worker.
     pub run_ttl: Duration,
-    /// This worker's node id (default: `<hostname>-<pid>-<random>`).
+    /// This worker's node id (default: `<hostname>-<pid>-<random>`); the same rule as
+    /// run ids.
     pub node_id: Option<String>,
     /// The address this worker advertises (default: its host name).
     pub local_addr: Option<String>,
@@ -36,7 +46,8 @@ pub struct RendezvousParams {
 
 impl RendezvousParams {
     /// Parameters for `run_id` with `min ..= max` workers and every other value at its
-    /// default; fails if `run_id` is empty, `min` is 0 or `min > max`.
+    /// default; fails if `run_id` breaks the rule of [`crate::ids`], `min` is 0 or
+    /// `min > max`.
     pub fn new(
         run_id: impl Into<String>,
         min_workers: usize,
@@ -52,7 +63,7 @@ impl RendezvousParams {
         Ok(params)
     }
 
-    /// Every value at its PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
+    /// Every value at its docs/PROTOCOL.md default; `run_id` empty and one worker, to be filled in.
     fn defaults() -> Self {
         RendezvousParams {
             run_id: String::new(),
@@ -68,13 +79,21 @@ impl RendezvousParams {
         }
     }
 
-    /// Checks every rule of PROTOCOL.md; the error names the first broken one.
+    /// Checks every rule of docs/PROTOCOL.md; the error names the first broken one. The run id
+    /// and the node id (if given) must follow the identifier rule of [`crate::ids`]
+    /// (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253 characters); the address
+    /// (if given) must be non-empty, at most 253 bytes, without whitespace or control
+    /// characters; every duration must be at most [`MAX_DURATION`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |option: &str, value: String, reason: &str| {
             Err(ConfigError::InvalidValue { option: option.into(), value, reason: reason.into() })
         };
-        if self.run_id.is_empty() {
-            return invalid("run_id", String::new(), "the run id must not be empty");
+        validate_id("run_id", &self.run_id)?;
+        if let Some(node_id) = &self.node_id {
+            validate_id("node_id", node_id)?;
+        }
+        if let Some(addr) = &self.local_addr {
+            validate_address(addr)?;
         }
         if self.min_workers == 0 {
             return invalid("min_workers", "0".into(), "at least one worker is needed");
@@ -93,6 +112,14 @@ impl RendezvousParams {
                 return invalid(name, "0".into(), "must be greater than zero");
             }
         }
+        for (name, d) in [
+            ("timeout", self.timeout),
+            ("last_call_timeout", self.last_call_timeout),
+            ("keep_alive_ttl", self.keep_alive_ttl),
+            ("run_ttl", self.run_ttl),
+        ] {
+            check_duration_bound(name, &format!("{d:?}"), d)?;
+        }
         if self.prefix.is_empty() {
             return invalid("prefix", String::new(), "the key prefix must not be empty");
         }
@@ -100,8 +127,43 @@ impl RendezvousParams {
     }
 }
 
+/// An advertised address (host name, IPv4 or IPv6 address, possibly with a zone): it ends up
+/// in `MASTER_ADDR` and in other workers' output, so no whitespace or control characters.
+fn validate_address(addr: &str) -> Result<(), ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidValue {
+        option: "local_addr".into(),
+        value: addr.chars().take(80).flat_map(char::escape_debug).collect(),
+        reason: reason.into(),
+    };
+    if addr.is_empty() {
+        return Err(invalid("must not be empty; leave it out for the host name"));
+    }
+    if addr.len() > 253 {
+        return Err(invalid("an address is at most 253 bytes long"));
+    }
+    if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid("an address must not contain whitespace or control characters"));
+    }
+    Ok(())
+}
+
+/// Why a duration over [`MAX_DURATION`] is refused.
+const TOO_LONG: &str = "the duration is too long: at most one year (`365d`, 31536000 seconds) is allowed";
+
+/// Fails unless `d` is at most [`MAX_DURATION`]; `shown` is the value as the user wrote it.
+fn check_duration_bound(option: &str, shown: &str, d: Duration) -> Result<(), ConfigError> {
+    if d > MAX_DURATION {
+        return Err(ConfigError::InvalidValue {
+            option: option.to_string(),
+            value: shown.to_string(),
+            reason: TOO_LONG.into(),
+        });
+    }
+    Ok(())
+}
+
 /// The rendezvous parameters' option names as they appear in a URL query, canonical
-/// spelling, in the order of PROTOCOL.md.
+/// spelling, in the order of docs/PROTOCOL.md.
 pub const OPTION_NAMES: &[&str] = &[
     "min_workers",
     "max_workers",
@@ -131,8 +193,15 @@ pub fn is_rendezvous_option(name: &str) -> bool {
 }
 
 /// Parses a duration option: plain seconds (`30`, `0.5`) or a humane form (`30s`, `2m`,
-/// `1h`, `500ms`, `1h 30m`). The error names `option` and says which forms are accepted.
+/// `1h`, `500ms`, `1h 30m`), at most [`MAX_DURATION`] (one year). The error names `option`
+/// and says which forms are accepted, or that the duration is too long.
 pub fn parse_duration(option: &str, value: &str) -> Result<Duration, ConfigError> {
+    let d = parse_unbounded_duration(option, value)?;
+    check_duration_bound(option, value, d)?;
+    Ok(d)
+}
+
+fn parse_unbounded_duration(option: &str, value: &str) -> Result<Duration, ConfigError> {
     let invalid = |reason: &str| ConfigError::InvalidValue {
         option: option.to_string(),
         value: value.to_string(),
@@ -145,9 +214,12 @@ pub fn parse_duration(option: &str, value: &str) -> Result<Duration, ConfigError
         && value.chars().any(|c| c.is_ascii_digit());
     if is_plain_number {
         let seconds: f64 = value.parse().map_err(|_| invalid(expected))?;
-        return Duration::try_from_secs_f64(seconds).map_err(|_| invalid("the duration is too long"));
+        return Duration::try_from_secs_f64(seconds).map_err(|_| invalid(TOO_LONG));
     }
-    humantime::parse_duration(value).map_err(|_| invalid(expected))
+    humantime::parse_duration(value).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => invalid(TOO_LONG),
+        _ => invalid(expected),
+    })
 }
 
 /// Parses a worker count: a whole, non-negative number (whether it is in range is for
@@ -170,7 +242,7 @@ fn parse_count(option: &str, value: &str) -> Result<usize, ConfigError> {
 impl RendezvousParams {
     /// Parameters for `run_id` from the rendezvous options of a URL (names canonical or
     /// aliases, values as strings): `min_workers` is required, `max_workers` defaults to it,
-    /// the rest to PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
+    /// the rest to docs/PROTOCOL.md's defaults. Errors: [`ConfigError::MissingOption`] without
     /// `min_workers`, [`ConfigError::UnknownOption`] for a name that is not a rendezvous
     /// parameter, [`ConfigError::InvalidUrl`] for a parameter given twice (as a name and its
     /// alias), [`ConfigError::InvalidValue`] for a bad value or a broken rule.

@@ -29,8 +29,11 @@ impl Session {
     /// Grants a lease of `ttl` and starts keeping it alive. Must be called within a tokio
     /// runtime.
     pub async fn start(kv: Arc<dyn Kv>, ttl: Duration) -> KvResult<Session> {
+        // The server's TTL may start as soon as the request leaves: count from the send, so
+        // that our idea of the expiry is never later than the server's.
+        let sent = Instant::now();
         let lease = kv.lease_grant(ttl).await?;
-        Ok(Session::spawn(kv, lease, ttl, Instant::now(), true))
+        Ok(Session::spawn(kv, lease, ttl, sent, true))
     }
 
     /// Keeps an existing lease alive (e.g. one shared by several processes) without owning
@@ -115,7 +118,8 @@ async fn keep_alive(
     stop: CancellationToken,
 ) {
     let period = ttl / 3;
-    // The server's deadline can only be later than ours: the grant reached it after we sent it.
+    // The server's deadline can only be later than ours: the grant reached it after we sent it
+    // (`granted` is when the request was sent).
     let mut expires = granted + ttl;
     let mut next = granted + period;
     loop {

@@ -1,4 +1,36 @@
-//! Parsing of rendezvous URLs (SURFACE.md): `scheme://[user:pass@]host:port[,host:port…]/<run_id>?options`.
+//! Parsing of rendezvous URLs (docs/OPTIONS.md): `scheme://[user:pass@]host:port[,host:port…]/<run_id>?options`.
+//!
+//! # The run id
+//!
+//! The URL's path is the run id: one segment, percent-decoded, following the identifier
+//! rule of [`crate::ids`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
+//! characters). On `redis://` and `rediss://` a path of **one or two digits** (`/0`,
+//! `/15`) is refused unless the URL also gives the database with `db=`: every other Redis
+//! tool reads that path as the database number, so two jobs sharing
+//! `REDIS_URL=redis://host:6379/0` would silently join the same run `0`. Write the run id
+//! as the path and the database as an option, `redis://host:6379/<run_id>?db=0`; a
+//! numeric run id such as a Slurm job id (`redis://host/12345678`) needs nothing more, and
+//! a one- or two-digit one is accepted with an explicit database
+//! (`redis://host/42?db=0`).
+//!
+//! # The password
+//!
+//! A backend's factory finds the password in [`RendezvousUrl::password`], wherever it
+//! came from; the first of these that applies gives it:
+//!
+//! 1. the URL itself, `scheme://user:password@host/…` (percent-encoded; visible to anyone
+//!    who can read the command line or the environment holding the URL);
+//! 2. the option `password_file=<path>`: the file is read when the URL is parsed, its
+//!    trailing line breaks are dropped, and it must not be empty; it may not be combined
+//!    with a password in the URL. Errors name the path, never the contents;
+//! 3. the environment variable `RDZV_PASSWORD` ([`PASSWORD_ENV`]), when the URL gives no
+//!    password and names a user (`etcd://user@host/…`) or is `redis`/`rediss` (whose
+//!    servers take a password alone). An empty value counts as unset. URLs without a user
+//!    on other schemes ignore it, so a stray `RDZV_PASSWORD` cannot break an `etcd://` or
+//!    `mem://` URL that asks for no login.
+//!
+//! The password never appears in `Display`, `Debug` or any error; [`redact_url_text`]
+//! hides it in a URL's original text (as `rdzv run` does for its command's environment).
 
 use std::collections::BTreeMap;
 
@@ -80,7 +112,11 @@ pub fn default_port_for_scheme(scheme: &str) -> Option<u16> {
 
 /// Options that the URL parser itself consumes (they end up in [`RendezvousUrl::endpoints`]
 /// or [`RendezvousUrl::scheme`]), so a backend never sees them.
-pub const URL_OPTIONS: &[&str] = &["endpoints", "protocol"];
+pub const URL_OPTIONS: &[&str] = &["endpoints", "protocol", "password_file"];
+
+/// The environment variable that gives the password when the URL does not (see the
+/// module's documentation for when it applies).
+pub const PASSWORD_ENV: &str = "RDZV_PASSWORD";
 
 /// How to write a URL (appended to syntax errors).
 const URL_FORM: &str = "expected scheme://[user:password@]host[:port][,host[:port]…]/<run_id>?option=value&…, \
@@ -118,16 +154,18 @@ impl RendezvousUrl {
     /// are percent-decoded; the run id is the path, one non-empty percent-decoded segment;
     /// options are `name=value`, percent-decoded (`+` is a plain plus), each at most once,
     /// aliases mapped to canonical names (`min_nodes`, `max_nodes`, `etcd_prefix`); on
-    /// `etcd`, `protocol=https` turns the scheme into `etcds`. Every error is one
-    /// [`ConfigError`] that never contains the password.
+    /// `etcd`, `protocol=https` turns the scheme into `etcds`; the run id follows
+    /// [`crate::ids`] and, on `redis`/`rediss`, is not one or two digits unless `db=` is
+    /// given; the password comes from the URL, `password_file=` or `RDZV_PASSWORD` (read
+    /// here; see the module's documentation). Every error is one [`ConfigError`] that never
+    /// contains the password.
     pub fn parse_with_default_port(input: &str, default_port: Option<u16>) -> Result<Self, ConfigError> {
-        parse_url(input, default_port).map_err(|e| {
-            if might_show_secret(input) { ConfigError::InvalidUrl(MAYBE_SECRET.to_string()) } else { e }
-        })
+        let env_password = std::env::var(PASSWORD_ENV).ok();
+        parse_with_password_env(input, default_port, env_password.as_deref())
     }
 
     /// The rendezvous parameters this URL gives: its run id and its rendezvous options with
-    /// PROTOCOL.md's defaults (`min_workers` is required; `max_workers` defaults to it).
+    /// docs/PROTOCOL.md's defaults (`min_workers` is required; `max_workers` defaults to it).
     pub fn params(&self) -> Result<RendezvousParams, ConfigError> {
         RendezvousParams::from_options(&self.run_id, &self.rendezvous_options)
     }
@@ -214,7 +252,88 @@ fn might_show_secret(input: &str) -> bool {
     path.contains('@') || first_option.contains('@')
 }
 
-fn parse_url(input: &str, default_port: Option<u16>) -> Result<RendezvousUrl, ConfigError> {
+/// [`RendezvousUrl::parse_with_default_port`] with the value of `RDZV_PASSWORD` given
+/// (`env_password`), so that tests need not change the process's environment.
+fn parse_with_password_env(
+    input: &str,
+    default_port: Option<u16>,
+    env_password: Option<&str>,
+) -> Result<RendezvousUrl, ConfigError> {
+    let (mut url, password_file) = parse_url(input, default_port).map_err(|e| {
+        if might_show_secret(input) { ConfigError::InvalidUrl(MAYBE_SECRET.to_string()) } else { e }
+    })?;
+    if let Some(path) = password_file {
+        if url.password.is_some() {
+            return Err(ConfigError::InvalidUrl(
+                "the URL gives both a password and `password_file`; give only one (password_file \
+                 keeps the password out of the URL)"
+                    .into(),
+            ));
+        }
+        url.password = Some(read_password_file(&path)?);
+    } else if url.password.is_none()
+        && (url.username.is_some() || matches!(url.scheme.as_str(), "redis" | "rediss"))
+    {
+        url.password = env_password.filter(|p| !p.is_empty()).map(Secret::new);
+    }
+    Ok(url)
+}
+
+/// The password in the file at `path`, without its trailing line breaks. Errors name the
+/// path and the reason, never what the file holds.
+fn read_password_file(path: &str) -> Result<Secret, ConfigError> {
+    let invalid = |reason: String| ConfigError::InvalidValue {
+        option: "password_file".into(),
+        value: path.to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        invalid(format!(
+            "cannot read the password from it ({e}); name a readable file that holds only the password"
+        ))
+    })?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(invalid("the file is empty; put the password in it".into()));
+    }
+    Ok(Secret::new(password))
+}
+
+/// `input`, a URL as written, with the password of its user part replaced by `***` and
+/// everything else (hosts, run id, options, including `password_file=`) left as it was, for
+/// handing a URL on to a process that must not see the password. `None` when `input` does
+/// not parse (then where a password might be cannot be told: drop the whole text). Reads
+/// neither the password file nor the environment.
+///
+/// ```
+/// use rdzv_core::url::redact_url_text;
+/// assert_eq!(
+///     redact_url_text("redis://:s3cret@h:6379/job?min_workers=2").as_deref(),
+///     Some("redis://:***@h:6379/job?min_workers=2"),
+/// );
+/// assert_eq!(redact_url_text("etcd://h/job").as_deref(), Some("etcd://h/job"));
+/// assert_eq!(redact_url_text("etcd://u:pa/ss@h/job"), None);
+/// ```
+pub fn redact_url_text(input: &str) -> Option<String> {
+    parse_url(input, None).ok()?;
+    // The URL parsed, so its user part is exactly what `parse_url` took it to be: the text
+    // between `://` and the last `@` before the first `/` of the part before any `?`.
+    let start = input.find("://")? + 3;
+    let rest = &input[start..];
+    let before_query = rest.find('?').map_or(rest, |i| &rest[..i]);
+    let authority = before_query.find('/').map_or(before_query, |i| &before_query[..i]);
+    let Some(at) = authority.rfind('@') else { return Some(input.to_string()) };
+    match authority[..at].find(':') {
+        Some(colon) if colon + 1 < at => {
+            Some(format!("{}***{}", &input[..start + colon + 1], &input[start + at..]))
+        }
+        _ => Some(input.to_string()),
+    }
+}
+
+/// Parses the URL's text; returns it with the path of its `password_file=` option (read
+/// by the caller).
+fn parse_url(input: &str, default_port: Option<u16>) -> Result<(RendezvousUrl, Option<String>), ConfigError> {
     let input = input.trim();
     let mut scheme = scheme_of(input)?;
     let rest = input.split_once("://").map_or("", |(_, rest)| rest);
@@ -247,6 +366,7 @@ fn parse_url(input: &str, default_port: Option<u16>) -> Result<RendezvousUrl, Co
     let mut rendezvous_options = BTreeMap::new();
     let mut seen_endpoints = false;
     let mut seen_protocol = false;
+    let mut password_file = None;
     for item in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
         let Some((raw_name, raw_value)) = item.split_once('=') else {
             return Err(ConfigError::InvalidUrl(format!(
@@ -288,6 +408,11 @@ fn parse_url(input: &str, default_port: Option<u16>) -> Result<RendezvousUrl, Co
                     push_unique(&mut endpoints, parse_endpoint(item, default_port)?);
                 }
             }
+            "password_file" => {
+                if password_file.replace(value).is_some() {
+                    return Err(duplicate());
+                }
+            }
             "protocol" if scheme == "etcd" || scheme == "etcds" => {
                 if std::mem::replace(&mut seen_protocol, true) {
                     return Err(duplicate());
@@ -325,7 +450,24 @@ fn parse_url(input: &str, default_port: Option<u16>) -> Result<RendezvousUrl, Co
         }
     }
 
-    Ok(RendezvousUrl { scheme, endpoints, username, password, run_id, options, rendezvous_options })
+    if matches!(scheme.as_str(), "redis" | "rediss")
+        && run_id.len() <= 2
+        && run_id.chars().all(|c| c.is_ascii_digit())
+        && !options.contains_key("db")
+    {
+        return Err(ConfigError::InvalidValue {
+            option: "run_id".into(),
+            value: run_id,
+            reason: format!(
+                "on {scheme}:// the path is the run id, not the database number as in other Redis \
+                 tools, so every job using this URL would join the same run; write \
+                 {scheme}://host:6379/<run_id>?db=0 (a run id of one or two digits needs an \
+                 explicit `db=`, e.g. {scheme}://host:6379/42?db=0)"
+            ),
+        });
+    }
+    let url = RendezvousUrl { scheme, endpoints, username, password, run_id, options, rendezvous_options };
+    Ok((url, password_file))
 }
 
 fn push_unique(endpoints: &mut Vec<Endpoint>, endpoint: Endpoint) {
@@ -467,13 +609,7 @@ fn parse_run_id(path: &str) -> Result<String, ConfigError> {
         value: raw.to_string(),
         reason: why,
     })?;
-    if run_id.contains('/') || run_id.chars().any(char::is_control) {
-        return Err(ConfigError::InvalidValue {
-            option: "run_id".into(),
-            value: raw.to_string(),
-            reason: "the run id must not contain `/` or control characters".into(),
-        });
-    }
+    crate::ids::validate_id("run_id", &run_id)?;
     Ok(run_id)
 }
 
@@ -528,4 +664,46 @@ fn encode(text: &str, safe: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_env(url: &str, env: Option<&str>) -> RendezvousUrl {
+        let scheme = scheme_of(url).expect("scheme");
+        parse_with_password_env(url, default_port_for_scheme(&scheme), env)
+            .unwrap_or_else(|e| panic!("`{url}` should parse: {e}"))
+    }
+
+    fn password(url: &RendezvousUrl) -> Option<&str> {
+        url.password.as_ref().map(Secret::expose)
+    }
+
+    #[test]
+    fn rdzv_password_fills_in_a_missing_password() {
+        // A user without a password, or a Redis URL (whose servers take a password alone).
+        assert_eq!(password(&with_env("etcd://root@h/job", Some("s3cret"))), Some("s3cret"));
+        assert_eq!(password(&with_env("redis://h/job", Some("s3cret"))), Some("s3cret"));
+        assert_eq!(password(&with_env("rediss://h/job", Some("s3cret"))), Some("s3cret"));
+        assert_eq!(password(&with_env("mem://m@x/job", Some("s3cret"))), Some("s3cret"));
+    }
+
+    #[test]
+    fn rdzv_password_never_overrides_and_is_ignored_without_a_login() {
+        assert_eq!(password(&with_env("etcd://root:inline@h/job", Some("env"))), Some("inline"));
+        assert_eq!(password(&with_env("etcd://h/job", Some("env"))), None, "no user: no login asked for");
+        assert_eq!(password(&with_env("mem://x/job", Some("env"))), None);
+        assert_eq!(password(&with_env("redis://h/job", Some(""))), None, "empty counts as unset");
+        assert_eq!(password(&with_env("redis://h/job", None)), None);
+    }
+
+    #[test]
+    fn password_file_wins_over_rdzv_password() {
+        let path = std::env::temp_dir().join(format!("rdzv-url-unit-{}", std::process::id()));
+        std::fs::write(&path, "from-file\n").expect("write");
+        let url = format!("redis://h/job?password_file={}", path.display());
+        assert_eq!(password(&with_env(&url, Some("from-env"))), Some("from-file"));
+        let _ = std::fs::remove_file(&path);
+    }
 }

@@ -289,3 +289,21 @@ fn debug_shows_schemes_only() {
     let shown = format!("{registry:?}");
     assert!(shown.contains("test") && shown.contains("redis"), "{shown}");
 }
+
+/// A password given by `password_file=` reaches the factory as if it were in the URL, and
+/// the option itself never reaches it (the factory knows only `db`).
+#[tokio::test]
+async fn the_factory_sees_a_password_from_a_file() {
+    let registry = Registry::new();
+    let factory = Arc::new(TestFactory::default());
+    registry.register("test", factory.clone()).expect("free scheme");
+    let path = std::env::temp_dir().join(format!("rdzv-registry-pw-{}", std::process::id()));
+    std::fs::write(&path, "from-file\n").expect("write");
+    let url = format!("test://u@h/job?min_workers=1&password_file={}", path.display());
+    let connected = registry.connect(&url).await.map(|_| ());
+    let _ = std::fs::remove_file(&path);
+    connected.expect("connects");
+    let seen = factory.last_url.lock().expect("not poisoned").clone().expect("connect saw a URL");
+    assert_eq!(seen.password.as_ref().map(|p| p.expose()), Some("from-file"));
+    assert!(seen.options.is_empty(), "{:?}", seen.options);
+}

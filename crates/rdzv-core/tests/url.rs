@@ -1,5 +1,5 @@
-//! The rules of rendezvous URLs (SURFACE.md) and of the parameters they carry
-//! (PROTOCOL.md "Parameters"): each rule holds, and each kind of bad input is one clear
+//! The rules of rendezvous URLs (docs/OPTIONS.md) and of the parameters they carry
+//! (docs/PROTOCOL.md "Parameters"): each rule holds, and each kind of bad input is one clear
 //! error, never a panic.
 
 use std::time::Duration;
@@ -112,7 +112,8 @@ fn ipv6_in_brackets() {
 
 #[test]
 fn run_id_is_one_decoded_segment() {
-    assert_eq!(parse("etcd://h/job%201").run_id, "job 1");
+    assert_eq!(parse("etcd://h/job%2D1").run_id, "job-1");
+    assert_eq!(parse("etcd://h/12345_7+0:a@b").run_id, "12345_7+0:a@b");
     assert_eq!(parse("etcd://h/job-1/").run_id, "job-1", "one trailing slash is fine");
     assert_eq!(parse("mem://local/r?min_workers=2").endpoints, vec![ep("local", 0)]);
 }
@@ -210,6 +211,10 @@ fn durations() {
     ] {
         assert_eq!(parse_duration("timeout", text), Ok(expected), "{text}");
     }
+    let year = Duration::from_secs(365 * 24 * 3600);
+    assert_eq!(rdzv_core::params::MAX_DURATION, year);
+    assert_eq!(parse_duration("run_ttl", "365d"), Ok(year));
+    assert_eq!(parse_duration("run_ttl", "31536000"), Ok(year));
     for bad in ["", "-1", "abc", "1.2.3", ".", "1e3", "inf", "NaN", "30 parsecs", "99999999999999999999999"] {
         assert!(
             matches!(parse_duration("timeout", bad), Err(ConfigError::InvalidValue { .. })),
@@ -296,7 +301,17 @@ fn run_id_errors() {
     for url in ["etcd://h", "etcd://h/", "etcd://h//", "etcd://h?min_workers=1", "mem://x/"] {
         assert!(matches!(parse_err(url), ConfigError::InvalidUrl(_)), "{url:?}");
     }
-    for url in ["etcd://h/a/b", "etcd://h/a%2Fb", "etcd://h/a%00b", "etcd://h/%zz", "etcd://h/%FF"] {
+    for url in [
+        "etcd://h/a/b",
+        "etcd://h/a%2Fb",
+        "etcd://h/a%00b",
+        "etcd://h/%zz",
+        "etcd://h/%FF",
+        "etcd://h/job%201",
+        "etcd://h/a%1B%5B31m",
+        "etcd://h/caf%C3%A9",
+        "etcd://h/a%25b",
+    ] {
         assert!(
             matches!(parse_err(url), ConfigError::InvalidValue { option, .. } if option == "run_id"),
             "{url:?}"
@@ -545,4 +560,204 @@ fn errors_are_one_clear_sentence() {
     );
     let err = parse_err("etcd://h");
     assert!(err.to_string().contains("run id is missing"), "{err}");
+}
+
+/// The identifier rule (`rdzv_core::ids`) holds at every entry point: the URL's path, the
+/// `node_id` option, and parameters built or changed by a library caller.
+#[test]
+fn identifiers_are_checked_at_every_entry_point() {
+    use rdzv_core::RendezvousParams;
+    use rdzv_core::ids::{ID_RULE, MAX_ID_LEN};
+
+    let rule_broken = |e: ConfigError, field: &str| match e {
+        ConfigError::InvalidValue { option, reason, .. } => {
+            assert_eq!(option, field);
+            assert!(reason.contains(ID_RULE), "{reason}");
+        }
+        other => panic!("expected InvalidValue for {field}, got {other:?}"),
+    };
+
+    // URL path.
+    rule_broken(parse_err(&format!("etcd://h/{}", "r".repeat(MAX_ID_LEN + 1))), "run_id");
+    assert_eq!(parse(&format!("etcd://h/{}", "r".repeat(MAX_ID_LEN))).run_id.len(), MAX_ID_LEN);
+    // URL option.
+    rule_broken(params_err("etcd://h/r?min_workers=1&node_id=a%2Fb"), "node_id");
+    rule_broken(params_err("etcd://h/r?min_workers=1&node_id=a+b%0A"), "node_id");
+    let p = parse("etcd://h/r?min_workers=1&node_id=host-12-ab12cd").params().expect("valid");
+    assert_eq!(p.node_id.as_deref(), Some("host-12-ab12cd"));
+
+    // Library: the constructor and `validate` after changing fields.
+    rule_broken(RendezvousParams::new("a/rdzv/v_1/join/x", 1, 1).expect_err("rejected"), "run_id");
+    rule_broken(RendezvousParams::new("", 1, 1).expect_err("rejected"), "run_id");
+    let mut p = RendezvousParams::new("12345678", 1, 1).expect("a Slurm job id is a run id");
+    p.run_id = "a/b".into();
+    rule_broken(p.validate().expect_err("rejected"), "run_id");
+    p.run_id = "ok".into();
+    for bad in ["", "n/1", "n 1", "n\u{7}", &"n".repeat(MAX_ID_LEN + 1)] {
+        p.node_id = Some(bad.to_string());
+        rule_broken(p.validate().expect_err("rejected"), "node_id");
+    }
+    p.node_id = Some("trainer-0.trainer.default".into());
+    assert_eq!(p.validate(), Ok(()));
+    for bad in ["", "10.0.0.1 x", "h\n", &"a".repeat(254)] {
+        p.local_addr = Some(bad.to_string());
+        assert!(
+            matches!(p.validate(), Err(ConfigError::InvalidValue { option, .. }) if option == "local_addr"),
+            "{bad:?}"
+        );
+    }
+    p.local_addr = Some("fe80::1%eth0".into());
+    assert_eq!(p.validate(), Ok(()));
+}
+
+/// Durations that would overflow a deadline (`Instant + d`) are refused when parsed, in
+/// every form, and when a library caller sets them.
+#[test]
+fn durations_are_bounded() {
+    for too_long in [
+        "18446744073709551615",
+        "18446744073709551615s",
+        "584942417355y",
+        "31536001",
+        "365d 1s",
+        "2y",
+        "9999999999999999999ms",
+        "1e308",
+    ] {
+        match parse_duration("timeout", too_long) {
+            Err(ConfigError::InvalidValue { option, .. }) => assert_eq!(option, "timeout"),
+            other => panic!("{too_long:?} should be rejected, got {other:?}"),
+        }
+    }
+    let e = parse_duration("timeout", "18446744073709551615").expect_err("too long");
+    assert!(e.to_string().contains("at most one year"), "{e}");
+    for option in ["timeout", "last_call_timeout", "keep_alive_ttl", "run_ttl"] {
+        let url = format!("etcd://h/r?min_workers=1&{option}=18446744073709551615");
+        match params_err(&url) {
+            ConfigError::InvalidValue { option: o, reason, .. } => {
+                assert_eq!(o, option);
+                assert!(reason.contains("at most one year"), "{reason}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    let mut p = rdzv_core::RendezvousParams::new("r", 1, 1).expect("valid");
+    p.timeout = Duration::MAX;
+    assert!(matches!(p.validate(), Err(ConfigError::InvalidValue { option, .. }) if option == "timeout"));
+    p.timeout = Duration::from_secs(1);
+    p.last_call_timeout = Duration::from_secs(u64::MAX);
+    assert!(
+        matches!(p.validate(), Err(ConfigError::InvalidValue { option, .. }) if option == "last_call_timeout")
+    );
+}
+
+/// A file in the temp dir holding `contents`, removed when dropped.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, contents: &[u8]) -> TempFile {
+        let path = std::env::temp_dir().join(format!("rdzv-url-test-{}-{name}", std::process::id()));
+        std::fs::write(&path, contents).expect("write a temp file");
+        TempFile(path)
+    }
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn password_file_gives_the_password() {
+    let file = TempFile::new("pw", b"hunter2\n");
+    let url = parse(&format!("etcd://root@h/job?min_workers=1&password_file={}", file.path()));
+    assert_eq!(url.password.as_ref().map(|p| p.expose()), Some("hunter2"), "trailing newline dropped");
+    assert_eq!(url.username.as_deref(), Some("root"));
+    assert!(!url.options.contains_key("password_file"), "consumed by the parser: {:?}", url.options);
+    assert!(!url.to_string().contains("password_file"), "{url}");
+    assert!(url.to_string().contains(":***@"), "{url}");
+    let crlf = TempFile::new("crlf", b"p w\r\n");
+    let url = parse(&format!("redis://h/job?password_file={}", crlf.path()));
+    assert_eq!(url.password.as_ref().map(|p| p.expose()), Some("p w"));
+}
+
+#[test]
+fn password_file_errors_name_the_file_not_the_password() {
+    let missing = std::env::temp_dir().join("rdzv-url-test-no-such-file");
+    match parse_err(&format!("etcd://u@h/job?password_file={}", missing.display())) {
+        ConfigError::InvalidValue { option, value, reason } => {
+            assert_eq!(option, "password_file");
+            assert_eq!(value, missing.display().to_string());
+            assert!(reason.contains("cannot read"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let empty = TempFile::new("empty", b"\n");
+    assert!(
+        parse_err(&format!("etcd://u@h/job?password_file={}", empty.path())).to_string().contains("empty")
+    );
+    let binary = TempFile::new("binary", b"hunter2\xff\xfe");
+    let e = parse_err(&format!("etcd://u@h/job?password_file={}", binary.path()));
+    assert!(matches!(&e, ConfigError::InvalidValue { option, .. } if option == "password_file"), "{e:?}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    let file = TempFile::new("both", b"hunter2");
+    let e = parse_err(&format!("etcd://u:inline@h/job?password_file={}", file.path()));
+    assert!(matches!(&e, ConfigError::InvalidUrl(m) if m.contains("only one")), "{e:?}");
+    assert!(!e.to_string().contains("hunter2") && !e.to_string().contains("inline"), "{e}");
+    let e = parse_err(&format!("etcd://u@h/job?password_file={0}&password_file={0}", file.path()));
+    assert!(matches!(e, ConfigError::InvalidUrl(_)), "{e:?}");
+}
+
+#[test]
+fn password_file_is_offered_by_every_backend() {
+    // The registry rejects options no layer knows; `password_file` is the URL parser's own.
+    assert!(rdzv_core::url::URL_OPTIONS.contains(&"password_file"));
+}
+
+#[test]
+fn redacting_a_url_text_hides_only_the_password() {
+    use rdzv_core::url::redact_url_text;
+    for (input, expected) in [
+        ("redis://:s3cret@h:6379/job?min_workers=2", Some("redis://:***@h:6379/job?min_workers=2")),
+        ("etcd://root:p%40ss@h1,h2:2379/job?x=1", Some("etcd://root:***@h1,h2:2379/job?x=1")),
+        ("etcd://root@h/job?password_file=/run/pw", Some("etcd://root@h/job?password_file=/run/pw")),
+        ("etcd://root:@h/job", Some("etcd://root:@h/job")),
+        ("mem://x/job", Some("mem://x/job")),
+        ("etcd://h/user@host", Some("etcd://h/user@host")),
+        // Cannot tell where the password ends: the whole text must go.
+        ("etcd://u:pa/ss@h/job", None),
+        ("etcd://u:pa?ss@h/job", None),
+        ("not a url s3cret", None),
+    ] {
+        assert_eq!(redact_url_text(input).as_deref(), expected, "{input}");
+    }
+}
+
+/// On `redis://`, a path of one or two digits is what other tools read as the database:
+/// refused unless `db=` says which database is meant; longer numeric run ids work.
+#[test]
+fn redis_paths_that_look_like_a_database_are_refused() {
+    for url in
+        ["redis://h:6379/0", "redis://h/15", "rediss://h/7?min_workers=1", "redis://h/00", "redis://h/99"]
+    {
+        match parse_err(url) {
+            ConfigError::InvalidValue { option, reason, .. } => {
+                assert_eq!(option, "run_id", "{url}");
+                assert!(reason.contains("/<run_id>?db=0"), "{url}: {reason}");
+            }
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+    assert_eq!(parse("redis://h/12345678").run_id, "12345678", "a Slurm job id");
+    assert_eq!(parse("redis://h/100").run_id, "100");
+    assert_eq!(parse("redis://h/0?db=0").run_id, "0", "explicit database: the path is a run id");
+    assert_eq!(parse("redis://h/job?db=0").options["db"], "0");
+    assert_eq!(parse("redis://h/0a").run_id, "0a");
+    // Other schemes have no database in the path.
+    assert_eq!(parse("etcd://h/0").run_id, "0");
+    assert_eq!(parse("mem://m/0").run_id, "0");
 }

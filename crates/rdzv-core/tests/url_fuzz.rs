@@ -175,13 +175,25 @@ fn parts() -> impl Strategy<Value = Parts> {
         proptest::option::of("\\PC{1,10}"),
         prop::collection::vec(endpoint(), 1..4),
         prop::collection::vec(endpoint(), 0..3),
-        "\\PC{1,12}".prop_filter("one segment", |r| !r.contains('/')),
+        "[A-Za-z0-9_.:@+-]{1,12}",
         prop::collection::btree_map(rendezvous_name, "\\PC{1,8}", 0..5),
         prop::collection::btree_map(backend_name, "\\PC{1,8}", 0..3),
         any::<bool>(),
     )
-        .prop_map(|(scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases)| {
-            Parts { scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases }
+        .prop_map(|(scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases)| Parts {
+            scheme,
+            user,
+            password,
+            hosts,
+            extra,
+            run_id,
+            rendezvous,
+            backend,
+            use_aliases,
+        })
+        .prop_filter("a one- or two-digit Redis path needs db=", |p| {
+            let database_like = p.run_id.len() <= 2 && p.run_id.chars().all(|c| c.is_ascii_digit());
+            !(p.scheme.starts_with("redis") && database_like && !p.backend.contains_key("db"))
         })
 }
 
@@ -241,6 +253,18 @@ proptest! {
         body in "[a-zA-Z0-9:/@?&=%\\[\\].,_~+# -]{0,60}",
     ) {
         check_any(&format!("{scheme}{body}"))?;
+    }
+
+    /// Whatever a run id's characters, the URL parser accepts it exactly when the
+    /// identifier rule does.
+    #[test]
+    fn run_ids_follow_the_identifier_rule(run_id in "\\PC{1,12}") {
+        let parsed = RendezvousUrl::parse(&format!("etcd://h/{}", enc(&run_id)));
+        let rule = rdzv_core::ids::validate_id("run_id", &run_id);
+        prop_assert_eq!(parsed.is_ok(), rule.is_ok(), "{:?}: {:?} vs {:?}", run_id, parsed, rule);
+        if let Ok(url) = parsed {
+            prop_assert_eq!(url.run_id, run_id);
+        }
     }
 
     #[test]

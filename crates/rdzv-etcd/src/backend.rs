@@ -20,7 +20,10 @@ use rdzv_core::{
 use crate::client::{self, Clients, ConnectError, Shared};
 use crate::errors::{self, BACKEND};
 use crate::keys::Namespace;
-use crate::options::{DEFAULT_REQUEST_TIMEOUT, EtcdOptions};
+use crate::options::{
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_TIMEOUT, EtcdOptions, MAX_KEY_BYTES, MIN_MAX_REQUEST_BYTES,
+    REQUEST_RESERVE_BYTES,
+};
 use crate::watch;
 
 /// The smallest lease TTL etcd honours with its default timing flags: it grants at least
@@ -36,6 +39,7 @@ pub struct EtcdKv {
     shared: Arc<Shared>,
     namespace: Namespace,
     request_timeout: Duration,
+    max_request_bytes: usize,
 }
 
 impl std::fmt::Debug for EtcdKv {
@@ -45,6 +49,7 @@ impl std::fmt::Debug for EtcdKv {
             .field("username", &self.shared.username)
             .field("namespace", &String::from_utf8_lossy(self.namespace.as_bytes()))
             .field("request_timeout", &self.request_timeout)
+            .field("max_request_bytes", &self.max_request_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +76,7 @@ impl EtcdKv {
             shared: client::shared(options).await?,
             namespace: Namespace::default(),
             request_timeout: options.request_timeout,
+            max_request_bytes: options.max_request_bytes,
         })
     }
 
@@ -82,6 +88,7 @@ impl EtcdKv {
             shared: Arc::new(Shared::from_client(client, endpoints.into())),
             namespace: Namespace::default(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
     }
 
@@ -99,6 +106,42 @@ impl EtcdKv {
     pub fn with_request_timeout(mut self, timeout: Duration) -> EtcdKv {
         self.request_timeout = timeout;
         self
+    }
+
+    /// The same backend (sharing the client), for a server whose `--max-request-bytes` is
+    /// `bytes` (see [`EtcdOptions::max_request_bytes`]; at least
+    /// [`MIN_MAX_REQUEST_BYTES`](crate::MIN_MAX_REQUEST_BYTES)).
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> EtcdKv {
+        self.max_request_bytes = bytes.max(MIN_MAX_REQUEST_BYTES);
+        self
+    }
+
+    /// The largest value a write may carry (see [`EtcdOptions::max_value_bytes`]).
+    pub fn max_value_bytes(&self) -> usize {
+        self.max_request_bytes.saturating_sub(REQUEST_RESERVE_BYTES)
+    }
+
+    /// The etcd key of `key`, if it is within [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
+    fn key(&self, key: &[u8]) -> KvResult<Vec<u8>> {
+        let full = self.namespace.key(key);
+        check_key(&full)?;
+        Ok(full)
+    }
+
+    /// The etcd range of `prefix`, if it is within [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
+    fn prefix_range(&self, prefix: &[u8]) -> KvResult<(Vec<u8>, Vec<u8>)> {
+        let (start, end) = self.namespace.prefix_range(prefix);
+        check_key(&start)?;
+        Ok((start, end))
+    }
+
+    /// Refuses a value the server would refuse, before sending it.
+    fn check_value(&self, value: &[u8]) -> KvResult<()> {
+        let limit = self.max_value_bytes();
+        if value.len() > limit {
+            return Err(KvError::TooLarge { backend: BACKEND, what: "a value", size: value.len(), limit });
+        }
+        Ok(())
     }
 
     /// The underlying client of the member requests currently go to (connecting it if
@@ -157,6 +200,17 @@ impl EtcdKv {
         }
     }
 
+    /// The store's current revision (one count-only read of an empty range).
+    async fn current_revision(&self) -> KvResult<Revision> {
+        let response = self
+            .call("compact", None, |c| {
+                let mut kv = c.kv.clone();
+                async move { kv.get(vec![0u8], Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?;
+        revision(response.header())
+    }
+
     async fn txn(&self, operation: &str, lease: Option<LeaseId>, txn: Txn) -> KvResult<TxnResponse> {
         self.call(operation, lease, |c| {
             let (mut kv, txn) = (c.kv.clone(), txn.clone());
@@ -164,6 +218,19 @@ impl EtcdKv {
         })
         .await
     }
+}
+
+/// Refuses a key (namespace included) over [`MAX_KEY_BYTES`], before sending it.
+fn check_key(full: &[u8]) -> KvResult<()> {
+    if full.len() > MAX_KEY_BYTES {
+        return Err(KvError::TooLarge {
+            backend: BACKEND,
+            what: "a key (namespace included)",
+            size: full.len(),
+            limit: MAX_KEY_BYTES,
+        });
+    }
+    Ok(())
 }
 
 /// The revision of a response header; etcd always sends one.
@@ -191,7 +258,7 @@ impl Kv for EtcdKv {
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        let key = self.namespace.key(key);
+        let key = self.key(key)?;
         let mut response = self
             .call("get", None, |c| {
                 let (mut kv, key) = (c.kv.clone(), key.clone());
@@ -207,7 +274,7 @@ impl Kv for EtcdKv {
     /// etcd counts a past revision from its index alone, whereas a count with a
     /// creation-revision filter has to read every key of the range.
     async fn count_at_revision(&self, prefix: &[u8], at: Revision) -> KvResult<Option<u64>> {
-        let (start, end) = self.namespace.prefix_range(prefix);
+        let (start, end) = self.prefix_range(prefix)?;
         let get = GetOptions::new().with_range(end).with_count_only().with_revision(at);
         let response = self
             .call("count", None, |c| {
@@ -219,7 +286,7 @@ impl Kv for EtcdKv {
     }
 
     async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
-        let (start, end) = self.namespace.prefix_range(prefix);
+        let (start, end) = self.prefix_range(prefix)?;
         let mut get = GetOptions::new().with_range(end.clone());
         if options.order == RangeOrder::ByCreateRevision {
             get = get.with_sort(SortTarget::Create, SortOrder::Ascend);
@@ -304,7 +371,8 @@ impl Kv for EtcdKv {
     }
 
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
-        let key = self.namespace.key(key);
+        let key = self.key(key)?;
+        self.check_value(value)?;
         let mut put_options = etcd_client::PutOptions::new();
         if let Some(lease) = options.lease {
             put_options = put_options.with_lease(lease);
@@ -342,7 +410,7 @@ impl Kv for EtcdKv {
     }
 
     async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
-        let key = self.namespace.key(key);
+        let key = self.key(key)?;
         match mode {
             DeleteMode::Any => {
                 let response = self
@@ -383,7 +451,7 @@ impl Kv for EtcdKv {
                 "delete_prefix needs a non-empty prefix (refusing to delete every key)".to_string(),
             ));
         }
-        let (start, end) = self.namespace.prefix_range(prefix);
+        let (start, end) = self.prefix_range(prefix)?;
         let response = self
             .call("delete_prefix", None, |c| {
                 let (mut kv, start, end) = (c.kv.clone(), start.clone(), end.clone());
@@ -420,7 +488,12 @@ impl Kv for EtcdKv {
                 async move {
                     // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
                     // etcd-client reports as "lease not found").
-                    let (mut keeper, mut responses) = lease.keep_alive(id).await?;
+                    // etcd-client's only `LeaseKeepAliveError` here is its own answer to TTL
+                    // 0 (the request channel it sends on cannot be closed yet).
+                    let (mut keeper, mut responses) = match lease.keep_alive(id).await {
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(errors::lease_not_found()),
+                        other => other,
+                    }?;
                     if let Some(ttl) = known_ttl {
                         return Ok(ttl);
                     }
@@ -428,9 +501,7 @@ impl Kv for EtcdKv {
                     keeper.keep_alive().await?;
                     match responses.message().await? {
                         Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-                        Some(_) => {
-                            Err(etcd_client::Error::LeaseKeepAliveError("lease not found".to_string()))
-                        }
+                        Some(_) => Err(errors::lease_not_found()),
                         None => Err(etcd_client::Error::LeaseKeepAliveError(
                             "keep-alive stream closed".to_string(),
                         )),
@@ -469,9 +540,9 @@ impl Kv for EtcdKv {
 
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
         let (start, end) = match scope {
-            WatchScope::Key => (self.namespace.key(key), None),
+            WatchScope::Key => (self.key(key)?, None),
             WatchScope::Prefix => {
-                let (start, end) = self.namespace.prefix_range(key);
+                let (start, end) = self.prefix_range(key)?;
                 (start, Some(end))
             }
         };
@@ -489,19 +560,33 @@ impl Kv for EtcdKv {
     }
 
     async fn compact(&self, revision: Revision) -> KvResult<()> {
-        let result = self
+        let compacted = self
             .call("compact", None, |c| {
                 let mut kv = c.kv.clone();
                 // Physical: return once the history is really gone, so that a watch from an
                 // older revision fails right after.
-                async move { kv.compact(revision, Some(CompactionOptions::new().with_physical())).await }
+                async move {
+                    match kv.compact(revision, Some(CompactionOptions::new().with_physical())).await {
+                        Ok(_) => Ok(true),
+                        // etcd answers OutOfRange both when `revision` is already compacted
+                        // and when it is in the future; the current revision tells which.
+                        Err(e) if errors::server_code(&e) == Some(tonic::Code::OutOfRange) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                }
             })
-            .await;
-        match result {
-            Ok(_) => Ok(()),
+            .await?;
+        if compacted {
+            return Ok(());
+        }
+        let current = self.current_revision().await?;
+        if revision <= current {
             // Already compacted at or past `revision`: nothing left to do.
-            Err(KvError::InvalidArgument(message)) if message.contains("has been compacted") => Ok(()),
-            Err(e) => Err(e),
+            Ok(())
+        } else {
+            Err(KvError::InvalidArgument(format!(
+                "etcd compact: revision {revision} is in the future (the current revision is {current})"
+            )))
         }
     }
 }

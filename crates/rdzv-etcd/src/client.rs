@@ -118,7 +118,13 @@ impl Shared {
         member
             .clients
             .get_or_try_init(|| async {
-                let client = Client::connect([member.url.as_str()], self.connect.clone()).await?;
+                let client = Client::connect([member.url.as_str()], self.connect.clone()).await;
+                // With credentials, connecting logs in, and the login is the only request
+                // it makes: a final answer to it means the credentials were refused.
+                let client = match client {
+                    Err(e) if self.username.is_some() => Err(errors::login_refused(e)),
+                    other => other,
+                }?;
                 Ok(Clients::new(client))
             })
             .await
@@ -292,7 +298,9 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     }
     let operation = "connect";
     let classify = |e: etcd_client::Error, ctx: Context<'_>| {
-        ConnectError::Kv(with_tls_hint(errors::classify(operation, e, ctx), options))
+        let tls_failure = errors::is_tls_failure(&e);
+        let error = errors::classify(operation, e, ctx);
+        ConnectError::Kv(if tls_failure { error } else { with_tls_hint(error, options) })
     };
     let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
     let members = urls.len() as u32;
@@ -314,13 +322,13 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     Ok(Arc::new(shared))
 }
 
-/// A TLS connection the server closes during the first contact, without a client
-/// certificate, is most likely a server that requires one; TLS 1.3 does not always let the
-/// client see the server's alert.
+/// A TLS connection the server closes during the first contact (without a TLS error on
+/// our side), without a client certificate, is most likely a server that requires one;
+/// TLS 1.3 does not always let the client see the server's alert.
 fn with_tls_hint(error: KvError, options: &EtcdOptions) -> KvError {
     match (error, &options.tls) {
         (KvError::Unavailable { backend, endpoint, message, source }, Some(tls))
-            if tls.client_cert.is_none() && !message.contains("TLS handshake") =>
+            if tls.client_cert.is_none() =>
         {
             KvError::Unavailable {
                 backend,
@@ -345,10 +353,26 @@ fn no_answer(endpoint_list: &str, options: &EtcdOptions) -> KvError {
     }
 }
 
-/// Reads the PEM files of `tls`.
+/// Reads the PEM files of `tls`; without a CA file, the system's CA store is trusted.
 pub(crate) fn tls_options(tls: &TlsFiles) -> Result<TlsOptions, ConnectError> {
-    let ca = read_pem("cacert", &tls.ca_cert)?;
-    let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+    let mut config = match &tls.ca_cert {
+        Some(path) => TlsOptions::new().ca_certificate(Certificate::from_pem(read_pem("cacert", path)?)),
+        None => {
+            // tonic would fail every connection attempt with a transport error instead.
+            if rustls_native_certs::load_native_certs().certs.is_empty() {
+                return Err(ConnectError::Config(ConfigError::MissingOption(
+                    "cacert (etcds:// without cacert trusts the system's CA store, and none was \
+                     found: install the system's CA certificates (ca-certificates) or give \
+                     cacert=/path/ca.pem)"
+                        .to_string(),
+                )));
+            }
+            TlsOptions::new().with_native_roots()
+        }
+    };
+    if let Some(name) = &tls.server_name {
+        config = config.domain_name(name.clone());
+    }
     match (&tls.client_cert, &tls.client_key) {
         (Some(cert), Some(key)) => {
             let cert = read_pem("cert", cert)?;

@@ -10,7 +10,7 @@ use crate::client::ConnectError;
 use crate::options::{DEFAULT_PORT, EtcdOptions, OPTIONS};
 
 /// The [`BackendFactory`] of the schemes `etcd` and `etcds`: options `cacert`, `cert`,
-/// `key`, `connect_timeout`, `request_timeout`; default port 2379. Every connect with the
+/// `key`, `tls_server_name`, `connect_timeout`, `request_timeout`, `max_request_bytes`; default port 2379. Every connect with the
 /// same settings (in one tokio runtime) shares one client.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EtcdFactory;

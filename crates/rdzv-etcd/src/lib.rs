@@ -31,15 +31,18 @@
 //! etcd://[user:password@]host[:2379][,host2:2379…]/<run_id>?min_workers=2
 //! etcd://host:2379/<run_id>?endpoints=h2:2379,h3:2379
 //! etcds://host:2379/<run_id>?cacert=ca.pem&cert=client.pem&key=client.key
+//! etcds://10.0.0.5:2379/<run_id>?tls_server_name=etcd.internal   (system CA store)
 //! etcd://host:2379/<run_id>?protocol=https&cacert=ca.pem      (the reference's spelling)
 //! ```
 //!
 //! | option | meaning | default |
 //! |---|---|---|
-//! | `cacert` | PEM file of the CA that signed the servers' certificates (required with TLS) | — |
+//! | `cacert` | PEM file of the CA that signed the servers' certificates | the system's CA store |
 //! | `cert`, `key` | PEM client certificate and its key, for servers with `--client-cert-auth` | none |
+//! | `tls_server_name` | the name the servers' certificates are issued to, if not the host in the URL | the host |
 //! | `connect_timeout` | how long connecting, and the first contact, may take | 5 s |
 //! | `request_timeout` | how long any single request may take | 10 s |
+//! | `max_request_bytes` | the servers' `--max-request-bytes`; set it only if theirs was raised | 1572864 (etcd's default, 1.5 MiB) |
 //!
 //! Durations are seconds (`2`, `0.5`) or humane (`500ms`, `10s`). With several endpoints,
 //! a process sends its requests to one member (chosen at random per process, so that
@@ -97,13 +100,22 @@
 //! answers "no leader" (`Unavailable`) and ends its watches instead of serving stale data,
 //! and the client moves on to another member.
 //!
+//! ## Size limits
+//! Checked before anything is sent, failing with
+//! [`KvError::TooLarge`](rdzv_core::KvError::TooLarge) (which names the limit): a key,
+//! namespace included, may have [`MAX_KEY_BYTES`] (8 KiB); a value
+//! `max_request_bytes` − [`REQUEST_RESERVE_BYTES`] (1,507,328 bytes with etcd's default
+//! limit). Together they keep every request within `max_request_bytes`, which must match
+//! the servers' `--max-request-bytes`.
+//!
 //! ## Errors
-//! Unreachable, refused, reset or TLS-failed connections and etcd's "no leader" / "request
-//! timed out" are `Unavailable`; deadlines are `Timeout`; an unknown lease is
-//! `LeaseNotFound`; compaction is `Compacted`; bad arguments (empty key, too large a
-//! request, a future compaction revision) are `InvalidArgument`; authentication and
-//! permission problems and anything else are `Backend`, with the `etcd-client` error as
-//! source.
+//! Classified by error type and gRPC status code, not by message (see docs/ETCD.md):
+//! unreachable, refused, reset or TLS-failed connections and etcd's `Unavailable` answers
+//! ("no leader", "request timed out"…) are `Unavailable`; deadlines are `Timeout`; an
+//! unknown lease is `LeaseNotFound`; compaction in a watch is `Compacted`; bad arguments
+//! (empty key, a request too large for the server, a compacted or future revision) are
+//! `InvalidArgument`; authentication and permission problems and anything else are
+//! `Backend`, with the `etcd-client` error as source.
 //!
 //! ## Testing
 //! With the `testing` feature, the module `testing` starts real `etcd` servers for tests
@@ -121,7 +133,8 @@ mod watch;
 pub use backend::{EtcdKv, MIN_LEASE_TTL};
 pub use factory::EtcdFactory;
 pub use options::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, EtcdOptions, OPTIONS, TlsFiles,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, EtcdOptions,
+    MAX_KEY_BYTES, MIN_MAX_REQUEST_BYTES, OPTIONS, REQUEST_RESERVE_BYTES, TlsFiles,
 };
 
 #[cfg(feature = "testing")]

@@ -1,5 +1,5 @@
 //! How to reach an etcd cluster: endpoints, credentials, TLS files and timeouts, from a
-//! rendezvous URL (SURFACE.md) or built by hand.
+//! rendezvous URL (docs/OPTIONS.md) or built by hand.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,7 +7,32 @@ use std::time::Duration;
 use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
 
 /// The query options the etcd backend understands (besides the rendezvous parameters).
-pub const OPTIONS: &[&str] = &["cacert", "cert", "key", "connect_timeout", "request_timeout"];
+pub const OPTIONS: &[&str] =
+    &["cacert", "cert", "key", "tls_server_name", "connect_timeout", "request_timeout", "max_request_bytes"];
+
+/// etcd's default `--max-request-bytes` (1.5 MiB): the largest request an etcd server
+/// accepts unless started with a larger limit. The default of
+/// [`EtcdOptions::max_request_bytes`] (URL option `max_request_bytes`).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1_572_864;
+
+/// The largest key rdzv sends to etcd, namespace included (8 KiB). etcd has no key limit of
+/// its own besides the request size, but keeps every key in memory, and a write names its
+/// key up to five times (compares, write, read-back); rdzv's own keys are far shorter.
+pub const MAX_KEY_BYTES: usize = 8 * 1024;
+
+/// What a request needs besides its value (64 KiB): up to five copies of a key of
+/// [`MAX_KEY_BYTES`] and the request's framing. The largest value is
+/// `max_request_bytes - REQUEST_RESERVE_BYTES`, so that a write with the largest key and
+/// value still fits in `max_request_bytes`.
+pub const REQUEST_RESERVE_BYTES: usize = 64 * 1024;
+
+// The reserve covers the largest write: five copies of the largest key (with their field
+// framing) and the request's own framing.
+const _: () = assert!(5 * (MAX_KEY_BYTES + 64) + 512 <= REQUEST_RESERVE_BYTES);
+
+/// The smallest accepted `max_request_bytes` (128 KiB): room for the reserve and a value of
+/// at least as much.
+pub const MIN_MAX_REQUEST_BYTES: usize = 2 * REQUEST_RESERVE_BYTES;
 
 /// Default port of an etcd endpoint.
 pub const DEFAULT_PORT: u16 = 2379;
@@ -18,16 +43,25 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default [`EtcdOptions::request_timeout`].
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// TLS settings: the CA that signed the servers' certificates, and optionally a client
-/// certificate and its key (for servers started with `--client-cert-auth`). All PEM files.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// TLS settings: the CA that signed the servers' certificates (or the system's CA store),
+/// optionally a client certificate and its key (for servers started with
+/// `--client-cert-auth`), all PEM files, and the name the servers' certificates are issued
+/// to if it is not the host connected to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TlsFiles {
-    /// PEM file of the CA certificate(s) to trust (URL option `cacert`).
-    pub ca_cert: PathBuf,
+    /// PEM file of the CA certificate(s) to trust (URL option `cacert`); `None` trusts the
+    /// system's CA store instead (`/etc/ssl/certs` and the like; `SSL_CERT_FILE` or
+    /// `SSL_CERT_DIR` replace it).
+    pub ca_cert: Option<PathBuf>,
     /// PEM file of the client certificate (URL option `cert`); requires `client_key`.
     pub client_cert: Option<PathBuf>,
     /// PEM file of the client certificate's private key (URL option `key`).
     pub client_key: Option<PathBuf>,
+    /// The name the servers' certificates must be issued to (URL option
+    /// `tls_server_name`), when it is not the endpoint's host — e.g. certificates for
+    /// `etcd.internal` on servers reached by IP address. `None`: the endpoint's host. Also
+    /// sent as the TLS server name (SNI).
+    pub server_name: Option<String>,
 }
 
 /// Everything needed to connect to an etcd cluster. Two [`EtcdKv`](crate::EtcdKv)s built
@@ -50,6 +84,11 @@ pub struct EtcdOptions {
     /// How long any single request may take before it fails with
     /// [`KvError::Timeout`](rdzv_core::KvError::Timeout).
     pub request_timeout: Duration,
+    /// The server's `--max-request-bytes` (default [`DEFAULT_MAX_REQUEST_BYTES`], etcd's
+    /// default): values longer than this minus [`REQUEST_RESERVE_BYTES`] are refused with
+    /// [`KvError::TooLarge`](rdzv_core::KvError::TooLarge) before anything is sent. Raise it
+    /// only together with the server's limit.
+    pub max_request_bytes: usize,
 }
 
 impl EtcdOptions {
@@ -63,6 +102,7 @@ impl EtcdOptions {
             tls: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
     }
 
@@ -85,6 +125,18 @@ impl EtcdOptions {
         self
     }
 
+    /// The same options, for a server whose `--max-request-bytes` is `bytes` (at least
+    /// [`MIN_MAX_REQUEST_BYTES`]; smaller values are raised to it).
+    pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes.max(MIN_MAX_REQUEST_BYTES);
+        self
+    }
+
+    /// The largest value a write may carry: `max_request_bytes - REQUEST_RESERVE_BYTES`.
+    pub fn max_value_bytes(&self) -> usize {
+        self.max_request_bytes.saturating_sub(REQUEST_RESERVE_BYTES)
+    }
+
     /// The same options, with another connect timeout.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -92,9 +144,9 @@ impl EtcdOptions {
     }
 
     /// Reads the options of a parsed `etcd://` or `etcds://` URL: its endpoints, user and
-    /// password, and the query options `cacert`, `cert`, `key` (TLS, only with `etcds`, where
-    /// `cacert` is required), `connect_timeout` and `request_timeout` (seconds, or a duration
-    /// like `500ms`, `10s`). Other query options are ignored here (the registry rejects the
+    /// password, and the query options `cacert`, `cert`, `key`, `tls_server_name` (TLS, only
+    /// with `etcds`; without `cacert` the system's CA store is trusted), `connect_timeout` and `request_timeout` (seconds, or a duration
+    /// like `500ms`, `10s`) and `max_request_bytes` (bytes). Other query options are ignored here (the registry rejects the
     /// unknown ones before a backend sees them).
     pub fn from_url(url: &RendezvousUrl) -> Result<Self, ConfigError> {
         let tls_wanted = match url.scheme.as_str() {
@@ -132,11 +184,16 @@ impl EtcdOptions {
         if let Some(value) = option("request_timeout") {
             options.request_timeout = parse_timeout("request_timeout", value)?;
         }
+        if let Some(value) = option("max_request_bytes") {
+            options.max_request_bytes = parse_max_request_bytes(value)?;
+        }
         let (cacert, cert, key) = (option("cacert"), option("cert"), option("key"));
+        let server_name = option("tls_server_name");
         if !tls_wanted {
-            if let Some((name, value)) = [("cacert", cacert), ("cert", cert), ("key", key)]
-                .into_iter()
-                .find_map(|(n, v)| v.map(|v| (n, v)))
+            if let Some((name, value)) =
+                [("cacert", cacert), ("cert", cert), ("key", key), ("tls_server_name", server_name)]
+                    .into_iter()
+                    .find_map(|(n, v)| v.map(|v| (n, v)))
             {
                 return Err(ConfigError::InvalidValue {
                     option: name.to_string(),
@@ -147,15 +204,19 @@ impl EtcdOptions {
             return Ok(options);
         }
         let ca_cert = match cacert {
-            Some(path) if !path.is_empty() => PathBuf::from(path),
-            _ => {
-                return Err(ConfigError::MissingOption(
-                    "cacert (etcds:// needs the PEM file of the CA that signed the etcd \
-                     servers' certificates: cacert=/path/ca.pem)"
+            Some("") => {
+                return Err(ConfigError::InvalidValue {
+                    option: "cacert".to_string(),
+                    value: String::new(),
+                    reason: "give the PEM file of the CA that signed the etcd servers' \
+                             certificates, or leave cacert out to trust the system's CA store"
                         .to_string(),
-                ));
+                });
             }
+            Some(path) => Some(PathBuf::from(path)),
+            None => None,
         };
+        let server_name = server_name.map(parse_server_name).transpose()?;
         let (client_cert, client_key) = match (cert, key) {
             (None, None) => (None, None),
             (Some(cert), Some(key)) => (Some(PathBuf::from(cert)), Some(PathBuf::from(key))),
@@ -175,7 +236,7 @@ impl EtcdOptions {
                 });
             }
         };
-        options.tls = Some(TlsFiles { ca_cert, client_cert, client_key });
+        options.tls = Some(TlsFiles { ca_cert, client_cert, client_key, server_name });
         Ok(options)
     }
 
@@ -184,6 +245,44 @@ impl EtcdOptions {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect::<Vec<_>>().join(",")
     }
+}
+
+/// Checks `tls_server_name`: a DNS name or an IP address, as certificates name servers.
+fn parse_server_name(value: &str) -> Result<String, ConfigError> {
+    match rustls::pki_types::ServerName::try_from(value) {
+        Ok(_) => Ok(value.to_string()),
+        Err(e) => Err(ConfigError::InvalidValue {
+            option: "tls_server_name".to_string(),
+            value: value.to_string(),
+            reason: format!("{e}: give the DNS name (or IP address) the servers' certificates are issued to"),
+        }),
+    }
+}
+
+/// Parses `max_request_bytes`: a whole number of bytes, like etcd's flag.
+fn parse_max_request_bytes(value: &str) -> Result<usize, ConfigError> {
+    let invalid = |reason: String| ConfigError::InvalidValue {
+        option: "max_request_bytes".to_string(),
+        value: value.to_string(),
+        reason,
+    };
+    let bytes: usize = value.parse().map_err(|_| {
+        invalid(format!(
+            "expected a whole number of bytes, the server's --max-request-bytes (etcd's default \
+             is {DEFAULT_MAX_REQUEST_BYTES})"
+        ))
+    })?;
+    if bytes < MIN_MAX_REQUEST_BYTES {
+        return Err(invalid(format!(
+            "at least {MIN_MAX_REQUEST_BYTES} bytes: {REQUEST_RESERVE_BYTES} are reserved for keys \
+             and framing"
+        )));
+    }
+    // gRPC message sizes are 32-bit signed.
+    if bytes > i32::MAX as usize {
+        return Err(invalid(format!("at most {} bytes (gRPC's message size limit)", i32::MAX)));
+    }
+    Ok(bytes)
 }
 
 /// Parses a timeout like every duration option (plain seconds or `500ms`, `10s`, `1m`);
@@ -243,20 +342,44 @@ mod tests {
     }
 
     #[test]
-    fn tls_needs_etcds_and_a_ca() {
-        let err = EtcdOptions::from_url(&url("etcd", &[("cacert", "/ca.pem")])).unwrap_err();
-        assert!(err.to_string().contains("etcds"), "{err}");
-        let err = EtcdOptions::from_url(&url("etcds", &[])).unwrap_err();
-        assert!(err.to_string().contains("cacert"), "{err}");
+    fn tls_needs_etcds_and_trusts_the_system_store_without_a_ca() {
+        for option in ["cacert", "tls_server_name"] {
+            let err = EtcdOptions::from_url(&url("etcd", &[(option, "x")])).unwrap_err();
+            assert!(err.to_string().contains("etcds"), "{err}");
+        }
+        let options = EtcdOptions::from_url(&url("etcds", &[])).unwrap();
+        assert_eq!(options.tls, Some(TlsFiles::default()), "no CA: the system's store");
+        let err = EtcdOptions::from_url(&url("etcds", &[("cacert", "")])).unwrap_err();
+        assert!(err.to_string().contains("system's CA store"), "{err}");
         let err = EtcdOptions::from_url(&url("etcds", &[("cacert", "/ca"), ("cert", "/c")])).unwrap_err();
         assert!(err.to_string().contains("key="), "{err}");
-        let options =
-            EtcdOptions::from_url(&url("etcds", &[("cacert", "/ca"), ("cert", "/c"), ("key", "/k")]))
-                .unwrap();
+        let options = EtcdOptions::from_url(&url(
+            "etcds",
+            &[("cacert", "/ca"), ("cert", "/c"), ("key", "/k"), ("tls_server_name", "etcd.internal")],
+        ))
+        .unwrap();
         let tls = options.tls.clone().unwrap();
-        assert_eq!(tls.ca_cert, PathBuf::from("/ca"));
+        assert_eq!(tls.ca_cert, Some(PathBuf::from("/ca")));
         assert_eq!(tls.client_key, Some(PathBuf::from("/k")));
+        assert_eq!(tls.server_name.as_deref(), Some("etcd.internal"));
         assert_eq!(options.endpoint_list(), "https://127.0.0.1:2379");
+        for bad in ["", "not a name", "etcd..internal"] {
+            let err = EtcdOptions::from_url(&url("etcds", &[("tls_server_name", bad)])).unwrap_err();
+            assert!(err.to_string().contains("tls_server_name"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn max_request_bytes_defaults_to_etcds_and_can_be_raised() {
+        let options = EtcdOptions::from_url(&url("etcd", &[])).unwrap();
+        assert_eq!(options.max_request_bytes, 1_572_864);
+        assert_eq!(options.max_value_bytes(), 1_572_864 - 65_536);
+        let options = EtcdOptions::from_url(&url("etcd", &[("max_request_bytes", "4194304")])).unwrap();
+        assert_eq!(options.max_request_bytes, 4_194_304);
+        for bad in ["", "1.5MiB", "-1", "1000", "99999999999"] {
+            let err = EtcdOptions::from_url(&url("etcd", &[("max_request_bytes", bad)])).unwrap_err();
+            assert!(err.to_string().contains("max_request_bytes"), "{err}");
+        }
     }
 
     #[test]

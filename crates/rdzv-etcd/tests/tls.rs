@@ -58,8 +58,9 @@ async fn connects_through_an_etcds_url() {
 async fn a_wrong_ca_is_a_clear_error() {
     let server = server().await;
     let tls = server.tls().unwrap();
-    let options =
-        server.options().with_tls(TlsFiles { ca_cert: tls.other_ca_cert.clone(), ..tls.client_files() });
+    let options = server
+        .options()
+        .with_tls(TlsFiles { ca_cert: Some(tls.other_ca_cert.clone()), ..tls.client_files() });
     let err = within("connect", EtcdKv::connect(options))
         .await
         .expect_err("a server signed by another CA is refused");
@@ -78,9 +79,10 @@ async fn a_missing_client_certificate_is_a_clear_error() {
     let server = server().await;
     let tls = server.tls().unwrap();
     let options = server.options().with_tls(TlsFiles {
-        ca_cert: tls.ca_cert.clone(),
+        ca_cert: Some(tls.ca_cert.clone()),
         client_cert: None,
         client_key: None,
+        server_name: None,
     });
     let err = within("connect", EtcdKv::connect(options))
         .await
@@ -123,7 +125,7 @@ async fn unreadable_or_non_pem_files_are_configuration_errors() {
     let not_pem = dir.path().join("ca.txt");
     std::fs::write(&not_pem, "hello").unwrap();
     let tls = server.tls().unwrap();
-    let options = server.options().with_tls(TlsFiles { ca_cert: not_pem, ..tls.client_files() });
+    let options = server.options().with_tls(TlsFiles { ca_cert: Some(not_pem), ..tls.client_files() });
     let err = EtcdKv::connect(options).await.unwrap_err();
     assert!(matches!(err, KvError::InvalidArgument(_)), "{err:?}");
     assert!(err.to_string().contains("PEM"), "{err}");
@@ -136,4 +138,95 @@ async fn tls_options_need_the_etcds_scheme() {
     let err = registry().connect(&plain).await.unwrap_err();
     assert!(matches!(err, RendezvousError::Config(_)) && err.to_string().contains("etcds"), "{err}");
     let _ = Kv::name(&*server.kv().await);
+}
+
+/// One TLS server whose certificate is issued to `etcd.test` only, not to the address
+/// clients connect to.
+async fn named_server() -> &'static EtcdServer {
+    static SERVER: tokio::sync::OnceCell<EtcdServer> = tokio::sync::OnceCell::const_new();
+    SERVER
+        .get_or_try_init(|| EtcdServer::builder().tls_server_names(["etcd.test"]).start())
+        .await
+        .expect("a TLS etcd with a certificate for etcd.test starts")
+}
+
+#[tokio::test]
+async fn a_certificate_for_another_name_needs_tls_server_name() {
+    let server = named_server().await;
+    let tls = server.tls().unwrap();
+
+    // Connecting to 127.0.0.1 expects a certificate for 127.0.0.1: refused, and the error
+    // says which option fixes it.
+    let by_address = TlsFiles { server_name: None, ..tls.client_files() };
+    let err = within("connect", EtcdKv::connect(server.options().with_tls(by_address))).await.unwrap_err();
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(matches!(err, KvError::Unavailable { .. }), "{err:?}");
+    assert!(text.contains(&server.client_url()), "names the endpoint: {text}");
+    assert!(text.contains("not issued for the name") && text.contains("tls_server_name="), "{text}");
+
+    // Another wrong name is refused the same way.
+    let wrong = TlsFiles { server_name: Some("other.test".to_string()), ..tls.client_files() };
+    let err = within("connect", EtcdKv::connect(server.options().with_tls(wrong))).await.unwrap_err();
+    assert!(err.to_string().contains("tls_server_name="), "{err}");
+
+    // With the certificate's name, through the URL option, it works.
+    let url = server.url("job?min_workers=1");
+    assert!(url.contains("tls_server_name=etcd.test"), "{url}");
+    let (kv, _) = within("connect", registry().connect(&url)).await.expect("connects with tls_server_name");
+    kv.put(b"named/k", b"v", PutOptions::OVERWRITE).await.unwrap();
+    assert_eq!(kv.get(b"named/k").await.unwrap().kv.unwrap().value, b"v");
+}
+
+/// `server.url(..)` without its `cacert` option.
+fn url_without_cacert(server: &EtcdServer) -> String {
+    let url = server.url("job?min_workers=1");
+    let (base, query) = url.split_once('?').unwrap();
+    let query: Vec<&str> = query.split('&').filter(|option| !option.starts_with("cacert=")).collect();
+    format!("{base}?{}", query.join("&"))
+}
+
+const CHILD_URL: &str = "RDZV_TEST_ETCDS_URL_WITHOUT_CACERT";
+
+#[tokio::test]
+async fn without_cacert_the_system_ca_store_is_trusted() {
+    let server = server().await;
+    let url = url_without_cacert(server);
+    assert!(!url.contains("cacert") && url.contains("cert="), "{url}");
+
+    // The system's store does not hold the test CA: the server's certificate is refused as
+    // one from an unknown issuer (not "cacert is required").
+    let err = within("connect", registry().connect(&url)).await.unwrap_err();
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(matches!(err, RendezvousError::Unavailable(_)), "{err:?}");
+    assert!(text.contains("UnknownIssuer") || text.contains("unknown issuer"), "{text}");
+    assert!(text.contains("system's CA store"), "{text}");
+
+    // With the test CA as the system's store (SSL_CERT_FILE replaces it; the environment of
+    // this process cannot be changed safely, so a child process of this test binary runs
+    // `system_store_child`), the same URL connects.
+    let ca = server.tls().unwrap().ca_cert.clone();
+    let output = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "system_store_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("SSL_CERT_FILE", &ca)
+        .env_remove("SSL_CERT_DIR")
+        .env(CHILD_URL, &url)
+        .output();
+    let output = within("the child test", output).await.unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the child failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "the child ran its test:\n{stdout}\n{stderr}");
+}
+
+/// Run by `without_cacert_the_system_ca_store_is_trusted` in a child process whose system
+/// CA store is the test CA.
+#[tokio::test]
+#[ignore = "run by without_cacert_the_system_ca_store_is_trusted, in a child process"]
+async fn system_store_child() {
+    let url = std::env::var(CHILD_URL).expect("run by without_cacert_the_system_ca_store_is_trusted");
+    let (kv, _) = within("connect", registry().connect(&url)).await.expect("the system store trusts the CA");
+    kv.put(b"system-store/k", b"v", PutOptions::OVERWRITE).await.unwrap();
+    assert_eq!(kv.get(b"system-store/k").await.unwrap().kv.unwrap().value, b"v");
 }

@@ -3,7 +3,7 @@
 //! The in-memory backend of rdzv, [`MemKv`], and a fault-injection wrapper for any backend,
 //! [`FaultyKv`].
 //!
-//! [`MemKv`] implements the whole [`Kv`](rdzv_core::Kv) contract (KV.md) in one process:
+//! [`MemKv`] implements the whole [`Kv`](rdzv_core::Kv) contract (docs/KV.md) in one process:
 //! revisions, preconditions, leases on tokio time (deterministic under
 //! `tokio::time::pause()`), watches from any retained revision, a bounded history and
 //! compaction. [`MemKv::named`] returns process-wide shared instances, which
@@ -61,4 +61,6 @@ mod watch;
 
 pub use factory::MemFactory;
 pub use faults::{FaultyKv, Latency};
-pub use store::{DEFAULT_HISTORY_LIMIT, MIN_LEASE_TTL, MemKv, MemKvBuilder};
+pub use store::{
+    DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE, MIN_LEASE_TTL, MemKv, MemKvBuilder,
+};

@@ -21,7 +21,15 @@ pub const DEFAULT_HISTORY_LIMIT: usize = 100_000;
 /// The shortest lease TTL: shorter requests are rounded up to it.
 pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 
-/// An in-memory [`Kv`] with the complete semantics of KV.md: one store-wide revision
+/// Default largest key a [`MemKv`] stores, in bytes (4 KiB): far above any key rdzv
+/// builds, small enough that a runaway key is caught.
+pub const DEFAULT_MAX_KEY_SIZE: usize = 4 * 1024;
+
+/// Default largest value a [`MemKv`] stores, in bytes (1.5 MiB, etcd's default request
+/// limit), so that what works on `mem://` also fits on etcd.
+pub const DEFAULT_MAX_VALUE_SIZE: usize = 3 * 512 * 1024;
+
+/// An in-memory [`Kv`] with the complete semantics of docs/KV.md: one store-wide revision
 /// counter, preconditions whose failure returns the current key, leases on tokio time,
 /// watches from any retained revision and a bounded event history.
 ///
@@ -33,9 +41,35 @@ pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 ///
 /// History keeps the last [`MemKvBuilder::history_limit`] revisions; a watch from an older
 /// revision, or from one before [`Kv::compact`], fails with [`KvError::Compacted`].
+///
+/// Keys are at most [`DEFAULT_MAX_KEY_SIZE`] bytes and values at most
+/// [`DEFAULT_MAX_VALUE_SIZE`] (both settable with [`MemKvBuilder`]): a larger write (a put
+/// or an increment) fails with [`KvError::TooLarge`] and stores nothing.
 pub struct MemKv {
     pub(crate) shared: Arc<Shared>,
     signal: Arc<ReaperSignal>,
+    limits: Limits,
+}
+
+/// The size limits of one store.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    max_key: usize,
+    max_value: usize,
+}
+
+impl Limits {
+    /// Fails with [`KvError::TooLarge`] if `key` or `value` is over its limit.
+    fn check(&self, key: &[u8], value: &[u8]) -> KvResult<()> {
+        for (what, size, limit) in
+            [("a key", key.len(), self.max_key), ("a value", value.len(), self.max_value)]
+        {
+            if size > limit {
+                return Err(KvError::TooLarge { backend: "mem", what, size, limit });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the reaper and watch streams reach through a `Weak`.
@@ -56,6 +90,7 @@ impl Shared {
 #[derive(Debug, Clone)]
 pub struct MemKvBuilder {
     history_limit: usize,
+    limits: Limits,
 }
 
 impl MemKvBuilder {
@@ -66,18 +101,36 @@ impl MemKvBuilder {
         self
     }
 
+    /// Refuse keys longer than `bytes` with [`KvError::TooLarge`]. Default:
+    /// [`DEFAULT_MAX_KEY_SIZE`].
+    pub fn max_key_size(mut self, bytes: usize) -> Self {
+        self.limits.max_key = bytes;
+        self
+    }
+
+    /// Refuse values longer than `bytes` with [`KvError::TooLarge`]. Default:
+    /// [`DEFAULT_MAX_VALUE_SIZE`].
+    pub fn max_value_size(mut self, bytes: usize) -> Self {
+        self.limits.max_value = bytes;
+        self
+    }
+
     /// Builds the store. Needs no runtime; the lease reaper starts with the first lease.
     pub fn build(self) -> MemKv {
         MemKv {
             shared: Arc::new(Shared { state: Mutex::new(State::new(self.history_limit)) }),
             signal: Arc::new(ReaperSignal::default()),
+            limits: self.limits,
         }
     }
 }
 
 impl Default for MemKvBuilder {
     fn default() -> Self {
-        MemKvBuilder { history_limit: DEFAULT_HISTORY_LIMIT }
+        MemKvBuilder {
+            history_limit: DEFAULT_HISTORY_LIMIT,
+            limits: Limits { max_key: DEFAULT_MAX_KEY_SIZE, max_value: DEFAULT_MAX_VALUE_SIZE },
+        }
     }
 }
 
@@ -170,6 +223,7 @@ impl Kv for MemKv {
     }
 
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        self.limits.check(key, value)?;
         self.state().put(key, value, options)
     }
 
@@ -217,6 +271,8 @@ impl Kv for MemKv {
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        // The value is at most 20 digits: only the key can be too large.
+        self.limits.check(key, b"")?;
         let mut state = self.state();
         let current = match state.get(key) {
             None => 0,

@@ -160,3 +160,45 @@ async fn mem_urls_name_shared_stores() {
         }
     }
 }
+
+/// Keys and values over the limits are refused with `TooLarge`, naming the limit, and
+/// nothing is stored (no revision, no event); at the limit they are stored.
+#[tokio::test(start_paused = true)]
+async fn oversized_keys_and_values_are_refused_before_storing() {
+    use rdzv_mem::{DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE};
+    let kv = MemKv::new();
+    let big_key = vec![b'k'; DEFAULT_MAX_KEY_SIZE + 1];
+    let big_value = vec![0u8; DEFAULT_MAX_VALUE_SIZE + 1];
+    match kv.put(&big_key, b"v", PutOptions::OVERWRITE).await {
+        Err(KvError::TooLarge { backend: "mem", what: "a key", size, limit }) => {
+            assert_eq!((size, limit), (DEFAULT_MAX_KEY_SIZE + 1, DEFAULT_MAX_KEY_SIZE));
+        }
+        other => panic!("expected TooLarge for the key, got {other:?}"),
+    }
+    let e = kv.put(b"k", &big_value, PutOptions::OVERWRITE).await.unwrap_err();
+    assert!(matches!(e, KvError::TooLarge { what: "a value", limit: DEFAULT_MAX_VALUE_SIZE, .. }), "{e:?}");
+    assert!(e.to_string().contains(&DEFAULT_MAX_VALUE_SIZE.to_string()), "{e}");
+    assert!(!e.is_retryable());
+    assert!(matches!(kv.increment(&big_key, 1).await, Err(KvError::TooLarge { what: "a key", .. })));
+    assert_eq!(kv.revision(), 0, "nothing was written");
+    assert!(kv.get(b"k").await.unwrap().kv.is_none());
+
+    kv.put(&big_key[1..], b"v", PutOptions::OVERWRITE).await.unwrap();
+    kv.put(b"k", &big_value[1..], PutOptions::OVERWRITE).await.unwrap();
+    assert_eq!(kv.get(b"k").await.unwrap().kv.unwrap().value.len(), DEFAULT_MAX_VALUE_SIZE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn limits_are_settable() {
+    let kv = MemKv::builder().max_key_size(8).max_value_size(2).build();
+    kv.put(b"12345678", b"ab", PutOptions::OVERWRITE).await.unwrap();
+    assert!(matches!(
+        kv.put(b"123456789", b"a", PutOptions::OVERWRITE).await,
+        Err(KvError::TooLarge { what: "a key", size: 9, limit: 8, .. })
+    ));
+    assert!(matches!(
+        kv.put(b"k", b"abc", PutOptions::OVERWRITE).await,
+        Err(KvError::TooLarge { what: "a value", size: 3, limit: 2, .. })
+    ));
+    assert_eq!(kv.revision(), 1);
+}

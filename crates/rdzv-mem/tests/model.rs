@@ -119,7 +119,7 @@ fn op() -> impl Strategy<Value = Op> {
 /// One key's change in a write: the new value and lease, or `None` for a delete.
 type Change = (Vec<u8>, Option<(Vec<u8>, Option<LeaseId>)>);
 
-/// The reference: the contract of KV.md in the plainest terms.
+/// The reference: the contract of docs/KV.md in the plainest terms.
 #[derive(Debug)]
 struct Model {
     revision: Revision,

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rdzv_core::{DeleteMode, PutOptions};
+use rdzv_core::{DeleteMode, PutMode};
 
 use crate::counter::add_at;
 use crate::error::StoreError;
@@ -45,13 +45,13 @@ impl Store {
         counter.push(b'n');
         self.bounded("barrier", &[key], timeout, async {
             let kv = self.kv().as_ref();
-            let arrived = add_at(kv, &counter, key, 1).await?;
+            let arrived = add_at(kv, &counter, key, 1, self.lease()).await?;
             let generation = (arrived - 1) / size;
             if arrived % size != 0 {
                 key_exists(kv, &done(generation)).await?;
                 return Ok(());
             }
-            kv.put(&done(generation), b"", PutOptions::OVERWRITE).await?;
+            kv.put(&done(generation), b"", self.write(PutMode::Overwrite)).await?;
             if generation > 0 {
                 // Every rank of the previous generation has arrived in this one, so has
                 // left the previous wait: nobody needs its done key any more.

@@ -2,7 +2,7 @@
 //! step on the backend: a native increment where the backend has one, otherwise a
 //! compare-and-swap loop in which a lost swap hands back the winner's value at once.
 
-use rdzv_core::{KeyValue, Kv, KvExt, PutOptions};
+use rdzv_core::{KeyValue, Kv, KvExt, LeaseId, PutMode, PutOptions};
 
 use crate::error::StoreError;
 use crate::store::Store;
@@ -26,7 +26,7 @@ impl Store {
         let key = key.as_ref();
         let full = self.user_key(key);
         self.bounded("add", &[key], self.timeout(), async {
-            add_at(self.kv().as_ref(), &full, key, delta).await
+            add_at(self.kv().as_ref(), &full, key, delta, self.lease()).await
         })
         .await
     }
@@ -39,7 +39,7 @@ impl Store {
         let full = self.user_key(key);
         self.bounded("append", &[key], self.timeout(), async {
             self.kv()
-                .compare_and_swap(&full, PutOptions::OVERWRITE, |current| {
+                .compare_and_swap(&full, self.write(PutMode::Overwrite), |current| {
                     let mut next = current.map(|kv| kv.value.clone()).unwrap_or_default();
                     next.extend_from_slice(value);
                     Some(next)
@@ -81,7 +81,7 @@ impl Store {
             let mut seen: Option<Vec<u8>> = None;
             let written = self
                 .kv()
-                .compare_and_swap(&full, PutOptions::OVERWRITE, |current| {
+                .compare_and_swap(&full, self.write(PutMode::Overwrite), |current| {
                     seen = current.map(|kv| kv.value.clone());
                     let matches = match current {
                         Some(kv) => kv.value == expected,
@@ -99,9 +99,21 @@ impl Store {
     }
 }
 
-/// `add` on the backend key `full` (`key` is its user name, for errors).
-pub(crate) async fn add_at(kv: &dyn Kv, full: &[u8], key: &[u8], delta: i64) -> Result<i64, StoreError> {
-    match kv.increment(full, delta).await {
+/// `add` on the backend key `full` (`key` is its user name, for errors), written under
+/// `lease` if given.
+pub(crate) async fn add_at(
+    kv: &dyn Kv,
+    full: &[u8],
+    key: &[u8],
+    delta: i64,
+    lease: Option<LeaseId>,
+) -> Result<i64, StoreError> {
+    // A native increment cannot bind the key to a lease: leased counters use the swap.
+    let native = match lease {
+        None => kv.increment(full, delta).await,
+        Some(_) => Ok(None),
+    };
+    match native {
         Ok(Some(value)) => return Ok(value),
         Ok(None) => {}
         // A native increment reports a bad value in its own words; say it in the Store's.
@@ -114,7 +126,7 @@ pub(crate) async fn add_at(kv: &dyn Kv, full: &[u8], key: &[u8], delta: i64) -> 
     }
     // The closure runs once per attempt; only the last attempt's verdict matters.
     let mut verdict: Result<i64, StoreError> = Ok(0);
-    kv.compare_and_swap(full, PutOptions::OVERWRITE, |current| {
+    kv.compare_and_swap(full, PutOptions { mode: PutMode::Overwrite, lease }, |current| {
         verdict = next_count(current, key, delta);
         verdict.as_ref().ok().map(|n| n.to_string().into_bytes())
     })

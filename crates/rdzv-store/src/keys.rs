@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use rdzv_core::{DeleteMode, DeleteOutcome, KvExt, PutOptions, RangeOptions};
+use rdzv_core::{DeleteMode, DeleteOutcome, KvExt, PutMode, RangeOptions};
 
 use crate::error::StoreError;
 use crate::store::{Store, collect_keys, deadline_after};
@@ -16,7 +16,7 @@ impl Store {
         let key = key.as_ref();
         let full = self.user_key(key);
         self.bounded("set", &[key], self.timeout(), async {
-            self.kv().put(&full, value.as_ref(), PutOptions::OVERWRITE).await?;
+            self.kv().put(&full, value.as_ref(), self.write(PutMode::Overwrite)).await?;
             Ok(())
         })
         .await
@@ -113,7 +113,7 @@ impl Store {
         self.bounded("multi_set", &names, self.timeout(), async {
             let writes = items.iter().map(|(key, value)| {
                 let full = self.user_key(key);
-                async move { self.kv().put(&full, value.as_ref(), PutOptions::OVERWRITE).await }
+                async move { self.kv().put(&full, value.as_ref(), self.write(PutMode::Overwrite)).await }
             });
             try_join_all(writes).await?;
             Ok(())

@@ -22,7 +22,9 @@
 //!
 //! A finished rendezvous hands each worker a Store scoped to its round. To use a Store on
 //! its own, build it from any backend with [`Store::new`]; opening one from a URL
-//! (`Store::open`) lives in the facade crate `rdzv`, which knows every backend.
+//! (`rdzv::open_store(url)`) lives in the facade crate `rdzv`, which knows every backend.
+//! Its data carries no lease: it stays on the backend until deleted. The Store's semantics,
+//! key layout and lifetime are described in `docs/STORE.md`.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
 use rdzv_core::{
-    DeleteMode, DeleteOutcome, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOptions, PutOutcome,
-    RangeOptions, RangeOrder, WatchScope,
+    DeleteMode, DeleteOutcome, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOutcome, RangeOptions,
+    RangeOrder, WatchScope,
 };
 
 use crate::error::StoreError;
@@ -30,7 +30,7 @@ impl Store {
             loop {
                 let mut item = prefix.clone();
                 item.extend_from_slice(&unique_name());
-                let options = PutOptions::new(PutMode::Create);
+                let options = self.write(PutMode::Create);
                 match self.kv().put(&item, value.as_ref(), options).await? {
                     PutOutcome::Written { .. } => return Ok(()),
                     // Another writer picked the same name (all but impossible): pick again.

@@ -6,8 +6,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::Kv;
 use rdzv_core::ext::show;
+use rdzv_core::{Kv, LeaseId, PutMode, PutOptions};
 use tokio::time::Instant;
 
 use crate::error::StoreError;
@@ -39,6 +39,7 @@ pub struct Store {
     root: Arc<[u8]>,
     scope: Arc<[u8]>,
     timeout: Duration,
+    lease: Option<LeaseId>,
 }
 
 impl std::fmt::Debug for Store {
@@ -48,6 +49,7 @@ impl std::fmt::Debug for Store {
             .field("root", &show(&self.root))
             .field("scope", &show(&self.scope))
             .field("timeout", &self.timeout)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -58,7 +60,33 @@ impl Store {
     /// backend and root see the same data; Stores whose roots are not prefixes of one
     /// another never see each other's data. The timeout starts at [`DEFAULT_TIMEOUT`].
     pub fn new(kv: Arc<dyn Kv>, root: impl Into<Vec<u8>>) -> Store {
-        Store { kv, root: root.into().into(), scope: Arc::from(&b""[..]), timeout: DEFAULT_TIMEOUT }
+        Store {
+            kv,
+            root: root.into().into(),
+            scope: Arc::from(&b""[..]),
+            timeout: DEFAULT_TIMEOUT,
+            lease: None,
+        }
+    }
+
+    /// This handle, writing every key under `lease` (`None`: no lease, the data stays until
+    /// deleted). A round's Store is bound to its run's lease, so that its data goes
+    /// `run_ttl` after the run's last worker. Writes fail with the backend's "lease not
+    /// found" error once the lease is gone. Counters then use compare-and-swap rather than a
+    /// backend's native increment, which cannot attach a lease.
+    pub fn with_lease(mut self, lease: Option<LeaseId>) -> Store {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease this handle's writes are bound to, if any.
+    pub fn lease(&self) -> Option<LeaseId> {
+        self.lease
+    }
+
+    /// The options of a write under `mode`, bound to this handle's lease.
+    pub(crate) fn write(&self, mode: PutMode) -> PutOptions {
+        PutOptions { mode, lease: self.lease }
     }
 
     /// c10d's `PrefixStore(prefix, store)`: a view of this Store in which every key `k`

@@ -44,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long, short = 'r', default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     rounds: u32,
     /// Use this run id as is (default: the URL's run id plus a unique suffix).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = crate::args::run_id)]
     run_id: Option<String>,
     /// How to print the results.
     #[arg(long, value_enum, default_value = "text")]

@@ -26,8 +26,15 @@ it printed the first round.
 
 Examples:
   rdzv join 'etcd://10.0.0.5:2379/job42?min_workers=4' --hold 1h
-  eval \"$(rdzv join \"$URL\" --format env --hold 10m &)\"   # RANK=… WORLD_SIZE=…
+  eval \"$(rdzv join \"$URL\" --format env --hold 0s)\"   # sets RANK, WORLD_SIZE, MASTER_ADDR…
+      # $(…) waits for rdzv to exit, so the hold must be 0s: it leaves once it printed.
   some_launcher | rdzv join \"$URL\"    # member as long as the pipe is open
+
+Passwords: rather than user:password@ in the URL (visible to anyone who can list
+processes), use the URL option password_file=<path> (the file holds the password; a
+trailing newline is dropped) or the environment variable RDZV_PASSWORD (used when the URL
+gives no password and names a user, or is redis:// or rediss://), e.g.
+  RDZV_PASSWORD=\"$(cat /run/secrets/etcd)\" rdzv join 'etcd://trainer@10.0.0.5:2379/job42?min_workers=4'
 
 Exit codes: 0 joined and left, 2 bad URL or option, 3 no round formed by the timeout,
 4 the run is closed, 5 the backend is unreachable, 1 anything else.";
@@ -41,13 +48,13 @@ pub struct JoinArgs {
     url: String,
     /// Stay a member this long after the round formed (e.g. 30s, 10m, 2h), then leave.
     /// Default: until stdin closes or SIGINT/SIGTERM.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::duration)]
     hold: Option<Duration>,
     /// How to print each round.
     #[arg(long, value_enum, default_value = "json")]
     format: JoinFormat,
     /// This worker's node id (unique within the run; default: host-pid-random).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = crate::args::node_id)]
     node_id: Option<String>,
     /// The address this worker advertises to the others (default: its host name).
     #[arg(long, value_name = "ADDR")]

@@ -31,6 +31,15 @@ RDZV_RESTART_COUNT. The command runs in its own process group; SIGINT/SIGTERM se
 agent are forwarded to it (the agent then leaves the run and exits with the command's
 status).
 
+The command inherits the agent's environment without the backend's password: RDZV_PASSWORD
+is removed, and RDZV_URL is passed on with its password replaced by *** (removed entirely
+if it does not parse). None of the variables above carries the URL. A password written in
+the URL on the command line stays visible to anyone who can list processes: prefer
+  password_file=<path>  (URL option: the file holds the password; a trailing newline is
+                         dropped)
+  RDZV_PASSWORD=<pw>    (environment; used when the URL gives no password and names a
+                         user, or is redis:// or rediss://)
+
 While the command runs, the agent watches its round. When the round breaks (a peer died or
 left), or a peer's command failed, or workers wait to join (checked every
 --monitor-interval), it stops the command (SIGTERM to its process group, SIGKILL after
@@ -60,16 +69,16 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 3, value_name = "K")]
     max_restarts: u32,
     /// How often to check for workers waiting to join.
-    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::args::positive_duration)]
     monitor_interval: Duration,
     /// How long the command gets to exit after SIGTERM before it is killed.
-    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::args::duration)]
     grace_period: Duration,
     /// How long a rank whose command succeeded waits for the others to succeed.
-    #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = crate::args::duration)]
     finish_timeout: Duration,
     /// This worker's node id (unique within the run; default: host-pid-random).
-    #[arg(long, value_name = "ID")]
+    #[arg(long, value_name = "ID", value_parser = crate::args::node_id)]
     node_id: Option<String>,
     /// The address this worker advertises (MASTER_ADDR when it is rank 0; default: host name).
     #[arg(long, value_name = "ADDR")]
@@ -202,15 +211,27 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
     }
 }
 
-/// Starts the command in its own process group with the round in its environment.
+/// Starts the command in its own process group with the round in its environment and
+/// without the backend's password (see [`hide_credentials`]).
 fn spawn(command: &[String], worker: &Rendezvous, round: &Round, restarts: u32) -> std::io::Result<Child> {
     let (program, rest) = command.split_first().ok_or_else(|| std::io::Error::other("no command given"))?;
-    Command::new(program)
-        .args(rest)
-        .envs(child_env(worker, round, restarts))
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+    let mut cmd = Command::new(program);
+    cmd.args(rest).envs(child_env(worker, round, restarts)).process_group(0).kill_on_drop(true);
+    hide_credentials(&mut cmd, std::env::var_os("RDZV_URL"));
+    cmd.spawn()
+}
+
+/// The command inherits the agent's environment, which may hold the backend's password:
+/// `RDZV_PASSWORD` is removed, and `RDZV_URL` (`rdzv_url`, the agent's own value) is
+/// passed on with its password replaced by `***` — or removed if it does not parse, since
+/// then where a password ends cannot be told.
+fn hide_credentials(cmd: &mut Command, rdzv_url: Option<std::ffi::OsString>) {
+    cmd.env_remove(rdzv::core::url::PASSWORD_ENV);
+    let Some(url) = rdzv_url else { return };
+    match url.to_str().and_then(rdzv::core::url::redact_url_text) {
+        Some(redacted) => cmd.env("RDZV_URL", redacted),
+        None => cmd.env_remove("RDZV_URL"),
+    };
 }
 
 /// The environment the command gets.

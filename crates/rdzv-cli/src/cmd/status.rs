@@ -1,5 +1,6 @@
 //! `rdzv status`: the run as it is now, read straight from the backend.
 
+use std::borrow::Cow;
 use std::process::ExitCode;
 
 use rdzv::Participant;
@@ -7,7 +8,7 @@ use rdzv::core::{Kv, RangeOptions, State};
 use serde_json::json;
 
 use crate::exit::CliError;
-use crate::output::{ReportFormat, participant_json, participant_table, print_flush};
+use crate::output::{ReportFormat, participant_json, participant_table, print_flush, printable};
 use crate::target::RunTarget;
 
 const LONG_ABOUT: &str = "\
@@ -122,15 +123,16 @@ impl Snapshot {
         })
     }
 
-    /// For people.
+    /// For people. Everything read from the backend (names, addresses, keys) is passed
+    /// through [`printable`]: any client of the run could have written it.
     pub fn text(&self) -> String {
-        let mut out = format!("run {}: ", self.run_id);
+        let mut out = format!("run {}: ", printable(&self.run_id));
         match self.version {
             Some(v) => out.push_str(&format!("round {v} is {}\n", self.status)),
             None if self.status == "none" => {
                 out.push_str("no round yet (nobody has joined, or the run expired)\n")
             }
-            None => out.push_str(&format!("{}\n", self.status)),
+            None => out.push_str(&format!("{}\n", printable(&self.status))),
         }
         if !self.participants.is_empty() {
             let (members, alive): (Vec<Participant>, Vec<bool>) = self.participants.iter().cloned().unzip();
@@ -148,7 +150,11 @@ impl Snapshot {
 }
 
 fn list(names: &[String]) -> String {
-    if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) }
+    if names.is_empty() {
+        return String::new();
+    }
+    let shown: Vec<Cow<'_, str>> = names.iter().map(|n| printable(n)).collect();
+    format!(" ({})", shown.join(", "))
 }
 
 #[cfg(test)]
@@ -175,6 +181,32 @@ mod tests {
         assert_eq!(v["waiting_count"], 2);
         assert_eq!(v["participants"][1]["alive"], false);
         assert_eq!(v["participants"][1]["rank"], 1);
+    }
+
+    #[test]
+    fn text_escapes_what_other_clients_wrote() {
+        let p = |n: &str, a: &str| Participant { node: n.into(), addr: a.into(), pid: 1, port: None };
+        let snap = Snapshot {
+            run_id: "job".into(),
+            status: "final".into(),
+            version: Some(2),
+            participants: vec![(p("a\u{1b}[2J", "h\r\nmembers (9 of 9 alive):"), true)],
+            joined: vec![],
+            waiting: vec!["w\u{7}".into(), "x\u{202e}y".into()],
+            extra_data: vec!["k\ne".into()],
+        };
+        let text = snap.text();
+        assert!(!text.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'), "{text:?}");
+        assert!(text.contains("a\\u{1b}[2J"), "{text}");
+        assert!(text.contains("h\\u{d}\\u{a}members (9 of 9 alive):"), "{text}");
+        assert!(text.contains("(w\\u{7}, x\\u{202e}y)"), "{text}");
+        assert!(text.contains("(k\\u{a}e)"), "{text}");
+        assert_eq!(text.matches("alive):").count(), 2, "the fake heading stays inside its cell: {text}");
+        assert_eq!(text.lines().count(), 6, "{text}");
+        // JSON is escaped by serde and keeps the real values.
+        let v = snap.json();
+        assert_eq!(v["participants"][0]["node"], "a\u{1b}[2J");
+        assert!(!v.to_string().contains('\u{1b}'));
     }
 
     #[test]

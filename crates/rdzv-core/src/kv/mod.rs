@@ -25,7 +25,7 @@ pub type KvResult<T> = Result<T, KvError>;
 /// watch.
 pub type WatchStream = Pin<Box<dyn Stream<Item = KvResult<Event>> + Send + 'static>>;
 
-/// A compare-and-swap / watch / lease key-value store with etcd v3 semantics (see KV.md).
+/// A compare-and-swap / watch / lease key-value store with etcd v3 semantics (see docs/KV.md).
 ///
 /// Contract shared by every method:
 /// - Every write (put, delete, a lease's expiry or revoke deleting its keys) gets a new

@@ -1,17 +1,39 @@
 //! The decision table of the protocol: pure functions from what a worker observed to what it
 //! does next. No I/O and no clock here — the driver (`round.rs`) performs the actions and
 //! feeds back what it sees, so these rules can be tested exhaustively and read next to
-//! PROTOCOL.md "The phases".
+//! docs/PROTOCOL.md "The phases".
 
 use std::time::Duration;
 
 use super::state::{Participant, State};
+
+/// Who is looking at the state, for [`on_state`]: what a worker knows of itself that the
+/// state value alone does not say.
+#[derive(Clone, Copy, Debug)]
+pub struct Viewer<'a> {
+    /// This worker: a participant is this worker only if node id, address and process id
+    /// all match (another live process may carry the same node id).
+    pub me: &'a Participant,
+    /// Whether a `setup` value in the state is bound to this worker's session (it wrote it
+    /// earlier in this call and then failed, or lost the answer).
+    pub setup_is_mine: bool,
+    /// The round this call is leaving, if any: it must never be handed back.
+    pub leaving: Option<u64>,
+}
+
+/// Whether `p` is the worker `me` (not just another process with its node id).
+pub fn is_me(p: &Participant, me: &Participant) -> bool {
+    p.node == me.node && p.addr == me.addr && p.pid == me.pid
+}
 
 /// What to do after reading the state at the start of an attempt (phase 1, Init).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InitAction {
     /// No round exists: try to create one (`setup`, then `joinable`).
     CreateRound,
+    /// The `setup` value is this worker's own (an earlier step of this call wrote it and then
+    /// failed): finish opening the round from it.
+    ResumeSetup,
     /// Round `version` accepts joiners: join it.
     Join {
         /// The round.
@@ -46,26 +68,35 @@ pub enum InitAction {
         /// The round's world size.
         world_size: usize,
     },
+    /// Round `version`, which lists this worker, is the one this call is leaving (an
+    /// earlier attempt to end it failed): end it again.
+    Leave {
+        /// The round.
+        version: u64,
+    },
 }
 
-/// Phase 1: what the state value says to do, for worker `node`.
-pub fn on_state(state: Option<&State>, node: &str) -> InitAction {
-    let rank_of = |participants: &[Participant]| participants.iter().position(|p| p.node == node);
+/// Phase 1: what the state value says to do, for `viewer`.
+pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
+    let rank_of = |participants: &[Participant]| participants.iter().position(|p| is_me(p, viewer.me));
+    let left = |version: u64| viewer.leaving.is_some_and(|left| version <= left);
     match state {
         None => InitAction::CreateRound,
         Some(State::Closed) => InitAction::Closed,
         Some(State::Joinable { version }) => InitAction::Join { version: *version },
         Some(State::Frozen { version, participants }) => match rank_of(participants) {
-            Some(rank) => InitAction::ResumeConfirm { version: *version, rank },
-            None => InitAction::AwaitChange,
+            Some(rank) if !left(*version) => InitAction::ResumeConfirm { version: *version, rank },
+            _ => InitAction::AwaitChange,
         },
         Some(State::Final { version, participants }) => {
             let (version, world_size) = (*version, participants.len());
             match rank_of(participants) {
+                Some(_) if left(version) => InitAction::Leave { version },
                 Some(rank) => InitAction::ResumeMember { version, rank, world_size },
                 None => InitAction::AwaitNextRound { version, world_size },
             }
         }
+        Some(State::Setup) if viewer.setup_is_mine => InitAction::ResumeSetup,
         Some(State::Setup) => InitAction::AwaitChange,
     }
 }
@@ -170,13 +201,13 @@ pub enum JoinedAction {
     KeepWaiting,
 }
 
-/// Phase 2: a joiner of round `version` sees the state become `state`.
-pub fn on_state_while_joined(state: Option<&State>, version: u64, node: &str) -> JoinedAction {
+/// Phase 2: a joiner `me` of round `version` sees the state become `state`.
+pub fn on_state_while_joined(state: Option<&State>, version: u64, me: &Participant) -> JoinedAction {
     match state {
         Some(State::Closed) => JoinedAction::Closed,
         Some(State::Joinable { version: v }) if *v == version => JoinedAction::KeepWaiting,
         Some(State::Frozen { version: v, participants }) if *v == version => {
-            match participants.iter().position(|p| p.node == node) {
+            match participants.iter().position(|p| is_me(p, me)) {
                 Some(rank) => JoinedAction::Confirm { rank, participants: participants.clone() },
                 None => JoinedAction::Withdraw,
             }
@@ -184,7 +215,7 @@ pub fn on_state_while_joined(state: Option<&State>, version: u64, node: &str) ->
         Some(State::Final { version: v, participants }) if *v == version => {
             // Final already (we missed frozen only if we were too slow to see it): a member
             // would have been needed to confirm, so we are not one.
-            if participants.iter().any(|p| p.node == node) {
+            if participants.iter().any(|p| is_me(p, me)) {
                 JoinedAction::Restart
             } else {
                 JoinedAction::Withdraw
@@ -261,27 +292,57 @@ mod tests {
         Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
     }
 
+    fn look(state: Option<&State>, node: &str) -> InitAction {
+        on_state(state, Viewer { me: &p(node), setup_is_mine: false, leaving: None })
+    }
+
     #[test]
     fn init_table() {
-        assert_eq!(on_state(None, "x"), InitAction::CreateRound);
-        assert_eq!(on_state(Some(&State::Closed), "x"), InitAction::Closed);
-        assert_eq!(on_state(Some(&State::Setup), "x"), InitAction::AwaitChange);
-        assert_eq!(on_state(Some(&State::Joinable { version: 2 }), "x"), InitAction::Join { version: 2 });
+        assert_eq!(look(None, "x"), InitAction::CreateRound);
+        assert_eq!(look(Some(&State::Closed), "x"), InitAction::Closed);
+        assert_eq!(look(Some(&State::Setup), "x"), InitAction::AwaitChange);
+        assert_eq!(look(Some(&State::Joinable { version: 2 }), "x"), InitAction::Join { version: 2 });
         let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")] };
-        assert_eq!(on_state(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
+        assert_eq!(look(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
         let fin = State::Final { version: 2, participants: vec![p("a"), p("b")] };
+        assert_eq!(look(Some(&fin), "a"), InitAction::ResumeMember { version: 2, rank: 0, world_size: 2 });
         assert_eq!(
-            on_state(Some(&fin), "a"),
-            InitAction::ResumeMember { version: 2, rank: 0, world_size: 2 }
-        );
-        assert_eq!(
-            on_state(Some(&State::Frozen { version: 2, participants: vec![p("a")] }), "x"),
+            look(Some(&State::Frozen { version: 2, participants: vec![p("a")] }), "x"),
             InitAction::AwaitChange
         );
         assert_eq!(
-            on_state(Some(&State::Final { version: 2, participants: vec![p("a"), p("b")] }), "x"),
+            look(Some(&State::Final { version: 2, participants: vec![p("a"), p("b")] }), "x"),
             InitAction::AwaitNextRound { version: 2, world_size: 2 }
         );
+    }
+
+    #[test]
+    fn own_setup_resumes_and_a_left_round_is_never_resumed() {
+        let me = p("a");
+        let mine = Viewer { me: &me, setup_is_mine: true, leaving: None };
+        assert_eq!(on_state(Some(&State::Setup), mine), InitAction::ResumeSetup);
+        let leaving = Viewer { me: &me, setup_is_mine: false, leaving: Some(2) };
+        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")] };
+        assert_eq!(on_state(Some(&fin), leaving), InitAction::Leave { version: 2 });
+        let newer = State::Final { version: 3, participants: vec![p("a"), p("b")] };
+        assert_eq!(
+            on_state(Some(&newer), leaving),
+            InitAction::ResumeMember { version: 3, rank: 0, world_size: 2 }
+        );
+        let frozen = State::Frozen { version: 2, participants: vec![p("a")] };
+        assert_eq!(on_state(Some(&frozen), leaving), InitAction::AwaitChange);
+    }
+
+    #[test]
+    fn another_process_with_my_node_id_is_not_me() {
+        let me = p("a");
+        let other = Participant { addr: "elsewhere".into(), ..p("a") };
+        let viewer = Viewer { me: &me, setup_is_mine: false, leaving: None };
+        let fin = State::Final { version: 2, participants: vec![other.clone(), p("b")] };
+        assert_eq!(on_state(Some(&fin), viewer), InitAction::AwaitNextRound { version: 2, world_size: 2 });
+        let frozen = State::Frozen { version: 2, participants: vec![other, p("b")] };
+        assert_eq!(on_state(Some(&frozen), viewer), InitAction::AwaitChange);
+        assert_eq!(on_state_while_joined(Some(&frozen), 2, &me), JoinedAction::Withdraw);
     }
 
     #[test]
@@ -319,19 +380,19 @@ mod tests {
     fn joined_table() {
         let frozen = State::Frozen { version: 1, participants: vec![p("a"), p("b")] };
         assert_eq!(
-            on_state_while_joined(Some(&frozen), 1, "b"),
+            on_state_while_joined(Some(&frozen), 1, &p("b")),
             JoinedAction::Confirm { rank: 1, participants: vec![p("a"), p("b")] }
         );
-        assert_eq!(on_state_while_joined(Some(&frozen), 1, "c"), JoinedAction::Withdraw);
-        assert_eq!(on_state_while_joined(Some(&frozen), 2, "a"), JoinedAction::Restart);
-        assert_eq!(on_state_while_joined(None, 1, "a"), JoinedAction::Restart);
-        assert_eq!(on_state_while_joined(Some(&State::Closed), 1, "a"), JoinedAction::Closed);
+        assert_eq!(on_state_while_joined(Some(&frozen), 1, &p("c")), JoinedAction::Withdraw);
+        assert_eq!(on_state_while_joined(Some(&frozen), 2, &p("a")), JoinedAction::Restart);
+        assert_eq!(on_state_while_joined(None, 1, &p("a")), JoinedAction::Restart);
+        assert_eq!(on_state_while_joined(Some(&State::Closed), 1, &p("a")), JoinedAction::Closed);
         assert_eq!(
-            on_state_while_joined(Some(&State::Joinable { version: 1 }), 1, "a"),
+            on_state_while_joined(Some(&State::Joinable { version: 1 }), 1, &p("a")),
             JoinedAction::KeepWaiting
         );
         assert_eq!(
-            on_state_while_joined(Some(&State::Joinable { version: 2 }), 1, "a"),
+            on_state_while_joined(Some(&State::Joinable { version: 2 }), 1, &p("a")),
             JoinedAction::Restart
         );
     }

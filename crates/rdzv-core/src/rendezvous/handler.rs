@@ -1,4 +1,4 @@
-//! The rendezvous handler of SURFACE.md: what a worker holds to take part in a run.
+//! The rendezvous handler (docs/PROTOCOL.md): what a worker holds to take part in a run.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{KvError, RendezvousError};
 use crate::ext::KvExt;
-use crate::kv::{DeleteMode, Kv, PutMode};
+use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::session::Session;
 
@@ -38,6 +38,10 @@ pub struct RendezvousInfo {
     pub participants: Vec<Participant>,
     /// The key prefix of the round's Store (`…/rdzv/v_<N>/kv/`).
     pub store_prefix: Vec<u8>,
+    /// The run lease (TTL `run_ttl`, kept alive by every live handler of the run): bind the
+    /// round's Store data to it, so that it goes with the run (`None` if this worker could
+    /// not learn it).
+    pub run_lease: Option<LeaseId>,
     /// How long the phases took.
     pub timings: RoundTimings,
 }
@@ -94,18 +98,29 @@ impl RendezvousHandler {
     /// Blocks until a round completes with this worker in it, and returns its place in it.
     ///
     /// If this worker is a member of a running round, it first leaves it (the others learn
-    /// at once). Fails with [`RendezvousError::Closed`] if the run is or becomes closed,
+    /// at once). A worker that is not yet in a round survives the loss of its session (the
+    /// backend was out of reach for longer than `keep_alive_ttl`): it starts a new one and
+    /// carries on within the same deadline. Backend errors are retried until the deadline.
+    ///
+    /// Fails with [`RendezvousError::Closed`] if the run is or becomes closed,
     /// [`RendezvousError::Timeout`] if no round completes within the `timeout` parameter,
-    /// [`RendezvousError::LeaseLost`] if this worker's session lease is lost meanwhile (the
-    /// next call starts a new session), [`RendezvousError::State`] on a corrupt value.
+    /// [`RendezvousError::Shutdown`] if [`shutdown`](Self::shutdown) is called meanwhile
+    /// (promptly: the call does not wait for its deadline), [`RendezvousError::State`] on a
+    /// corrupt value. A failed or cancelled call withdraws what it wrote (its join and
+    /// waiting keys, a `setup` value), so it leaves no ghost behind.
     pub async fn next_rendezvous(&self) -> Result<RendezvousInfo> {
         let inner = &*self.inner;
         let ctx = &inner.ctx;
-        let mut worker = inner.worker.lock().await;
-        if inner.shut_down.is_cancelled() {
+        let started = Instant::now();
+        let deadline = started + ctx.params.timeout;
+        let shut_down = inner.shut_down.clone();
+        let mut worker = tokio::select! {
+            worker = inner.worker.lock() => worker,
+            _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
+        };
+        if shut_down.is_cancelled() {
             return Err(RendezvousError::Shutdown);
         }
-        let deadline = Instant::now() + ctx.params.timeout;
         // Leave the running round, unless its monitor already saw it end (then there is
         // nothing to end, and a swap would only be a wasted write).
         let ended = matches!(inner.status.borrow().broken, Some(RoundBroken::Ended | RoundBroken::Closed));
@@ -114,40 +129,58 @@ impl RendezvousHandler {
             self.publish(None, Some(RoundBroken::Left));
             (!ended).then_some(round)
         });
-        if worker.session.as_ref().is_none_or(Session::is_lost) {
-            worker.session = None;
-            worker.session = Some(Session::start(ctx.kv.clone(), ctx.params.keep_alive_ttl).await?);
-        }
-        let Some(session) = worker.session.as_ref() else { return Err(RendezvousError::LeaseLost) };
-        let lost = session.lost();
-        let mut attempt = Attempt::new(ctx, session.lease());
-        let outcome = tokio::select! {
-            r = tokio::time::timeout_at(deadline, attempt.run(previous.as_ref())) => Some(r),
-            _ = lost.cancelled() => None,
-        };
-        let result = match outcome {
-            Some(Ok(result)) => result,
-            Some(Err(_elapsed)) => Err(RendezvousError::Timeout {
-                run_id: ctx.params.run_id.clone(),
-                phase: attempt.phase.to_string(),
-                after: ctx.params.timeout,
-            }),
-            None => Err(RendezvousError::LeaseLost),
-        };
-        let round = match result {
-            Ok(round) => round,
-            Err(e) => {
-                if let Some(key) = attempt.pending_join.take() {
-                    // Withdraw, so that this worker is not frozen into a round as a ghost.
-                    let cleanup = ctx.kv.delete(&key, DeleteMode::Any);
-                    let _ = tokio::time::timeout(Duration::from_millis(500), cleanup).await;
+        let leaving = previous.as_ref().map(|round| round.version);
+        let mut first = true;
+        let mut phase = "starting a session";
+        let round = loop {
+            let session = tokio::select! {
+                session = tokio::time::timeout_at(deadline, self.live_session(&mut worker)) => match session {
+                    Ok(Ok(session)) => session,
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(self.timed_out(phase)),
+                },
+                _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
+            };
+            let lost = session.lost();
+            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving);
+            let leave = if std::mem::take(&mut first) { previous.as_ref() } else { None };
+            let outcome = tokio::select! {
+                r = tokio::time::timeout_at(deadline, attempt.run(leave)) => match r {
+                    Ok(result) => result,
+                    Err(_elapsed) => Err(self.timed_out(attempt.phase)),
+                },
+                _ = lost.cancelled() => Err(RendezvousError::LeaseLost),
+                // The session is revoked by `shutdown`, and every key of this call with it.
+                _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
+            };
+            phase = attempt.phase;
+            match outcome {
+                Ok(round) => {
+                    let _ = attempt.take_leftovers();
+                    break round;
                 }
-                if matches!(e, RendezvousError::LeaseLost) {
+                // Not a member of any round yet: nothing is lost with the session but this
+                // call's own keys. Start a new session and carry on.
+                Err(RendezvousError::LeaseLost) => {
+                    tracing::info!(run_id = %ctx.params.run_id, "session lease lost while not in a round; starting a new one");
+                    let _ = attempt.take_leftovers();
                     worker.session = None;
                 }
-                return Err(e);
+                Err(e) => {
+                    let leftovers = attempt.take_leftovers();
+                    if !leftovers.clean(&*ctx.kv).await {
+                        // Something of this call may remain (a `setup` every other worker
+                        // waits on): give up the session, so that it goes within its TTL.
+                        tracing::debug!("could not withdraw this call's keys; abandoning the session");
+                        worker.session = None;
+                    }
+                    return Err(e);
+                }
             }
         };
+        if shut_down.is_cancelled() {
+            return Err(RendezvousError::Shutdown);
+        }
         let info = RendezvousInfo {
             run_id: ctx.params.run_id.clone(),
             version: round.version,
@@ -155,22 +188,58 @@ impl RendezvousHandler {
             world_size: round.participants.len(),
             participants: round.participants.clone(),
             store_prefix: ctx.keys.store(round.version),
+            run_lease: round.run_lease,
             timings: round.timings,
         };
         if let Some(lease) = round.run_lease {
             ctx.run_lease.adopt(lease);
         }
         self.publish(Some(round.version), None);
+        let Some(lost) = worker.session.as_ref().map(Session::lost) else {
+            return Err(RendezvousError::LeaseLost);
+        };
         let watched = Watched {
             kv: ctx.kv.clone(),
             keys: ctx.keys.clone(),
             version: round.version,
             world_size: round.participants.len(),
             final_revision: round.final_revision,
+            members_from: round.members_from,
         };
         let monitor = Monitor::spawn(watched, lost, inner.status.clone());
         worker.membership = Some((round, monitor));
         Ok(info)
+    }
+
+    /// This worker's session, started anew if there is none or it was lost. An unreachable
+    /// backend is retried (the caller bounds it by its deadline).
+    async fn live_session<'w>(&self, worker: &'w mut Worker) -> Result<&'w Session> {
+        let ctx = &self.inner.ctx;
+        if worker.session.as_ref().is_none_or(Session::is_lost) {
+            worker.session = None;
+            let mut delays = super::round::backoff();
+            let session = loop {
+                match Session::start(ctx.kv.clone(), ctx.params.keep_alive_ttl).await {
+                    Ok(session) => break session,
+                    Err(e) if e.is_retryable() => {
+                        tracing::debug!(error = %e, "could not start a session; retrying");
+                        tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(2))).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            worker.session = Some(session);
+        }
+        worker.session.as_ref().ok_or(RendezvousError::LeaseLost)
+    }
+
+    fn timed_out(&self, phase: &str) -> RendezvousError {
+        let params = &self.inner.ctx.params;
+        RendezvousError::Timeout {
+            run_id: params.run_id.clone(),
+            phase: phase.to_string(),
+            after: params.timeout,
+        }
     }
 
     /// Resolves when the round this worker belongs to is over, with the reason: a member is
@@ -223,8 +292,9 @@ impl RendezvousHandler {
     }
 
     /// Leaves: revokes this worker's session lease, so its keys vanish at once and the other
-    /// members see it gone. Does **not** close the run. Later calls fail with
-    /// [`RendezvousError::Shutdown`].
+    /// members see it gone. Does **not** close the run. A pending
+    /// [`next_rendezvous`](Self::next_rendezvous) ends at once with
+    /// [`RendezvousError::Shutdown`], and so do later calls.
     pub async fn shutdown(&self) -> Result<()> {
         let inner = &*self.inner;
         inner.shut_down.cancel();
@@ -232,6 +302,7 @@ impl RendezvousHandler {
         if worker.membership.take().is_some() {
             self.publish(None, Some(RoundBroken::Left));
         }
+        inner.ctx.run_lease.release();
         if let Some(session) = worker.session.take() {
             session.close().await?;
         }
@@ -304,14 +375,21 @@ impl RendezvousHandler {
     }
 }
 
-/// `<host>-<pid>-<random>`: unique per process and handler.
+/// `<host>-<pid>-<random>`: unique per process and handler. Characters of the host name
+/// that the identifier rule ([`crate::ids`]) does not allow become `-`, and the host part
+/// is cut so that the whole id fits.
 fn default_node_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
     );
-    format!("{}-{}-{:06x}", host_name(), std::process::id(), hasher.finish() & 0xff_ffff)
+    let host: String = host_name()
+        .chars()
+        .map(|c| if crate::ids::is_id_char(c) { c } else { '-' })
+        .take(crate::ids::MAX_ID_LEN - 20)
+        .collect();
+    format!("{host}-{}-{:06x}", std::process::id(), hasher.finish() & 0xff_ffff)
 }
 
 /// This machine's host name, or `localhost` if it cannot be found.
@@ -322,4 +400,16 @@ pub(crate) fn host_name() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_node_id_follows_the_identifier_rule() {
+        let id = default_node_id();
+        assert!(crate::ids::validate_id("node_id", &id).is_ok(), "{id:?}");
+        assert_ne!(id, default_node_id(), "two handlers got the same default id");
+    }
 }

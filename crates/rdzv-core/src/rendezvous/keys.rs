@@ -1,4 +1,4 @@
-//! The key layout of a run (PROTOCOL.md "Key layout"), all under `<prefix>/run_<run_id>/`.
+//! The key layout of a run (docs/PROTOCOL.md "Key layout"), all under `<prefix>/run_<run_id>/`.
 
 /// Builds the keys of one run. Cheap to clone.
 #[derive(Clone, Debug, PartialEq, Eq)]

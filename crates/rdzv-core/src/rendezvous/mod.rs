@@ -1,4 +1,4 @@
-//! The rendezvous protocol (PROTOCOL.md), written once against [`Kv`](crate::Kv).
+//! The rendezvous protocol (docs/PROTOCOL.md), written once against [`Kv`](crate::Kv).
 //!
 //! - `decide.rs`: the decision table — pure functions, no I/O.
 //! - `round.rs`: the driver of one `next_rendezvous` call, phase by phase.

@@ -55,6 +55,8 @@ pub(crate) struct Watched {
     pub(crate) version: u64,
     pub(crate) world_size: usize,
     pub(crate) final_revision: Revision,
+    /// Watch the members' keep-alive keys from here (see `Completed::members_from`).
+    pub(crate) members_from: Revision,
 }
 
 impl Monitor {
@@ -88,16 +90,16 @@ impl Monitor {
 }
 
 async fn watch_round(round: &Watched) -> RoundBroken {
-    let mut from = round.final_revision + 1;
+    let (mut states_from, mut members_from) = (round.final_revision + 1, round.members_from + 1);
     loop {
-        match watch_from(round, from).await {
+        match watch_from(round, states_from, members_from).await {
             Ok(reason) => return reason,
             Err(e) => {
                 // Compaction or an outage: re-check the round with a read, then watch again.
                 tracing::debug!(error = %e, "round monitor lost its watch; re-reading");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 match recheck(round).await {
-                    Ok(Ok(revision)) => from = revision + 1,
+                    Ok(Ok(revision)) => (states_from, members_from) = (revision + 1, revision + 1),
                     Ok(Err(reason)) => return reason,
                     Err(_) => {}
                 }
@@ -106,10 +108,10 @@ async fn watch_round(round: &Watched) -> RoundBroken {
     }
 }
 
-async fn watch_from(round: &Watched, from: Revision) -> KvResult<RoundBroken> {
-    let mut states = round.kv.watch(&round.keys.state(), WatchScope::Key, from).await?;
+async fn watch_from(round: &Watched, states_from: Revision, members_from: Revision) -> KvResult<RoundBroken> {
+    let mut states = round.kv.watch(&round.keys.state(), WatchScope::Key, states_from).await?;
     let rank_prefix = round.keys.ranks(round.version);
-    let mut members = round.kv.watch(&rank_prefix, WatchScope::Prefix, from).await?;
+    let mut members = round.kv.watch(&rank_prefix, WatchScope::Prefix, members_from).await?;
     loop {
         tokio::select! {
             event = states.next() => match event {

@@ -1,5 +1,5 @@
 //! The driver of one `next_rendezvous` call: performs the actions that `decide.rs` chooses,
-//! phase by phase (PROTOCOL.md "The phases"), and feeds back what it observes. Every wait
+//! phase by phase (docs/PROTOCOL.md "The phases"), and feeds back what it observes. Every wait
 //! is a watch from a known revision; the caller bounds the whole call by its deadline.
 
 use std::sync::Arc;
@@ -17,7 +17,9 @@ use crate::kv::{
 };
 use crate::params::RendezvousParams;
 
-use super::decide::{self, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, WaitingAction};
+use super::decide::{
+    self, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Viewer, WaitingAction,
+};
 use super::keys::RunKeys;
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
 use super::state::{Participant, State};
@@ -44,6 +46,10 @@ pub(crate) struct Completed {
     /// Revision of the `final` state value (to destroy exactly this round, and to watch
     /// for its end from here).
     pub(crate) final_revision: Revision,
+    /// Revision of this worker's keep-alive key: a member that vanishes after it counts as
+    /// gone. (The last confirmer saw every keep-alive key alive at a revision at or after
+    /// this one, so watching from here misses no death, even one just before `final`.)
+    pub(crate) members_from: Revision,
     /// The run lease the `final` value is bound to, for this worker to help keep alive.
     pub(crate) run_lease: Option<LeaseId>,
     pub(crate) timings: RoundTimings,
@@ -87,26 +93,83 @@ pub(crate) struct Attempt<'a> {
     started: Instant,
     /// What this worker is doing, for the timeout error.
     pub(crate) phase: &'static str,
-    /// A join key of a joinable round: it must not outlive a failed call, or it would be
-    /// frozen into a round as a ghost.
-    pub(crate) pending_join: Option<Vec<u8>>,
+    /// The round this call is leaving: never handed back, whatever fails meanwhile.
+    leaving: Option<u64>,
+    /// What this call wrote that must not outlive it if it fails.
+    leftovers: Leftovers,
     timings: RoundTimings,
+}
+
+/// Keys a call wrote for itself that must not outlive a failed call: a join key (it would
+/// be frozen into a round as a ghost), a waiting key (it would count in
+/// `num_nodes_waiting`), and a `setup` value (every other worker waits for it to turn
+/// `joinable`). All are bound to the session, so they also vanish with it.
+#[derive(Debug, Default)]
+pub(crate) struct Leftovers {
+    keys: Vec<Vec<u8>>,
+    /// The state key and the revision of this call's `setup` value.
+    setup: Option<(Vec<u8>, Revision)>,
+}
+
+impl Leftovers {
+    fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.setup.is_none()
+    }
+
+    /// Deletes what is left, each by its own bound; `false` if something may remain.
+    pub(crate) async fn clean(self, kv: &dyn Kv) -> bool {
+        const BOUND: Duration = Duration::from_millis(500);
+        let mut clean = true;
+        if let Some((key, revision)) = &self.setup {
+            let undo = kv.delete(key, DeleteMode::IfRevision(*revision));
+            clean &= matches!(tokio::time::timeout(BOUND, undo).await, Ok(Ok(_)));
+        }
+        for key in &self.keys {
+            let undo = kv.delete(key, DeleteMode::Any);
+            clean &= matches!(tokio::time::timeout(BOUND, undo).await, Ok(Ok(_)));
+        }
+        clean
+    }
+}
+
+impl Drop for Attempt<'_> {
+    /// A call cancelled by its caller (its future dropped) still withdraws what it wrote, in
+    /// the background.
+    fn drop(&mut self) {
+        let leftovers = std::mem::take(&mut self.leftovers);
+        if leftovers.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let kv = self.ctx.kv.clone();
+            runtime.spawn(async move {
+                leftovers.clean(&*kv).await;
+            });
+        }
+    }
 }
 
 type Result<T> = std::result::Result<T, RendezvousError>;
 
 impl<'a> Attempt<'a> {
-    pub(crate) fn new(ctx: &'a Context, session: LeaseId) -> Self {
+    /// An attempt under `session`, started at `started`, leaving round `leaving` if given.
+    pub(crate) fn new(ctx: &'a Context, session: LeaseId, started: Instant, leaving: Option<u64>) -> Self {
         let me = Participant { port: free_port(), ..ctx.me.clone() };
         Attempt {
             ctx,
             me,
             session,
-            started: Instant::now(),
+            started,
             phase: "starting",
-            pending_join: None,
+            leaving,
+            leftovers: Leftovers::default(),
             timings: RoundTimings::default(),
         }
+    }
+
+    /// What a failed call must withdraw; the attempt forgets it.
+    pub(crate) fn take_leftovers(&mut self) -> Leftovers {
+        std::mem::take(&mut self.leftovers)
     }
 
     /// Leaves `round` (this worker's running round) and, in the same write, starts the next
@@ -139,8 +202,16 @@ impl<'a> Attempt<'a> {
             match step {
                 Ok(Flow::Done(done)) => return Ok(done),
                 Ok(Flow::Restart(observed)) => known = observed,
+                // Our session is gone on the server: the caller starts a new one.
+                Err(RendezvousError::Backend(KvError::LeaseNotFound(lease))) if lease == self.session => {
+                    return Err(RendezvousError::LeaseLost);
+                }
+                // A short-lived lease (a `frozen` value's, or the run lease) expired between
+                // its grant and its use: the round moved on; start over.
                 Err(RendezvousError::Unavailable(e))
-                | Err(RendezvousError::Backend(e @ KvError::Compacted { .. })) => {
+                | Err(RendezvousError::Backend(
+                    e @ (KvError::Compacted { .. } | KvError::LeaseNotFound(_)),
+                )) => {
                     let delay = backoff.next().unwrap_or(Duration::from_secs(2));
                     tracing::debug!(error = %e, ?delay, "backend error; starting over");
                     self.phase = "retrying after a backend error";
@@ -157,8 +228,25 @@ impl<'a> Attempt<'a> {
             None => self.read_state().await?,
         };
         let params = &self.ctx.params;
-        match decide::on_state(observed.state.as_ref(), &self.ctx.me.node) {
+        let viewer = Viewer {
+            me: &self.me,
+            setup_is_mine: matches!(observed.state, Some(State::Setup))
+                && observed.lease == Some(self.session),
+            leaving: self.leaving,
+        };
+        match decide::on_state(observed.state.as_ref(), viewer) {
             InitAction::Closed => Err(self.closed()),
+            InitAction::ResumeSetup => {
+                tracing::debug!("resuming the setup this call wrote before it failed");
+                self.phase = "creating a round";
+                self.leftovers.setup = Some((self.ctx.keys.state(), observed.mod_revision));
+                self.open_round(observed.mod_revision).await
+            }
+            InitAction::Leave { version } => {
+                tracing::debug!(version, "ending the round this call is leaving, again");
+                self.phase = "leaving the previous round";
+                self.replace_final(observed.mod_revision).await
+            }
             InitAction::CreateRound => {
                 let span =
                     tracing::debug_span!("create_round", run_id = %params.run_id, node = %self.ctx.me.node);
@@ -184,11 +272,12 @@ impl<'a> Attempt<'a> {
             InitAction::ResumeMember { version, rank, world_size } => {
                 // Still a member only if our keep-alive key is there under our session.
                 let key = self.ctx.keys.rank(version, rank);
-                let ours = self.ctx.kv.get(&key).await?.kv.is_some_and(|kv| kv.lease == Some(self.session));
+                let ours = self.ctx.kv.get(&key).await?.kv.filter(|kv| kv.lease == Some(self.session));
                 match (&observed.state, ours) {
-                    (Some(State::Final { participants, .. }), true) => {
+                    (Some(State::Final { participants, .. }), Some(mine)) => {
                         let participants = participants.clone();
-                        Ok(self.done(version, rank, participants, observed.mod_revision, observed.lease))
+                        let (revision, lease) = (observed.mod_revision, observed.lease);
+                        Ok(self.done(version, rank, participants, revision, mine.create_revision, lease))
                     }
                     _ => self.await_next_round(version, world_size, observed).await,
                 }
@@ -219,8 +308,12 @@ impl<'a> Attempt<'a> {
     async fn claim_setup(&mut self, mode: PutMode) -> Result<Flow> {
         let kv = &*self.ctx.kv;
         let setup = PutOptions { mode, lease: Some(self.session) };
-        match kv.put(&self.ctx.keys.state(), &State::Setup.to_bytes(), setup).await? {
-            PutOutcome::Written { revision, .. } => self.open_round(revision).await,
+        let key = self.ctx.keys.state();
+        match kv.put(&key, &State::Setup.to_bytes(), setup).await? {
+            PutOutcome::Written { revision, .. } => {
+                self.leftovers.setup = Some((key, revision));
+                self.open_round(revision).await
+            }
             PutOutcome::Conflict { current } => Ok(Flow::Restart(Some(self.observe(current, None)?))),
         }
     }
@@ -260,6 +353,8 @@ impl<'a> Attempt<'a> {
             }
         };
         let joinable = State::Joinable { version };
+        // A lost answer leaves the version counter bumped: resuming bumps it again, and
+        // that version is skipped, which is harmless (versions only need to grow).
         let outcome = put_with_run_lease(
             &self.ctx.run_lease,
             kv,
@@ -268,9 +363,11 @@ impl<'a> Attempt<'a> {
             PutMode::Update(setup_revision),
         )
         .await?;
+        self.leftovers.setup = None;
         match outcome {
             PutOutcome::Written { revision, .. } => {
                 tracing::debug!(version, "created a round");
+                self.forget_old_round(version).await;
                 let observed =
                     Observed { state: Some(joinable), mod_revision: revision, seen: revision, lease: None };
                 self.join(version, observed).await
@@ -290,11 +387,11 @@ impl<'a> Attempt<'a> {
         // catch-up that costs up to 100 ms).
         let mut states = self.watch_state(observed.seen + 1).await?;
         let join_key = ctx.keys.join(version, &ctx.me.node);
-        self.pending_join = Some(join_key.clone());
-        let my_revision = match ctx.kv.put(&join_key, &self.me.to_bytes(), self.session_put()).await? {
-            PutOutcome::Written { create_revision, .. } => create_revision,
-            PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
+        let my_revision = match self.put_own(&join_key).await? {
+            Owned::Mine(create_revision) => create_revision,
+            Owned::Taken(holder) => return self.await_release(join_key, holder).await,
         };
+        self.leftovers.keys.push(join_key.clone());
         self.timings.joined = self.started.elapsed();
         let position = count_up_to(&*ctx.kv, &ctx.keys.joins(version), my_revision).await?;
         tracing::debug!(position, "joined");
@@ -321,17 +418,17 @@ impl<'a> Attempt<'a> {
             };
             match wake {
                 Wake::State(seen) => {
-                    match decide::on_state_while_joined(seen.state.as_ref(), version, &ctx.me.node) {
+                    match decide::on_state_while_joined(seen.state.as_ref(), version, &self.me) {
                         JoinedAction::KeepWaiting => state_revision = seen.mod_revision,
                         JoinedAction::Confirm { rank, participants } => {
-                            self.pending_join = None;
+                            self.leftovers.keys.retain(|k| *k != join_key);
                             self.timings.frozen = self.started.elapsed();
                             return self.confirm(version, rank, participants, seen, states).await;
                         }
                         // Too late for this round: our join key in it is harmless (the round's
                         // membership is fixed), so it is left to our lease.
                         JoinedAction::Withdraw | JoinedAction::Restart => {
-                            self.pending_join = None;
+                            self.leftovers.keys.retain(|k| *k != join_key);
                             return Ok(Flow::Restart(Some(seen)));
                         }
                         JoinedAction::Closed => return Err(self.closed()),
@@ -408,11 +505,15 @@ impl<'a> Attempt<'a> {
         self.phase = "confirming membership";
         let ctx = self.ctx;
         let world_size = participants.len();
-        let mine =
-            match ctx.kv.put(&ctx.keys.rank(version, rank), &self.me.to_bytes(), self.session_put()).await? {
-                PutOutcome::Written { create_revision, .. } => create_revision,
-                PutOutcome::Conflict { .. } => return Ok(Flow::Restart(None)),
-            };
+        let mine = match self.put_own(&ctx.keys.rank(version, rank)).await? {
+            Owned::Mine(create_revision) => create_revision,
+            // Another live process with this node id confirmed this rank: the round is not
+            // ours to take. Wait for it to end.
+            Owned::Taken(_) => {
+                self.phase = "waiting for a round that another process with this node id holds";
+                return Ok(Flow::Restart(Some(self.next_state(&mut states).await?)));
+            }
+        };
         // Counting only the keys created up to ours, exactly one member (the last to confirm)
         // sees them all: one swap attempt per round, not a storm of them.
         let confirmed = count_up_to(&*ctx.kv, &ctx.keys.ranks(version), mine).await?;
@@ -428,7 +529,7 @@ impl<'a> Attempt<'a> {
             .await?;
             if let PutOutcome::Written { revision, .. } = outcome {
                 let lease = ctx.run_lease.id().await.ok();
-                return Ok(self.done(version, rank, participants, revision, lease));
+                return Ok(self.done(version, rank, participants, revision, mine, lease));
             }
         }
         self.phase = "waiting for every member to confirm";
@@ -436,7 +537,7 @@ impl<'a> Attempt<'a> {
             let seen = self.next_state(&mut states).await?;
             match decide::on_state_while_confirming(seen.state.as_ref(), version) {
                 ConfirmAction::Done => {
-                    return Ok(self.done(version, rank, participants, seen.mod_revision, seen.lease));
+                    return Ok(self.done(version, rank, participants, seen.mod_revision, mine, seen.lease));
                 }
                 ConfirmAction::KeepWaiting => {}
                 ConfirmAction::Restart => return Ok(Flow::Restart(Some(seen))),
@@ -451,6 +552,7 @@ impl<'a> Attempt<'a> {
         rank: usize,
         participants: Vec<Participant>,
         final_revision: Revision,
+        members_from: Revision,
         run_lease: Option<LeaseId>,
     ) -> Flow {
         self.timings.completed = self.started.elapsed();
@@ -460,6 +562,7 @@ impl<'a> Attempt<'a> {
             rank,
             participants,
             final_revision,
+            members_from,
             run_lease,
             timings: self.timings,
         })
@@ -478,7 +581,11 @@ impl<'a> Attempt<'a> {
         let mut states = self.watch_state(observed.seen + 1).await?;
         let mut members =
             ctx.kv.watch(&ctx.keys.ranks(version), WatchScope::Prefix, observed.seen + 1).await?;
-        ctx.kv.put(&ctx.keys.waiter(version, &ctx.me.node), &self.me.to_bytes(), self.session_put()).await?;
+        let waiter = ctx.keys.waiter(version, &ctx.me.node);
+        ctx.kv.put(&waiter, &self.me.to_bytes(), self.session_put()).await?;
+        if !self.leftovers.keys.contains(&waiter) {
+            self.leftovers.keys.push(waiter);
+        }
         // A member may have died before we started watching: the count settles that.
         let alive = ctx.kv.count(&ctx.keys.ranks(version), None).await?;
         let mut action = decide::on_change_while_waiting(observed.state.as_ref(), version, alive, world_size);
@@ -556,9 +663,65 @@ impl<'a> Attempt<'a> {
         PutOptions { mode: PutMode::Overwrite, lease: Some(self.session) }
     }
 
+    /// Creates `key` (this worker's descriptor, under its session), or finds it already
+    /// ours (an earlier step wrote it and lost the answer). A key under another session is
+    /// another live process using this node id: never overwritten.
+    async fn put_own(&self, key: &[u8]) -> Result<Owned> {
+        let options = PutOptions { mode: PutMode::Create, lease: Some(self.session) };
+        match self.ctx.kv.put(key, &self.me.to_bytes(), options).await? {
+            PutOutcome::Written { create_revision, .. } => Ok(Owned::Mine(create_revision)),
+            PutOutcome::Conflict { current: Some(kv) } if kv.lease == Some(self.session) => {
+                Ok(Owned::Mine(kv.create_revision))
+            }
+            PutOutcome::Conflict { current: Some(kv) } => Ok(Owned::Taken(kv)),
+            // Deleted in between: try again from the start.
+            PutOutcome::Conflict { current: None } => Err(RendezvousError::Unavailable(KvError::backend(
+                self.ctx.kv.name(),
+                "a key vanished while it was being created",
+            ))),
+        }
+    }
+
+    /// Our join key is held by another live process with this node id: wait until it is
+    /// gone (its process ended, or its session expired), then start over. If it never goes,
+    /// the call's deadline ends the wait with this phase in the error.
+    async fn await_release(&mut self, key: Vec<u8>, holder: KeyValue) -> Result<Flow> {
+        let other = Participant::parse(&holder.key, &holder.value).ok();
+        tracing::warn!(
+            node = %self.ctx.me.node,
+            other = ?other,
+            "another live worker uses this node id; waiting for it to go away"
+        );
+        self.phase = "waiting for another live worker with the same node id to go away (give each worker its own node id)";
+        let deadline = Instant::now() + self.ctx.params.timeout;
+        self.ctx.kv.wait_for_delete(&key, holder.mod_revision, deadline).await?;
+        Ok(Flow::Restart(None))
+    }
+
+    /// Deletes what is left of round `version - 2` (its join, keep-alive and waiting keys,
+    /// extra data and Store): no worker can be in it any more, since round `version - 1`
+    /// was opened after it ended. One write per round keeps the number of keys under a run
+    /// bounded however many rounds pass. Best effort: a failure leaves the keys to their
+    /// leases.
+    async fn forget_old_round(&self, version: u64) {
+        let Some(old) = version.checked_sub(2).filter(|v| *v > 0) else { return };
+        let prefix = self.ctx.keys.round(old).into_bytes();
+        if let Err(e) = self.ctx.kv.delete_prefix(&prefix).await {
+            tracing::debug!(error = %e, old, "could not delete an old round's keys");
+        }
+    }
+
     fn closed(&self) -> RendezvousError {
         RendezvousError::Closed { run_id: self.ctx.params.run_id.clone() }
     }
+}
+
+/// Whether a key this worker creates for itself is its own.
+enum Owned {
+    /// Ours, created at this revision.
+    Mine(Revision),
+    /// Held by another session.
+    Taken(KeyValue),
 }
 
 /// What woke a joiner up.
@@ -628,7 +791,7 @@ fn free_port() -> Option<u16> {
     listener.local_addr().ok().map(|a| a.port())
 }
 
-fn backoff() -> impl Iterator<Item = Duration> {
+pub(crate) fn backoff() -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(50))

@@ -1,4 +1,4 @@
-//! The run lease (PROTOCOL.md "Run lifetime"): one lease per run, TTL `run_ttl`, shared by
+//! The run lease (docs/PROTOCOL.md "Leases"): one lease per run, TTL `run_ttl`, shared by
 //! every handler of the run and kept alive by each, so the run's persistent keys vanish
 //! `run_ttl` after its last worker went away. Only a worker that writes a persistent key
 //! finds or creates it; the others adopt it from the `final` value of their round, so a
@@ -48,6 +48,13 @@ impl RunLease {
             return;
         }
         *current = Some(Session::attach(self.kv.clone(), lease, self.ttl));
+    }
+
+    /// Stops helping to keep the lease alive (this worker left the run): once every worker
+    /// has done so, the run's lasting keys go `run_ttl` later. Never revokes: other workers
+    /// may still use the run.
+    pub(crate) fn release(&self) {
+        self.lock().take();
     }
 
     /// Forgets the lease (after the server said it does not exist), so the next

@@ -1,4 +1,4 @@
-//! The state value of a round (PROTOCOL.md "States of a round"): one small JSON object under
+//! The state value of a round (docs/PROTOCOL.md "States of a round"): one small JSON object under
 //! `rdzv/active_version`, with the reference's status names.
 
 use serde::{Deserialize, Serialize};

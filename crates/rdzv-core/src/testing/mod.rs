@@ -1,4 +1,4 @@
-//! The backend conformance suite of KV.md: one set of test cases, written once against
+//! The backend conformance suite of docs/KV.md: one set of test cases, written once against
 //! [`Kv`], that every backend must pass (feature `testing`).
 //!
 //! Each case is a plain `pub async fn case(kv: Arc<dyn Kv>, ns: Vec<u8>)` that panics on a

@@ -1,6 +1,6 @@
-//! Certificates generated at test time (never checked in): a CA, a server certificate for
-//! `127.0.0.1`/`localhost` and a client certificate signed by it, plus an unrelated CA for
-//! "wrong CA" tests.
+//! Certificates generated at test time (never checked in): a CA, a server certificate (for
+//! `127.0.0.1`/`localhost`, or names of the test's choice) and a client certificate signed
+//! by it, plus an unrelated CA for "wrong CA" tests.
 
 use std::path::{Path, PathBuf};
 
@@ -17,8 +17,11 @@ use crate::options::TlsFiles;
 pub struct TlsMaterial {
     /// The CA that signed the server and client certificates.
     pub ca_cert: PathBuf,
-    /// The server's certificate (SAN `127.0.0.1`, `localhost`).
+    /// The server's certificate (for [`TlsMaterial::server_names`]).
     pub server_cert: PathBuf,
+    /// The names the server's certificate is issued to (`127.0.0.1` and `localhost` unless
+    /// chosen otherwise).
+    pub server_names: Vec<String>,
     /// The server certificate's key.
     pub server_key: PathBuf,
     /// A client certificate signed by the CA (CN `root`).
@@ -30,14 +33,23 @@ pub struct TlsMaterial {
 }
 
 impl TlsMaterial {
-    /// Generates the certificates into `dir`.
+    /// Generates the certificates into `dir`, the server's for `127.0.0.1` and `localhost`.
     pub fn generate(dir: &Path) -> Result<TlsMaterial, HarnessError> {
+        TlsMaterial::generate_for(dir, &["127.0.0.1".to_string(), "localhost".to_string()])
+    }
+
+    /// Generates the certificates into `dir`, the server's for `server_names` (at least one)
+    /// only.
+    pub fn generate_for(dir: &Path, server_names: &[String]) -> Result<TlsMaterial, HarnessError> {
+        let Some(first) = server_names.first() else {
+            return Err(HarnessError::new("a server certificate needs at least one name"));
+        };
         let (ca_pem, issuer) = ca("rdzv test CA")?;
         let (other_ca_pem, _) = ca("rdzv unrelated CA")?;
         let (server_pem, server_key) = leaf(
             &issuer,
-            "127.0.0.1",
-            vec!["127.0.0.1".to_string(), "localhost".to_string()],
+            first,
+            server_names.to_vec(),
             // etcd's built-in gRPC gateway dials the server with the server's certificate.
             vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         )?;
@@ -52,6 +64,7 @@ impl TlsMaterial {
         Ok(TlsMaterial {
             ca_cert: write("ca.pem", &ca_pem)?,
             server_cert: write("server.pem", &server_pem)?,
+            server_names: server_names.to_vec(),
             server_key: write("server.key", &server_key)?,
             client_cert: write("client.pem", &client_pem)?,
             client_key: write("client.key", &client_key)?,
@@ -59,12 +72,16 @@ impl TlsMaterial {
         })
     }
 
-    /// Client TLS settings trusting the right CA and presenting the client certificate.
+    /// Client TLS settings that connect to `127.0.0.1`: trusting the right CA, presenting
+    /// the client certificate, and expecting the server's first name when its certificate
+    /// is not issued to `127.0.0.1`.
     pub fn client_files(&self) -> TlsFiles {
+        let by_address = self.server_names.iter().any(|name| name == "127.0.0.1");
         TlsFiles {
-            ca_cert: self.ca_cert.clone(),
+            ca_cert: Some(self.ca_cert.clone()),
             client_cert: Some(self.client_cert.clone()),
             client_key: Some(self.client_key.clone()),
+            server_name: if by_address { None } else { self.server_names.first().cloned() },
         }
     }
 }

@@ -1,4 +1,4 @@
-//! A test harness that runs **real** `etcd` servers (QUALITY.md): each on free loopback
+//! A test harness that runs **real** `etcd` servers (docs/TESTING.md): each on free loopback
 //! ports with a temporary data directory, plain or with TLS and a client certificate
 //! generated at test time, optionally with authentication; it waits until the server
 //! answers, can stop and restart it for outage tests, reads its `/metrics`, and kills it

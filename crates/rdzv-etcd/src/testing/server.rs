@@ -74,6 +74,7 @@ impl std::fmt::Debug for EtcdServer {
 #[derive(Default)]
 pub struct EtcdServerBuilder {
     tls: bool,
+    server_names: Option<Vec<String>>,
     auth: Option<Secret>,
     args: Vec<String>,
 }
@@ -82,6 +83,7 @@ impl std::fmt::Debug for EtcdServerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdServerBuilder")
             .field("tls", &self.tls)
+            .field("server_names", &self.server_names)
             .field("auth", &self.auth.is_some())
             .field("args", &self.args)
             .finish()
@@ -92,6 +94,15 @@ impl EtcdServerBuilder {
     /// Serve TLS and require a client certificate (see [`EtcdServer::start_tls`]).
     pub fn tls(mut self) -> Self {
         self.tls = true;
+        self
+    }
+
+    /// Serve TLS (as [`EtcdServerBuilder::tls`]) with a server certificate issued to
+    /// `names` only (e.g. `etcd.test`, not `127.0.0.1`): a client must then expect one of
+    /// them (`tls_server_name`).
+    pub fn tls_server_names<I: IntoIterator<Item = S>, S: Into<String>>(mut self, names: I) -> Self {
+        self.tls = true;
+        self.server_names = Some(names.into_iter().map(Into::into).collect());
         self
     }
 
@@ -110,7 +121,11 @@ impl EtcdServerBuilder {
 
     /// Starts the server and waits until it answers.
     pub async fn start(self) -> Result<EtcdServer, HarnessError> {
-        EtcdServer::launch(self.tls, self.auth.map(|p| ("root".to_string(), p)), self.args).await
+        let tls = match (self.tls, self.server_names) {
+            (false, _) => None,
+            (true, names) => Some(names),
+        };
+        EtcdServer::launch(tls, self.auth.map(|p| ("root".to_string(), p)), self.args).await
     }
 }
 
@@ -143,14 +158,20 @@ impl EtcdServer {
         EtcdServerBuilder::default()
     }
 
+    /// `tls`: `None` plain text, `Some(None)` TLS for `127.0.0.1`, `Some(Some(names))` TLS
+    /// with a certificate for `names`.
     async fn launch(
-        tls: bool,
+        tls: Option<Option<Vec<String>>>,
         auth: Option<(String, Secret)>,
         extra_args: Vec<String>,
     ) -> Result<EtcdServer, HarnessError> {
         let binary = find_binary()?;
         let dir = temp_dir()?;
-        let tls = if tls { Some(TlsMaterial::generate(dir.path())?) } else { None };
+        let tls = match tls {
+            None => None,
+            Some(None) => Some(TlsMaterial::generate(dir.path())?),
+            Some(Some(names)) => Some(TlsMaterial::generate_for(dir.path(), &names)?),
+        };
         let mut server = EtcdServer {
             binary,
             client_port: 0,
@@ -206,7 +227,8 @@ impl EtcdServer {
 
     /// A rendezvous URL for this server: `etcd://127.0.0.1:PORT/<rest>` (`rest` is the run id
     /// and query, e.g. `"job?min_workers=2"`). A TLS server gets `etcds://` and its `cacert`,
-    /// `cert` and `key` options; a server with auth gets `root:password@`.
+    /// `cert` and `key` options (and `tls_server_name` if its certificate does not name
+    /// `127.0.0.1`); a server with auth gets `root:password@`.
     pub fn url(&self, rest: &str) -> String {
         let scheme = if self.tls.is_some() { "etcds" } else { "etcd" };
         let user = match &self.auth {
@@ -225,6 +247,9 @@ impl EtcdServer {
                 percent_encode(&tls.client_cert.display().to_string()),
                 percent_encode(&tls.client_key.display().to_string()),
             ));
+            if let Some(name) = tls.client_files().server_name {
+                url.push_str(&format!("&tls_server_name={}", percent_encode_all(&name)));
+            }
         }
         url
     }
@@ -284,6 +309,44 @@ impl EtcdServer {
     /// directory are kept for [`EtcdServer::restart`].
     pub async fn stop(&mut self) -> Result<(), HarnessError> {
         self.end("term").await
+    }
+
+    /// Freezes the server with SIGSTOP, like a machine that stops answering without closing
+    /// its connections (a long GC pause, a hung disk). Its clock keeps running: leases whose
+    /// TTL passes meanwhile expire as soon as it is resumed with [`EtcdServer::resume`].
+    pub fn pause(&self) -> Result<(), HarnessError> {
+        self.signal("STOP")
+    }
+
+    /// Resumes a server frozen by [`EtcdServer::pause`] (SIGCONT).
+    pub fn resume(&self) -> Result<(), HarnessError> {
+        self.signal("CONT")
+    }
+
+    /// Sends `signal` to the etcd process (not its watchdog shell), found by the client
+    /// address on its command line.
+    fn signal(&self, signal: &str) -> Result<(), HarnessError> {
+        let needle = format!("127.0.0.1:{}", self.client_port);
+        let entries =
+            std::fs::read_dir("/proc").map_err(|e| HarnessError::new(format!("cannot list /proc: {e}")))?;
+        for entry in entries.flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            let mut args = cmdline.split(|b| *b == 0).map(String::from_utf8_lossy);
+            let is_etcd = args.next().is_some_and(|a| a.ends_with("etcd"));
+            if is_etcd && args.any(|a| a.contains(&needle)) {
+                let pid = entry.file_name().to_string_lossy().into_owned();
+                let status = std::process::Command::new("kill")
+                    .args([format!("-{signal}"), pid.clone()])
+                    .status()
+                    .map_err(|e| HarnessError::new(format!("cannot run kill: {e}")))?;
+                return if status.success() {
+                    Ok(())
+                } else {
+                    Err(HarnessError::new(format!("kill -{signal} {pid} failed: {status}")))
+                };
+            }
+        }
+        Err(HarnessError::new(format!("no etcd process serves {needle}")))
     }
 
     /// Kills the server (SIGKILL), like a crash; see [`EtcdServer::stop`].

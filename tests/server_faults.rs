@@ -1,0 +1,193 @@
+//! Real server faults in the middle of a rendezvous (docs/PROTOCOL.md "Failure handling"):
+//! etcd paused with SIGSTOP for longer than the keep-alive TTL, etcd killed and restarted
+//! on its data directory, and every client connection cut by a TCP proxy while watches are
+//! open (etcd and Redis). In each, once the world has healed, the workers that keep calling
+//! must complete a round: a timeout is a failure. How long that took after the server came
+//! back is printed (BENCHMARKS.md records it).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
+use rdzv_etcd::testing::EtcdServer;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout};
+
+/// The keep-alive TTL of the workers: outages below last longer than this.
+const TTL: Duration = Duration::from_secs(2);
+/// Each call's deadline: long, so that a wedge shows as a missed bound, not a timeout.
+const CALL: Duration = Duration::from_secs(60);
+/// How soon after the server is back the round must complete: a lost session is renewed
+/// within a backoff (≤ 2 s) plus a TTL, a stale `frozen` value lasts 10 s at most.
+const HEALED: Duration = Duration::from_secs(15);
+
+fn params(run: &str, n: usize) -> RendezvousParams {
+    let mut p = support::params(run, n, n);
+    p.timeout = CALL;
+    p.keep_alive_ttl = TTL;
+    p
+}
+
+fn spawn_calls(handlers: &[RendezvousHandler]) -> Vec<tokio::task::JoinHandle<RendezvousInfo>> {
+    handlers
+        .iter()
+        .cloned()
+        .map(|h| tokio::spawn(async move { h.next_rendezvous().await.unwrap() }))
+        .collect()
+}
+
+async fn handlers(kv: &Arc<dyn Kv>, p: &RendezvousParams, names: &[&str]) -> Vec<RendezvousHandler> {
+    let mut all = Vec::new();
+    for name in names {
+        let mut p = p.clone();
+        p.node_id = Some((*name).into());
+        all.push(RendezvousHandler::new(kv.clone(), p).await.unwrap());
+    }
+    all
+}
+
+/// Waits for every call, each within `HEALED` of `back`, and checks their agreement.
+async fn all_complete(
+    calls: Vec<tokio::task::JoinHandle<RendezvousInfo>>,
+    back: Instant,
+    n: usize,
+) -> Duration {
+    let mut infos = Vec::new();
+    for call in calls {
+        let left = (back + HEALED).saturating_duration_since(Instant::now());
+        let info = timeout(left, call).await.expect("no round within the bound after the server was back");
+        infos.push(info.unwrap());
+    }
+    support::assert_agreement(&infos, n, n);
+    back.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_paused_longer_than_the_ttl_then_the_round_completes() {
+    let server = EtcdServer::start().await.unwrap();
+    let kv = server.kv().await;
+    let p = params(&support::run_id("etcd-pause"), 4);
+    let early = handlers(&kv, &p, &["a", "b"]).await;
+    let calls = spawn_calls(&early);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.pause().unwrap();
+    tokio::time::sleep(3 * TTL).await;
+    server.resume().unwrap();
+    let back = Instant::now();
+    let late = handlers(&kv, &p, &["c", "d"]).await;
+    let mut calls = calls;
+    calls.extend(spawn_calls(&late));
+    let took = all_complete(calls, back, 4).await;
+    println!("etcd paused {:?}: round complete {took:?} after it resumed", 3 * TTL);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_killed_and_restarted_then_the_round_completes() {
+    let mut server = EtcdServer::start().await.unwrap();
+    let kv = server.kv().await;
+    let p = params(&support::run_id("etcd-restart"), 4);
+    let early = handlers(&kv, &p, &["a", "b"]).await;
+    let calls = spawn_calls(&early);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.kill().await.unwrap();
+    tokio::time::sleep(3 * TTL).await;
+    server.restart().await.unwrap();
+    let back = Instant::now();
+    let late = handlers(&kv, &p, &["c", "d"]).await;
+    let mut calls = calls;
+    calls.extend(spawn_calls(&late));
+    let took = all_complete(calls, back, 4).await;
+    println!("etcd down {:?}: round complete {took:?} after it restarted", 3 * TTL);
+}
+
+/// A TCP proxy on loopback whose connections can all be cut at once, like a network fault
+/// between clients and server (the server itself stays up).
+struct Proxy {
+    port: u16,
+    connections: Arc<std::sync::Mutex<JoinSet<()>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(target: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections: Arc<std::sync::Mutex<JoinSet<()>>> = Arc::default();
+        let set = connections.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else { continue };
+                set.lock().unwrap().spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        Proxy { port, connections, accept }
+    }
+
+    /// Drops every open connection (both directions, at once).
+    fn cut(&self) -> usize {
+        let mut set = self.connections.lock().unwrap();
+        let n = set.len();
+        set.abort_all();
+        n
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// Workers wait with open watches; every connection is cut; the round still completes. Then
+/// the members' monitors lose their connections too, and a member's death is still told.
+async fn cut_connections(kv: Arc<dyn Kv>, proxy: &Proxy, name: &str) {
+    let p = params(&support::run_id(name), 3);
+    let early = handlers(&kv, &p, &["a", "b"]).await;
+    // The third worker's handler exists before the cut (its session is kept alive across
+    // it); its call starts after.
+    let late = handlers(&kv, &p, &["c"]).await;
+    let calls = spawn_calls(&early);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(proxy.cut() > 0, "no connection went through the proxy");
+    let back = Instant::now();
+    let mut calls = calls;
+    calls.extend(spawn_calls(&late));
+    let took = all_complete(calls, back, 3).await;
+    println!("{name}: round complete {took:?} after the connections were cut");
+
+    // Running: cut again, then one member leaves; the others are told.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    late[0].shutdown().await.unwrap();
+    for h in &early {
+        let told =
+            timeout(TTL + Duration::from_secs(5), h.round_broken()).await.expect("a member was not told");
+        assert!(matches!(told, RoundBroken::MemberGone { .. } | RoundBroken::Ended), "{told:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_connections_cut_while_watching() {
+    let server = EtcdServer::start().await.unwrap();
+    let proxy = Proxy::start(server.endpoint().port).await;
+    let url = format!("etcd://127.0.0.1:{}/x?min_workers=1", proxy.port);
+    let (kv, _) = rdzv::registry().connect_backend(&url).await.unwrap();
+    cut_connections(kv, &proxy, "etcd-cut").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_connections_cut_while_watching() {
+    let server = rdzv_redis::testing::RedisServer::start().unwrap();
+    let proxy = Proxy::start(server.port()).await;
+    let url = format!("redis://127.0.0.1:{}/x?min_workers=1", proxy.port);
+    let (kv, _) = rdzv::registry().connect_backend(&url).await.unwrap();
+    cut_connections(kv, &proxy, "redis-cut").await;
+}
