@@ -887,22 +887,38 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
             {
                 continue;
             }
-            let last_before = calls_of(w).filter(|(s, _, _)| *s <= completed).last();
+            // The call of `w` pending when the round completed: the last one begun before it
+            // (`None` as its result: still pending when the world ended).
+            let cancelled = records.iter().filter_map(|r| match r {
+                Record::Cancelled { worker, started, .. } if *worker == w => Some((*started, None)),
+                _ => None,
+            });
+            let pending = calls_of(w)
+                .map(|(s, _, r)| (s, Some(r)))
+                .chain(cancelled)
+                .filter(|(s, _)| *s <= completed)
+                .max_by_key(|(s, _)| *s);
+            let failed = pending.is_some_and(|(_, r)| r.is_some_and(|r| r.is_err()));
             // Frozen in just before the world ended, its call cut before it could return.
-            let cut = completed + SLACK >= end
-                && records.iter().any(|r| matches!(r, Record::Cancelled { worker, .. } if *worker == w));
+            let cut = completed + SLACK >= end && pending.is_some_and(|(_, r)| r.is_none());
             // A fault before healing (a lost answer, a dropped watch) may send a confirmed
-            // member back to the start, from where it can no longer see a round that ended
-            // meanwhile; it then completes a later one.
+            // member back to the start, from where it can no longer see the round if it ended
+            // meanwhile; it then goes on to a later one.
+            let ended = rounds.keys().any(|later| later > version)
+                || records.iter().any(|r| matches!(r, Record::Broken { version: b, .. } if b == version));
             let faulted = world.faulty(w)
-                && last_before
-                    .is_some_and(|(s, _, r)| s < heal && r.as_ref().is_ok_and(|i| i.version > *version));
+                && ended
+                && pending.is_some_and(|(s, r)| {
+                    s < heal && r.is_none_or(|r| r.as_ref().is_ok_and(|i| i.version > *version))
+                });
             ensure!(
                 v,
                 "completeness",
-                last_before.is_some_and(|(_, _, r)| r.is_err()) || cut || faulted,
-                "round {version} (completed at {completed:?}) lists worker {w}, which never returned it \
-                 (its last call before: {last_before:?}); its history: {:#?}",
+                failed || cut || faulted,
+                "round {version} (completed at {completed:?}) lists worker {w} ({:?}), which never returned it \
+                 (its call pending then: {:?}); its history: {:#?}",
+                world.plans[w],
+                pending.map(|(s, r)| (s, r.map(|r| r.as_ref().map(|i| i.version)))),
                 history(records, w)
             );
         }
