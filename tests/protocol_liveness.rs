@@ -490,12 +490,6 @@ fn dropped_watches_while_forming_do_not_stop_the_round() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// What a healthy group needs to form a round: the last call, a backup freezer's delay, and
-/// round trips.
-fn super_bound(p: &rdzv::core::RendezvousParams) -> Duration {
-    p.last_call_timeout + p.keep_alive_ttl + Duration::from_secs(3)
-}
-
 /// Every handler of `group` keeps calling until all hold the same round, each within
 /// `bound`; returns their results.
 async fn settle(group: &[RendezvousHandler], bound: Duration) -> Vec<RendezvousInfo> {
