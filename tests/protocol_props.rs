@@ -46,6 +46,7 @@ fn shape() -> Shape {
         arrive_ms: 0..4000,
         calm: 0.25,
         allow_overflow: true,
+        faulty: 0.35,
     }
 }
 

@@ -40,6 +40,8 @@ fn shape(ttl_ms: std::ops::Range<u64>) -> Shape {
         // Every worker fits in a round: a world then ends as soon as all have completed,
         // rather than waiting out its bound for the ones left over.
         allow_overflow: false,
+        // Few, short worlds: make most links faulty so that each case tests something.
+        faulty: 0.6,
     }
 }
 

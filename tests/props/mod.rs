@@ -20,9 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv::core::{
-    Kv, KvExt, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken,
-};
+use rdzv::core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
 use rdzv_mem::{FaultyKv, Latency};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -186,9 +184,11 @@ pub struct Shape {
     pub calm: f64,
     /// Whether `max` may be below the number of workers (late arrivals wait).
     pub allow_overflow: bool,
+    /// Probability that a worker of a hostile world has a faulty link.
+    pub faulty: f64,
 }
 
-fn faults() -> impl Strategy<Value = Option<Faults>> {
+fn faults(rate: f64) -> impl Strategy<Value = Option<Faults>> {
     let some =
         (prop_oneof![Just(0.0), 0.02f64..0.15], any::<bool>(), prop::option::weighted(0.3, 300u64..3000))
             .prop_map(|(fail_p, lost_answers, drop_watches_every_ms)| Faults {
@@ -196,10 +196,10 @@ fn faults() -> impl Strategy<Value = Option<Faults>> {
                 lost_answers,
                 drop_watches_every_ms,
             });
-    prop::option::weighted(0.35, some)
+    prop::option::weighted(rate, some)
 }
 
-fn plan(calm: bool, arrive: Range<u64>) -> BoxedStrategy<Plan> {
+fn plan(calm: bool, arrive: Range<u64>, faulty: f64) -> BoxedStrategy<Plan> {
     if calm {
         return arrive
             .prop_map(|arrive_ms| Plan { arrive_ms, fate: Fate::Stay, latency_ms: 0, faults: None })
@@ -210,7 +210,7 @@ fn plan(calm: bool, arrive: Range<u64>) -> BoxedStrategy<Plan> {
         2 => (0u64..8000).prop_map(Fate::DieAt),
         1 => (0u64..8000).prop_map(Fate::LeaveAt),
     ];
-    (arrive, fate, prop_oneof![Just(0u64), 1u64..50], faults())
+    (arrive, fate, prop_oneof![Just(0u64), 1u64..50], faults(faulty))
         .prop_map(|(arrive_ms, fate, latency_ms, faults)| Plan { arrive_ms, fate, latency_ms, faults })
         .boxed()
 }
@@ -236,7 +236,7 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
                     shape.last_call_ms.clone(),
                     shape.ttl_ms.clone(),
                     heal,
-                    prop::collection::vec(plan(calm, shape.arrive_ms.clone()), n),
+                    prop::collection::vec(plan(calm, shape.arrive_ms.clone(), shape.faulty), n),
                     if calm { Just(None).boxed() } else { prop::option::weighted(0.15, 0u64..1000).boxed() },
                 )
                     .prop_map(
@@ -341,6 +341,8 @@ pub enum Record {
         at: Duration,
         count: u64,
         workers: usize,
+        /// How many keys each part of the run holds (`rdzv/v_<N>/join`, …), to tell a leak.
+        by_part: BTreeMap<String, u64>,
     },
     /// The world ended.
     End {
@@ -480,8 +482,17 @@ async fn coordinate(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl, rerun
 
 async fn count_keys(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl) {
     let root = rdzv::core::rendezvous::keys::RunKeys::new(&params_for(world, run).prefix, run);
-    if let Ok(count) = kv.count(root.root().as_bytes(), None).await {
-        ctl.push(Record::Keys { at: ctl.now(), count, workers: world.plans.len() });
+    let options = rdzv::core::RangeOptions { keys_only: true, ..Default::default() };
+    if let Ok(read) = kv.range(root.root().as_bytes(), options).await {
+        let mut by_part = BTreeMap::new();
+        for kv in &read.kvs {
+            let key = String::from_utf8_lossy(&kv.key[root.root().len()..]).into_owned();
+            // Up to the part inside a round: `rdzv/v_3/join`, `rdzv/v_3/rank_2` → `rdzv/v_3/rank`.
+            let part: String = key.split('/').take(3).collect::<Vec<_>>().join("/");
+            let part = part.trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+            *by_part.entry(part).or_default() += 1;
+        }
+        ctl.push(Record::Keys { at: ctl.now(), count: read.count, workers: world.plans.len(), by_part });
     }
 }
 
@@ -673,7 +684,33 @@ pub fn check(world: &World, records: &[Record]) {
     panic!("{text}");
 }
 
-/// Every guarantee `world` broke, by its records.
+/// Every guarantee `world` broke, by its records. The properties, by name:
+/// - `deadline`: every call returns by its deadline (plus slack).
+/// - `error-kinds`: a call fails only with `Closed`, `Shutdown`, `Timeout`, or — on a faulty
+///   or dead link — `Unavailable`/`LeaseLost`; nothing else (no `State`, no raw backend error).
+/// - `healed-calls-succeed`: when enough workers stay to form a round, a call begun after
+///   healing never fails (least of all by timing out), and a handler can be made.
+/// - `closed-propagates`: calls begun after the close fail with `Closed`; pending ones end
+///   within slack of it.
+/// - `shutdown-prompt`, `shutdown-cancels-pending-call`: `shutdown()` returns within slack
+///   even while a call is pending; that call then fails with `Shutdown` within slack, and
+///   never returns a round after the shutdown began.
+/// - `bounds`, `agreement`, `unique-node-ids`, `monotonic`: every returned round has
+///   `min ≤ W ≤ max`, the same participants for all its members, unique ranks naming their
+///   holders, no node id twice; a worker's rounds strictly increase (it never gets back a
+///   round it left).
+/// - `completeness`: every participant of a completed round returned it, died, shut down, or
+///   its call pending at that moment failed, or was cut by the world's end right after, or —
+///   on a faulty link, begun before healing — lost track of the round, which then ended.
+/// - `told-why`, `no-false-death`: a member is told why its round ended (never "no round",
+///   never "left" unless it shut down), and never that a member is gone while that member,
+///   on a clean link, is alive and still holding the round.
+/// - `failure-detection`: members on clean links still holding a round are told of a
+///   member's death within its TTL, of its leave within slack (a TTL if the leave failed).
+/// - `calm-liveness`: in a calm world the first round completes within the last call of the
+///   `min`-th arrival.
+/// - `healed-liveness`, `rerun-liveness`: see [`healed_bound`] and [`rerun_bound`].
+/// - `key-count`: see [`KEYS_PER_WORKER`].
 pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
     let mut v: Vec<Violation> = Vec::new();
     let ttl = world.ttl();
@@ -904,8 +941,11 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
             // A fault before healing (a lost answer, a dropped watch) may send a confirmed
             // member back to the start, from where it can no longer see the round if it ended
             // meanwhile; it then goes on to a later one.
+            // A round is over once a later one completed, a member was told it broke, or a
+            // member re-entered (which ends it).
             let ended = rounds.keys().any(|later| later > version)
-                || records.iter().any(|r| matches!(r, Record::Broken { version: b, .. } if b == version));
+                || records.iter().any(|r| matches!(r, Record::Broken { version: b, .. } if b == version))
+                || members.iter().any(|(m, _, got)| starts_of(*m).any(|s| s > *got));
             let faulted = world.faulty(w)
                 && ended
                 && pending.is_some_and(|(s, r)| {
@@ -1056,13 +1096,13 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
     }
     // Bounded key count.
     for r in records {
-        if let Record::Keys { at, count, workers } = r {
+        if let Record::Keys { at, count, workers, by_part } = r {
             let limit = KEYS_PER_WORKER * *workers as u64 + KEYS_CONSTANT;
             ensure!(
                 v,
                 "key-count",
                 *count <= limit,
-                "{count} keys under the run at {at:?} ({workers} workers; limit {limit})"
+                "{count} keys under the run at {at:?} ({workers} workers; limit {limit}): {by_part:?}"
             );
         }
     }
