@@ -693,8 +693,9 @@ pub fn check(world: &World, records: &[Record]) {
 /// - `closed-propagates`: calls begun after the close fail with `Closed`; pending ones end
 ///   within slack of it.
 /// - `shutdown-prompt`, `shutdown-cancels-pending-call`: `shutdown()` returns within slack
-///   even while a call is pending; that call then fails with `Shutdown` within slack, and
-///   never returns a round after the shutdown began.
+///   even while a call is pending; that call then fails with `Shutdown` (or `Closed`, when
+///   the run was closed at that moment) within slack, and never returns a round after the
+///   shutdown began.
 /// - `bounds`, `agreement`, `unique-node-ids`, `monotonic`: every returned round has
 ///   `min ≤ W ≤ max`, the same participants for all its members, unique ranks naming their
 ///   holders, no node id twice; a worker's rounds strictly increase (it never gets back a
@@ -824,7 +825,8 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
             ensure!(
                 v,
                 "shutdown-cancels-pending-call",
-                result.as_ref().err() == Some(&Failure::Shutdown),
+                // `Closed` if the run was closed at the same moment: terminal either way.
+                matches!(result, Err(Failure::Shutdown | Failure::Closed)),
                 "worker {w}: shutdown started at {s_started:?}; its call {started:?}..{returned:?} gave {}",
                 brief(r)
             );
