@@ -1,9 +1,11 @@
 //! The connection state every operation shares, and the one way to run our script:
 //! bounded by a timeout, retried only when the operation is idempotent.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use rdzv_core::{KvError, KvResult};
+use rdzv_core::{KvError, KvResult, LeaseId, Revision};
 use redis::aio::ConnectionManager;
 use redis::{Client, Script, Value};
 
@@ -23,6 +25,56 @@ pub(crate) enum Retry {
     Once,
 }
 
+/// What this client has seen of its namespace: the highest revision and lease id that any
+/// reply or log entry showed. The server's counters only grow, so finding them lower later
+/// means the server went back in time (restored from an older snapshot, or a lagging
+/// replica promoted). Once that is found, every later call fails with the same error.
+#[derive(Debug, Default)]
+pub(crate) struct HighWater {
+    revision: AtomicI64,
+    lease: AtomicI64,
+    failure: OnceLock<String>,
+    /// Whether the other clients were told (see [`Shared::announce_rollback`]).
+    announced: std::sync::atomic::AtomicBool,
+}
+
+impl HighWater {
+    /// Records a revision the server reported.
+    pub fn saw_revision(&self, revision: Revision) {
+        self.revision.fetch_max(revision, Ordering::Relaxed);
+    }
+
+    /// Records a lease id the server handed out.
+    pub fn saw_lease(&self, lease: LeaseId) {
+        self.lease.fetch_max(lease, Ordering::Relaxed);
+    }
+
+    /// The highest revision seen.
+    pub fn revision(&self) -> Revision {
+        self.revision.load(Ordering::Relaxed)
+    }
+
+    /// The highest lease id seen.
+    pub fn lease(&self) -> LeaseId {
+        self.lease.load(Ordering::Relaxed)
+    }
+
+    /// Records that the server rolled back (the first message wins) and returns the error.
+    pub fn fail(&self, message: String) -> KvError {
+        KvError::backend(NAME, self.failure.get_or_init(|| message).clone())
+    }
+
+    /// Whether a rollback was found and the namespace not yet marked (true once).
+    pub fn should_announce(&self) -> bool {
+        self.failure.get().is_some() && !self.announced.swap(true, Ordering::Relaxed)
+    }
+
+    /// The rollback error, once one was found.
+    pub fn failed(&self) -> Option<KvError> {
+        self.failure.get().map(|m| KvError::backend(NAME, m.clone()))
+    }
+}
+
 /// One namespace on one server, attached to the namespace's current epoch.
 pub(crate) struct Shared {
     pub config: RedisConfig,
@@ -38,6 +90,8 @@ pub(crate) struct Shared {
     /// The log reader shared by this client's watches, while any runs.
     pub feed: crate::feed::FeedSlot,
     pub feed_gate: crate::feed::FeedGate,
+    /// What this client has seen, shared with its feed.
+    pub high: Arc<HighWater>,
 }
 
 impl Shared {
@@ -56,6 +110,7 @@ impl Shared {
             epoch: String::new(),
             feed: Default::default(),
             feed_gate: Default::default(),
+            high: Default::default(),
         };
         let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
         let epoch = reply.bytes()?;
@@ -74,12 +129,29 @@ impl Shared {
     }
 
     pub fn context(&self) -> Context<'_> {
-        Context { endpoint: &self.endpoint, namespace: &self.config.namespace }
+        Context { endpoint: &self.endpoint, namespace: &self.config.namespace, high: &self.high }
+    }
+
+    /// Marks the namespace as rolled back (a new epoch saying so), so that every other client
+    /// attached to it stops too; for a rollback this client found outside a script (its
+    /// watch feed), where nothing marked it yet. Best effort: bypasses the failure this
+    /// client already reports, and ignores the answer.
+    pub async fn announce_rollback(&self) {
+        let timeout = self.config.request_timeout;
+        match tokio::time::timeout(timeout, self.invoke("mark_rolled_back", &[])).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "redis: marking the namespace as rolled back"),
+            Err(_) => tracing::debug!("redis: marking the namespace as rolled back timed out"),
+        }
     }
 
     /// Runs operation `op` of the script with `args`, within the request timeout.
-    /// Returns the reply (tagged), with corrupt-data and lost-epoch replies as errors.
+    /// Returns the reply (tagged), with corrupt-data, lost-epoch and rollback replies as
+    /// errors. After a rollback was found, fails at once with that error.
     pub async fn call(&self, op: &'static str, args: &[&[u8]], retry: Retry) -> KvResult<Reply> {
+        if let Some(e) = self.high.failed() {
+            return Err(e);
+        }
         let timeout = self.config.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut backoff = Duration::from_millis(50);
@@ -106,7 +178,15 @@ impl Shared {
 
     async fn invoke(&self, op: &'static str, args: &[&[u8]]) -> KvResult<Value> {
         let mut invocation = self.script.prepare_invoke();
-        invocation.key(self.rev_key()).arg(&self.base).arg(&self.epoch).arg(self.config.history).arg(op);
+        invocation
+            .key(self.rev_key())
+            .arg(&self.base)
+            .arg(&self.epoch)
+            .arg(self.config.history)
+            .arg(self.high.revision())
+            .arg(self.high.lease())
+            .arg(self.config.history_bytes)
+            .arg(op);
         for a in args {
             invocation.arg(*a);
         }

@@ -14,7 +14,20 @@ pub const DEFAULT_PORT: u16 = 6379;
 pub const DEFAULT_NAMESPACE: &str = "rdzv";
 
 /// The URL query options the Redis backend understands.
-pub const OPTIONS: &[&str] = &["db", "cacert", "connect_timeout", "request_timeout", "namespace", "history"];
+pub const OPTIONS: &[&str] = &[
+    "db",
+    "cacert",
+    "cert",
+    "key",
+    "connect_timeout",
+    "request_timeout",
+    "namespace",
+    "history",
+    "history_bytes",
+];
+
+/// Default bound of the event log in bytes (`history_bytes=`).
+pub const DEFAULT_HISTORY_BYTES: u64 = 64 << 20;
 
 /// Connection and layout settings of a [`RedisKv`](crate::RedisKv).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +45,11 @@ pub struct RedisConfig {
     /// PEM file of the CA that signed the server's certificate (`cacert=`); `None`: the
     /// system's trust store.
     pub cacert: Option<PathBuf>,
+    /// PEM file of the client certificate presented to the server (`cert=`, with `key`), for
+    /// servers that verify clients (`tls-auth-clients yes`, Redis' default with TLS on).
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (`key=`, with `cert`).
+    pub key: Option<PathBuf>,
     /// Bound on establishing a connection (`connect_timeout=`, default 5 s).
     pub connect_timeout: Duration,
     /// Bound on every request (`request_timeout=`, default 10 s).
@@ -42,6 +60,11 @@ pub struct RedisConfig {
     /// Revisions of watch history kept (`history=`, default 100 000); older ones are
     /// compacted away.
     pub history: u64,
+    /// Bytes of events the log keeps (`history_bytes=`, default 64 MiB; suffixes `KiB`,
+    /// `MiB`, `GiB` accepted): the oldest revisions are compacted away beyond it, whatever
+    /// `history` says. Each event counts its key and value plus 64 bytes; the newest
+    /// revision is always kept, so the log holds at most this plus that revision's events.
+    pub history_bytes: u64,
 }
 
 impl RedisConfig {
@@ -54,10 +77,13 @@ impl RedisConfig {
             db: 0,
             tls: false,
             cacert: None,
+            cert: None,
+            key: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             namespace: DEFAULT_NAMESPACE.to_string(),
             history: 100_000,
+            history_bytes: DEFAULT_HISTORY_BYTES,
         }
     }
 
@@ -103,10 +129,13 @@ impl RedisConfig {
             match name.as_str() {
                 "db" => config.db = parse_db(value)?,
                 "cacert" => config.cacert = Some(PathBuf::from(value)),
+                "cert" => config.cert = Some(PathBuf::from(value)),
+                "key" => config.key = Some(PathBuf::from(value)),
                 "connect_timeout" => config.connect_timeout = positive(name, value)?,
                 "request_timeout" => config.request_timeout = positive(name, value)?,
                 "namespace" => config.namespace = value.clone(),
                 "history" => config.history = parse_history(value)?,
+                "history_bytes" => config.history_bytes = parse_bytes(name, value)?,
                 other => {
                     return Err(ConfigError::UnknownOption {
                         option: other.to_string(),
@@ -115,12 +144,14 @@ impl RedisConfig {
                 }
             }
         }
-        if config.cacert.is_some() && !config.tls {
-            return Err(ConfigError::InvalidValue {
-                option: "cacert".into(),
-                value: url.options.get("cacert").cloned().unwrap_or_default(),
-                reason: "a CA certificate needs TLS: use `rediss://`".into(),
-            });
+        for option in ["cacert", "cert", "key"] {
+            if let (Some(value), false) = (url.options.get(option), config.tls) {
+                return Err(ConfigError::InvalidValue {
+                    option: option.into(),
+                    value: value.clone(),
+                    reason: "certificates need TLS: use `rediss://`".into(),
+                });
+            }
         }
         config.validate()?;
         Ok(config)
@@ -128,6 +159,35 @@ impl RedisConfig {
 
     /// Checks the values a user can get wrong when building the config by hand.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.cert, &self.key) {
+            (Some(_), Some(_)) | (None, None) => {}
+            (Some(cert), None) => {
+                return Err(ConfigError::InvalidValue {
+                    option: "cert".into(),
+                    value: cert.display().to_string(),
+                    reason: "a client certificate needs its private key (option `key`)".into(),
+                });
+            }
+            (None, Some(key)) => {
+                return Err(ConfigError::InvalidValue {
+                    option: "key".into(),
+                    value: key.display().to_string(),
+                    reason: "a private key needs its client certificate (option `cert`)".into(),
+                });
+            }
+        }
+        if !self.tls && (self.cacert.is_some() || self.cert.is_some()) {
+            return Err(ConfigError::InvalidValue {
+                option: if self.cacert.is_some() { "cacert" } else { "cert" }.into(),
+                value: self
+                    .cacert
+                    .as_ref()
+                    .or(self.cert.as_ref())
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                reason: "certificates need TLS: use `rediss://` (or set `tls`)".into(),
+            });
+        }
         if self.namespace.is_empty()
             || self.namespace.chars().any(|c| matches!(c, '{' | '}') || c.is_control())
         {
@@ -135,6 +195,13 @@ impl RedisConfig {
                 option: "namespace".into(),
                 value: self.namespace.clone(),
                 reason: "expected a non-empty name without `{`, `}` or control characters".into(),
+            });
+        }
+        if self.history_bytes == 0 {
+            return Err(ConfigError::InvalidValue {
+                option: "history_bytes".into(),
+                value: "0".into(),
+                reason: "the event log needs room for at least one event".into(),
             });
         }
         if self.history == 0 {
@@ -173,6 +240,28 @@ fn parse_history(value: &str) -> Result<u64, ConfigError> {
         value: value.into(),
         reason: "expected a number of revisions, at least 1".into(),
     })
+}
+
+/// A byte count: digits, optionally followed by `KiB`, `MiB` or `GiB`.
+fn parse_bytes(option: &str, value: &str) -> Result<u64, ConfigError> {
+    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit: u64 = match &value[digits.len()..] {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => 0,
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|n| *n > 0 && *n <= 1 << 50)
+        .ok_or_else(|| ConfigError::InvalidValue {
+            option: option.into(),
+            value: value.into(),
+            reason: "expected a size in bytes above zero, e.g. `67108864` or `64MiB`".into(),
+        })
 }
 
 fn positive(option: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -217,6 +306,7 @@ mod tests {
                 ("connect_timeout", "2s"),
                 ("namespace", "t1"),
                 ("history", "10"),
+                ("history_bytes", "2MiB"),
             ],
         ))
         .unwrap();
@@ -225,6 +315,7 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(2));
         assert_eq!(c.key_base(), "{rdzv:t1}:");
         assert_eq!(c.history, 10);
+        assert_eq!(c.history_bytes, 2 << 20);
         assert_eq!(c.endpoint_display(), "rediss://h:7000/3");
         assert!(!format!("{c:?}").contains("hunter2"));
     }
@@ -234,6 +325,8 @@ mod tests {
         for (opts, name) in [
             (&[("db", "-1")][..], "db"),
             (&[("history", "0")][..], "history"),
+            (&[("history_bytes", "0")][..], "history_bytes"),
+            (&[("history_bytes", "5MB")][..], "history_bytes"),
             (&[("namespace", "a}b")][..], "namespace"),
             (&[("connect_timeout", "soon")][..], "connect_timeout"),
             (&[("bogus", "1")][..], "bogus"),
@@ -243,5 +336,13 @@ mod tests {
         }
         let e = RedisConfig::from_url(&url("redis", &[("cacert", "/ca.pem")])).unwrap_err();
         assert!(e.to_string().contains("rediss"), "{e}");
+        let e = RedisConfig::from_url(&url("redis", &[("cert", "/c.pem"), ("key", "/c.key")])).unwrap_err();
+        assert!(e.to_string().contains("rediss"), "{e}");
+        let e = RedisConfig::from_url(&url("rediss", &[("cert", "/c.pem")])).unwrap_err();
+        assert!(e.to_string().contains("`key`"), "{e}");
+        let e = RedisConfig::from_url(&url("rediss", &[("key", "/c.key")])).unwrap_err();
+        assert!(e.to_string().contains("`cert`"), "{e}");
+        let c = RedisConfig::from_url(&url("rediss", &[("cert", "/c.pem"), ("key", "/c.key")])).unwrap();
+        assert_eq!((c.cert.unwrap(), c.key.unwrap()), (PathBuf::from("/c.pem"), PathBuf::from("/c.key")));
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use rdzv_core::{KvError, KvResult};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+use rustls::AlertDescription;
 
 use crate::config::RedisConfig;
 use crate::error::{NAME, from_redis};
@@ -36,17 +37,34 @@ pub(crate) fn client(config: &RedisConfig) -> KvResult<Client> {
             .map_err(|e| from_redis(e, &endpoint, "configuring the connection", config.connect_timeout));
     }
     install_crypto_provider();
-    let root_cert = match &config.cacert {
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            KvError::InvalidArgument(format!(
-                "cannot read the CA certificate `{}` (option cacert): {e}",
-                path.display()
-            ))
-        })?),
-        None => None,
+    let root_cert =
+        config.cacert.as_deref().map(|path| read_pem("cacert", "CA certificate", path)).transpose()?;
+    let client_tls = match (&config.cert, &config.key) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read_pem("cert", "client certificate", cert)?,
+            client_key: read_pem("key", "client key", key)?,
+        }),
+        _ => None,
     };
-    Client::build_with_tls(info, redis::TlsCertificates { client_tls: None, root_cert })
+    Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert })
         .map_err(|e| KvError::InvalidArgument(format!("TLS setup for {endpoint} failed: {e}")))
+}
+
+/// A PEM file named by option `option`; errors name the option and say what is wrong.
+fn read_pem(option: &str, what: &str, path: &std::path::Path) -> KvResult<Vec<u8>> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        KvError::InvalidArgument(format!(
+            "cannot read the {what} `{}` (option {option}): {e}",
+            path.display()
+        ))
+    })?;
+    if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+        return Err(KvError::InvalidArgument(format!(
+            "the {what} `{}` (option {option}) is not PEM (no `-----BEGIN` line)",
+            path.display()
+        )));
+    }
+    Ok(bytes)
 }
 
 /// `redis`'s rustls needs a process-wide crypto provider; install ring's unless the
@@ -71,9 +89,83 @@ pub(crate) async fn manager(client: &Client, config: &RedisConfig) -> KvResult<C
     let deadline = config.connect_timeout + Duration::from_secs(1);
     match tokio::time::timeout(deadline, client.get_connection_manager_with_config(manager_config)).await {
         Ok(Ok(m)) => Ok(m),
-        Ok(Err(e)) => Err(from_redis(e, &endpoint, "connecting", config.connect_timeout)),
+        Ok(Err(e)) => Err(connect_error(e, config)),
         Err(_) => Err(unreachable(&endpoint, deadline)),
     }
+}
+
+/// A failed connection attempt as a [`KvError`]. A TLS server that rejects the client's
+/// certificate (or wants one that was not given) is a configuration problem that retrying
+/// cannot fix: it is reported as such, saying which option to set.
+fn connect_error(e: redis::RedisError, config: &RedisConfig) -> KvError {
+    let endpoint = config.endpoint_display();
+    let alert = tls_alert(&e);
+    let shown =
+        |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+    match (alert, &config.cert) {
+        (Some(AlertDescription::CertificateRequired), None) => KvError::InvalidArgument(format!(
+            "the Redis server at {endpoint} requires a client certificate (tls-auth-clients) and none \
+             was given: add cert=<client.pem>&key=<client.key> to the URL (PEM files of a \
+             certificate signed by a CA the server trusts)"
+        )),
+        (
+            Some(
+                a @ (AlertDescription::BadCertificate
+                | AlertDescription::UnknownCA
+                | AlertDescription::CertificateUnknown
+                | AlertDescription::CertificateExpired
+                | AlertDescription::CertificateRevoked
+                | AlertDescription::UnsupportedCertificate
+                | AlertDescription::DecryptError
+                | AlertDescription::AccessDenied
+                | AlertDescription::CertificateRequired),
+            ),
+            Some(_),
+        ) => KvError::InvalidArgument(format!(
+            "the Redis server at {endpoint} refused the client certificate `{}` (option cert, \
+             TLS alert {a:?}): give a valid certificate signed by a CA in the server's \
+             tls-ca-cert-file, with its own key (option key, `{}`)",
+            shown(&config.cert),
+            shown(&config.key),
+        )),
+        // Of the commands that set up a connection, only SELECT can fail with a plain
+        // response error (a refused AUTH has a kind of its own); `redis` keeps its text only.
+        _ if config.db != 0
+            && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) =>
+        {
+            KvError::InvalidArgument(format!(
+                "the Redis server at {endpoint} refused to switch to database {} (option db): {e}; \
+                 check that the database exists (the server's `databases` setting) and that the \
+                 Redis user may run SELECT (`+select`, see docs/REDIS.md)",
+                config.db
+            ))
+        }
+        _ => from_redis(e, &endpoint, "connecting", config.connect_timeout),
+    }
+}
+
+/// The TLS alert the server sent, if the connection ended on one (found by type in the
+/// error's sources, never by its wording).
+fn tls_alert(e: &(dyn std::error::Error + 'static)) -> Option<AlertDescription> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut current = Some(e);
+    while let Some(e) = current {
+        if let Some(rustls::Error::AlertReceived(alert)) = e.downcast_ref::<rustls::Error>() {
+            return Some(*alert);
+        }
+        // `redis` keeps I/O errors behind an `Arc`, and tokio-rustls keeps rustls' error
+        // inside an `io::Error`: look through both.
+        if let Some(inner) = e.downcast_ref::<Shared>() {
+            current = Some(&**inner);
+            continue;
+        }
+        if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            current = Some(inner);
+            continue;
+        }
+        current = e.source();
+    }
+    None
 }
 
 /// A connection of its own, for one watch's blocking reads (`block` is the longest one).
@@ -91,7 +183,7 @@ pub(crate) async fn dedicated(
         .await
     {
         Ok(Ok(c)) => Ok(c),
-        Ok(Err(e)) => Err(from_redis(e, &endpoint, "connecting", config.connect_timeout)),
+        Ok(Err(e)) => Err(connect_error(e, config)),
         Err(_) => Err(unreachable(&endpoint, deadline)),
     }
 }

@@ -15,6 +15,29 @@ pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound
     if err.is_timeout() {
         return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: bound };
     }
+    if err.code() == Some("OOM") {
+        return KvError::Backend {
+            backend: NAME,
+            message: format!(
+                "{operation} failed at {endpoint}: the Redis server is out of memory (maxmemory \
+                 reached; nothing was written): free memory or raise maxmemory, and keep \
+                 maxmemory-policy noeviction (see docs/REDIS.md on memory)"
+            ),
+            source: Some(Box::new(err)),
+        };
+    }
+    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        return KvError::Backend {
+            backend: NAME,
+            message: format!(
+                "{operation} failed at {endpoint}: the Redis user lacks a permission rdzv needs ({}); \
+                 grant the ACL rules listed in docs/REDIS.md (its commands, and the keys \
+                 ~{{rdzv:<namespace>}}:*)",
+                err.detail().unwrap_or("NOPERM")
+            ),
+            source: Some(Box::new(err)),
+        };
+    }
     if err.is_io_error()
         || err.is_connection_refusal()
         || err.is_connection_dropped()
@@ -58,6 +81,20 @@ pub(crate) fn corrupt(key: &[u8], message: &str) -> KvError {
 
 /// The namespace's epoch is not the one this client attached to.
 pub(crate) fn lost(endpoint: &str, namespace: &str, found: &[u8]) -> KvError {
+    let found = String::from_utf8_lossy(found);
+    // Set by the client that detected a rollback (see `prologue` in prelude.lua):
+    // `<time>:rolled-back:<revision found>:<revision seen>`.
+    if let Some((_, detail)) = found.split_once(":rolled-back:") {
+        let (now, seen) = detail.split_once(':').unwrap_or((detail, "?"));
+        return KvError::backend(
+            NAME,
+            rolled_back(
+                endpoint,
+                namespace,
+                &format!("a client that had seen revision {seen} found revision {now}"),
+            ),
+        );
+    }
     let what = if found.is_empty() {
         "its data is gone (the server restarted without persistence, or was flushed)".to_string()
     } else {
@@ -70,5 +107,17 @@ pub(crate) fn lost(endpoint: &str, namespace: &str, found: &[u8]) -> KvError {
              revisions, leases and watch history from before are unknown, so this client stops; \
              connect a new client and start over"
         ),
+    )
+}
+
+/// The message for a server that went back in time (`evidence`: which counter went back).
+/// Not retryable: the same client can never trust that server's history again.
+pub(crate) fn rolled_back(endpoint: &str, namespace: &str, evidence: &str) -> String {
+    format!(
+        "the Redis server at {endpoint} rolled back rdzv's state in namespace `{namespace}` \
+         ({evidence}): it restarted from an older RDB/AOF snapshot, or a replica that missed \
+         writes was promoted; acknowledged writes are gone and their revisions would be reused \
+         for different data, so this client stops; connect a new client and start over (see \
+         docs/REDIS.md on persistence)"
     )
 }

@@ -9,8 +9,8 @@ use crate::config::{DEFAULT_PORT, OPTIONS, RedisConfig};
 use crate::kv::RedisKv;
 
 /// The backend factory for the `redis` and `rediss` schemes (registered by the `rdzv`
-/// facade). Options: `db`, `cacert`, `connect_timeout`, `request_timeout`, `namespace`,
-/// `history` (see [`RedisConfig`]).
+/// facade). Options: `db`, `cacert`, `cert`, `key`, `connect_timeout`, `request_timeout`, `namespace`,
+/// `history`, `history_bytes` (see [`RedisConfig`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RedisFactory;
 

@@ -4,8 +4,10 @@
 //! one blocked reader and one shared connection for it; each watch filters in memory.
 //!
 //! The task starts with the first watch and ends when the last one is gone. It checks the
-//! namespace's epoch whenever the log is quiet and after every reconnect, so a server that
-//! lost its data ends every watch with that error instead of looking quiet forever.
+//! namespace's epoch and revision whenever the log is quiet and after every reconnect, so a
+//! server that lost its data, or went back to an older snapshot (its revision is below one
+//! this client has seen), ends every watch with that error instead of looking quiet forever
+//! or skipping the revisions it hands out again.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,9 +17,9 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 use redis::{Client, Value};
 
-use crate::client::Shared;
+use crate::client::{HighWater, Shared};
 use crate::config::RedisConfig;
-use crate::error::{NAME, corrupt, from_redis, lost};
+use crate::error::{NAME, corrupt, from_redis, lost, rolled_back};
 
 /// Longest blocking read; between two, the feed checks that the namespace is still ours.
 const BLOCK: Duration = Duration::from_millis(1000);
@@ -121,6 +123,8 @@ pub(crate) struct Log {
     pub compacted_key: String,
     pub log_key: String,
     pub rev_key: String,
+    /// What the client has seen (the feed records its entries there).
+    pub high: Arc<HighWater>,
 }
 
 impl Log {
@@ -134,6 +138,7 @@ impl Log {
             compacted_key: format!("{}compacted", shared.base),
             log_key: shared.log_key(),
             rev_key: shared.rev_key(),
+            high: shared.high.clone(),
         }
     }
 
@@ -170,7 +175,15 @@ impl Log {
         Ok(self.int_at(conn, &self.compacted_key).await?.unwrap_or(1).max(1))
     }
 
-    pub async fn check_epoch<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) -> KvResult<()> {
+    /// Checks that the namespace is still the one the client attached to: same epoch, and a
+    /// revision no lower than the client has seen (else the server rolled back).
+    pub async fn check_alive<C: redis::aio::ConnectionLike + Send>(&self, conn: &mut C) -> KvResult<()> {
+        if let Some(e) = self.high.failed() {
+            return Err(e);
+        }
+        // Read before the server's revision: a reply that arrives in between can only raise
+        // it past what the server had when read, which would look like a rollback.
+        let seen = self.high.revision();
         let found: Option<Vec<u8>> = redis::cmd("GET")
             .arg(&self.epoch_key)
             .query_async(conn)
@@ -179,6 +192,11 @@ impl Log {
         let found = found.unwrap_or_default();
         if found != self.epoch.as_bytes() {
             return Err(lost(&self.endpoint, &self.config.namespace, &found));
+        }
+        let now = self.int_at(conn, &self.rev_key).await?.unwrap_or(0);
+        if now < seen {
+            let evidence = format!("its revision is {now}, but this client already saw revision {seen}");
+            return Err(self.high.fail(rolled_back(&self.endpoint, &self.config.namespace, &evidence)));
         }
         Ok(())
     }
@@ -235,7 +253,7 @@ impl Log {
 
     async fn connect(&self) -> KvResult<MultiplexedConnection> {
         let mut conn = crate::connect::dedicated(&self.client, &self.config, BLOCK).await?;
-        self.check_epoch(&mut conn).await?;
+        self.check_alive(&mut conn).await?;
         Ok(conn)
     }
 
@@ -301,6 +319,7 @@ pub(crate) async fn subscribe(
             (rev, rev)
         }
     };
+    log.high.saw_revision(start.0);
     let mut state = FeedState { tx, recent: Default::default(), recent_bytes: 0, floor };
     for entry in recent {
         state.push(entry);
@@ -337,6 +356,21 @@ async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut curs
             .arg(format!("{rev}-{n}"))
             .query_async(&mut conn)
             .await;
+        if let Err(e) = &reply
+            && e.code() == Some("UNBLOCKED")
+        {
+            // The server changed role under the blocked read (a failover, `REPLICAOF`): the
+            // read was cut short, not refused. What it holds now is checked, then read on.
+            match log.check_alive(&mut conn).await {
+                Ok(()) => {}
+                Err(e) if e.is_retryable() => match log.reconnect().await {
+                    Ok(c) => conn = c,
+                    Err(e) => break e,
+                },
+                Err(e) => break e,
+            }
+            continue;
+        }
         match reply.map_err(|e| log.err(e, "watch: reading the event log")) {
             Ok(Some(reply)) => {
                 let mut entries = Vec::new();
@@ -352,6 +386,7 @@ async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut curs
                 }
                 if let Some(last) = entries.last() {
                     cursor = last.id;
+                    log.high.saw_revision(cursor.0);
                 }
                 if let Some(feed) = lock(&slot).as_mut() {
                     for entry in entries {
@@ -362,11 +397,14 @@ async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut curs
                     break e;
                 }
             }
-            Ok(None) => {
-                if let Err(e) = log.check_epoch(&mut conn).await {
-                    break e;
-                }
-            }
+            Ok(None) => match log.check_alive(&mut conn).await {
+                Ok(()) => {}
+                Err(e) if e.is_retryable() => match log.reconnect().await {
+                    Ok(c) => conn = c,
+                    Err(e) => break e,
+                },
+                Err(e) => break e,
+            },
             Err(e) if e.is_retryable() => match log.reconnect().await {
                 Ok(c) => conn = c,
                 Err(e) => break e,
@@ -396,6 +434,7 @@ pub(crate) fn copy_error(e: &KvError) -> KvError {
         KvError::Compacted { requested, oldest } => {
             KvError::Compacted { requested: *requested, oldest: *oldest }
         }
+        KvError::Backend { backend, message, .. } => KvError::backend(backend, message.clone()),
         other => KvError::backend(NAME, other.to_string()),
     }
 }

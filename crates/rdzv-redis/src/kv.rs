@@ -5,17 +5,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rdzv_core::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvResult,
-    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
-    WatchStream,
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, Kv, KvError,
+    KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision,
+    WatchScope, WatchStream,
 };
 
 use crate::client::{Retry, Shared};
 use crate::config::RedisConfig;
 use crate::error::NAME;
+use crate::limits::{check_key, check_write};
 
 /// The Redis backend: etcd v3 semantics from one Lua script and one stream per namespace
-/// (see the [crate docs](crate)). Cheap to share behind an `Arc`; every clone of that `Arc`
+/// (see the [crate docs](crate)). Keys, values and requests larger than
+/// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) and
+/// [`MAX_REQUEST_BYTES`](crate::MAX_REQUEST_BYTES) fail with [`KvError::TooLarge`] before
+/// anything is sent. Cheap to share behind an `Arc`; every clone of that `Arc`
 /// uses one multiplexed connection, plus one for all its watches while any is open.
 /// Dropping the last one stops its background lease reaper.
 pub struct RedisKv {
@@ -55,6 +59,14 @@ impl RedisKv {
     pub fn config(&self) -> &RedisConfig {
         &self.shared.config
     }
+
+    /// Records the revision of a conflict's current key as seen.
+    fn saw(&self, current: Option<KeyValue>) -> Option<KeyValue> {
+        if let Some(kv) = &current {
+            self.shared.high.saw_revision(kv.mod_revision);
+        }
+        current
+    }
 }
 
 fn mode_args(mode: PutMode) -> (&'static [u8], Revision) {
@@ -88,13 +100,16 @@ impl Kv for RedisKv {
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
+        check_key(key)?;
         let mut r = self.shared.call("get", &[key], Retry::Idempotent).await?;
         let revision = r.int()?;
         let kv = r.optional_key_value()?;
+        self.shared.high.saw_revision(revision);
         Ok(GetResponse { kv, revision })
     }
 
     async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
+        check_key(prefix)?;
         let limit = num(options.limit.unwrap_or(0));
         let max_create = options.max_create_revision.map(num).unwrap_or_default();
         let order: &[u8] = match options.order {
@@ -111,10 +126,12 @@ impl Kv for RedisKv {
         while !records.is_empty() {
             kvs.push(records.key_value()?);
         }
+        self.shared.high.saw_revision(revision);
         Ok(RangeResponse { kvs, count: u64::try_from(count).unwrap_or(0), revision })
     }
 
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+        check_write(key, value)?;
         let (mode, expect) = mode_args(options.mode);
         let lease = lease_arg(options.lease)?;
         let args = [key, value, mode, &num(expect), &num(lease)];
@@ -123,29 +140,36 @@ impl Kv for RedisKv {
             "ok" => {
                 let revision = r.int()?;
                 let create_revision = r.int()?;
+                self.shared.high.saw_revision(revision);
                 Ok(PutOutcome::Written { revision, create_revision })
             }
-            "conflict" => Ok(PutOutcome::Conflict { current: r.optional_key_value()? }),
+            "conflict" => Ok(PutOutcome::Conflict { current: self.saw(r.optional_key_value()?) }),
             "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
             _ => Err(r.unexpected()),
         }
     }
 
     async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
+        check_key(key)?;
         let (mode, expect): (&[u8], Revision) = match mode {
             DeleteMode::Any => (b"a", 0),
             DeleteMode::IfRevision(rev) => (b"i", rev),
         };
         let mut r = self.shared.call("delete", &[key, mode, &num(expect)], Retry::Once).await?;
         match r.tag.as_str() {
-            "ok" => Ok(DeleteOutcome::Deleted { revision: r.int()? }),
+            "ok" => {
+                let revision = r.int()?;
+                self.shared.high.saw_revision(revision);
+                Ok(DeleteOutcome::Deleted { revision })
+            }
             "missing" => Ok(DeleteOutcome::Missing),
-            "conflict" => Ok(DeleteOutcome::Conflict { current: r.optional_key_value()? }),
+            "conflict" => Ok(DeleteOutcome::Conflict { current: self.saw(r.optional_key_value()?) }),
             _ => Err(r.unexpected()),
         }
     }
 
     async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
+        check_key(prefix)?;
         if prefix.is_empty() {
             return Err(KvError::InvalidArgument(
                 "delete_prefix needs a non-empty prefix (deleting every key is not allowed)".into(),
@@ -154,6 +178,7 @@ impl Kv for RedisKv {
         let mut r = self.shared.call("delete_prefix", &[prefix], Retry::Once).await?;
         let deleted = r.int()?;
         let revision = r.int()?;
+        self.shared.high.saw_revision(revision);
         Ok(DeletePrefixResponse { deleted: u64::try_from(deleted).unwrap_or(0), revision })
     }
 
@@ -167,7 +192,9 @@ impl Kv for RedisKv {
             return Err(KvError::InvalidArgument(format!("lease TTL {ttl:?} is too long")));
         }
         let mut r = self.shared.call("grant", &[&num(ms)], Retry::Once).await?;
-        r.int()
+        let lease = r.int()?;
+        self.shared.high.saw_lease(lease);
+        Ok(lease)
     }
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
@@ -189,10 +216,12 @@ impl Kv for RedisKv {
     }
 
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+        check_key(key)?;
         crate::watch::start(&self.shared, key.to_vec(), scope, start_revision).await
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+        check_key(key)?;
         // Lua numbers are doubles: beyond 2^53 the script declines and compare-and-swap,
         // which is exact, takes over.
         if delta.unsigned_abs() >= 1 << 53 {

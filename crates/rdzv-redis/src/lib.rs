@@ -8,12 +8,25 @@
 //! ```text
 //! redis://[user:pass@]host:6379/<run_id>?db=0&namespace=rdzv&connect_timeout=5s
 //! rediss://host:6380/<run_id>?cacert=/etc/ssl/my-ca.pem        (TLS)
+//! rediss://host:6380/<run_id>?cacert=ca.pem&cert=client.pem&key=client.key   (TLS, client certificate)
 //! ```
 //!
 //! Options: `db` (database number), `cacert` (PEM CA for `rediss://`; default: the system's
-//! roots), `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
+//! roots), `cert` and `key` (PEM client certificate and its key, for servers with
+//! `tls-auth-clients yes`; a server that wants one and gets none is reported as such),
+//! `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
 //! `namespace` (default `rdzv`; clients in different namespaces never see each other),
-//! `history` (revisions of watch history kept, default 100 000).
+//! `history` (revisions of watch history kept, default 100 000), `history_bytes` (bytes of
+//! watch history kept, default 64 MiB). Running Redis for rdzv in production (persistence,
+//! ACL rules, TLS, memory) is described in `docs/REDIS.md` in the repository.
+//!
+//! ## Limits
+//! Checked before anything is sent, failing with
+//! [`KvError::TooLarge`](rdzv_core::KvError::TooLarge): a key (or prefix) of at most
+//! [`MAX_KEY_BYTES`] (4 KiB), a value of at most [`MAX_VALUE_BYTES`] and a key and value
+//! together of at most [`MAX_REQUEST_BYTES`] (both 1.5 MiB, etcd's default request limit).
+//! A key is indexed under at most 51 prefixes (see the data layout), so a write costs a
+//! bounded number of index updates whatever its key looks like.
 //!
 //! ## Why scripts
 //! etcd answers "write this if the key's revision is still R, else tell me what is there" in
@@ -44,8 +57,10 @@
 //! entries a watch needs were trimmed it ends with
 //! [`KvError::Compacted`](rdzv_core::KvError::Compacted),
 //! naming the oldest revision still kept. The stream is trimmed to the last `history`
-//! revisions, or by [`Kv::compact`](rdzv_core::Kv::compact); the `compacted` key records
-//! how far, so compaction is detected exactly.
+//! revisions and, oldest revisions first, to `history_bytes` (each event counting its key,
+//! value and 64 bytes; the newest revision is always kept), or by
+//! [`Kv::compact`](rdzv_core::Kv::compact); the `compacted` key records how far, so
+//! compaction is detected exactly, and `logbytes` how much the log holds.
 //!
 //! ## Leases, on the server's clock
 //! A lease is a deadline in a sorted set, computed from the Redis server's `TIME` inside the
@@ -60,12 +75,14 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `{rdzv:ns}:rev` | string | the current revision |
-//! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below) |
+//! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below; `…:rolled-back:<found>:<seen>` after a rollback) |
 //! | `{rdzv:ns}:k:<key>` | hash | `v` value, `c` create revision, `m` mod revision, `n` version, `l` lease |
 //! | `{rdzv:ns}:names` | sorted set | every key, for prefix ranges by key (`ZRANGEBYLEX`) |
-//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` (every prefix of a key ending in `/` or `_`, and the empty one) scored by create revision: counts and creation-ordered ranges in O(log N) |
+//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` scored by create revision: counts and creation-ordered ranges in O(log N). `<dir>` is the empty prefix, a prefix ending at one of a key's first 16 `/`, or one ending at one of the first two `_` of one of those path segments (at most 51 per key); other prefixes are answered by filtering their keys |
 //! | `{rdzv:ns}:log` | stream | the events, ids `<revision>-<n>` |
 //! | `{rdzv:ns}:compacted` | string | the oldest revision the log still has |
+//! | `{rdzv:ns}:logbytes` | string | the bytes the log's events count for (`history_bytes`) |
+//! | `{rdzv:ns}:logsz` | stream | what each event counts for, same ids as the log (trimming reads these, not the values) |
 //! | `{rdzv:ns}:leases` | sorted set | lease ids scored by deadline (server ms) |
 //! | `{rdzv:ns}:lttl` | hash | each lease's TTL |
 //! | `{rdzv:ns}:lk:<id>` | set | the keys bound to a lease |
@@ -81,7 +98,16 @@
 //! attaches to the namespace's *epoch*, created by the first client; if the server restarts
 //! without persistence (or is flushed) the epoch is gone, and every operation and watch of
 //! the old client fails with a clear error instead of serving a history that no longer
-//! exists.
+//! exists. If the server instead comes back with *older* data (restarted from an RDB/AOF
+//! snapshot that misses the last writes, or a lagging replica promoted), the epoch survives
+//! but the revision counter goes back, and revisions would be handed out again for
+//! different writes. Each client remembers the highest revision and lease id it has seen;
+//! every script call carries them and is refused when the server's counters are lower, and
+//! the feed checks the same after every reconnect and whenever the log is quiet. The client
+//! that finds a rollback fails that call, every later one and its open watches with a
+//! non-retryable error saying "rolled back", and gives the namespace a new epoch so that
+//! every other client attached to it stops too (at its next call, or its reaper's within
+//! a second). New clients start over on what the server has.
 //!
 //! ## What the server needs
 //! Redis 7 (Debian's 7.0 is what the tests run), or a compatible server with Lua scripting
@@ -113,6 +139,7 @@ mod error;
 mod factory;
 mod feed;
 mod kv;
+mod limits;
 mod reaper;
 mod reply;
 mod watch;
@@ -123,3 +150,4 @@ pub mod testing;
 pub use config::{DEFAULT_NAMESPACE, DEFAULT_PORT, OPTIONS, RedisConfig};
 pub use factory::RedisFactory;
 pub use kv::RedisKv;
+pub use limits::{MAX_KEY_BYTES, MAX_REQUEST_BYTES, MAX_VALUE_BYTES};

@@ -25,6 +25,9 @@ pub(crate) fn spawn(shared: Weak<Shared>) -> tokio::task::AbortHandle {
         loop {
             tokio::time::sleep(delay).await;
             let Some(shared) = shared.upgrade() else { return };
+            if shared.high.should_announce() {
+                shared.announce_rollback().await;
+            }
             delay = match shared.call("reap", &[], Retry::Once).await {
                 Ok(mut reply) => match reply.int() {
                     // The next deadline, by the server's clock, bounded to [MIN, MAX].

@@ -5,7 +5,8 @@
 use rdzv_core::{KeyValue, KvError, KvResult};
 use redis::Value;
 
-use crate::error::{bad_reply, corrupt, lost};
+use crate::client::HighWater;
+use crate::error::{bad_reply, corrupt, lost, rolled_back};
 
 /// What a script call returned, once the errors every operation can produce are handled.
 pub(crate) struct Reply {
@@ -20,10 +21,13 @@ pub(crate) struct Reply {
 pub(crate) struct Context<'a> {
     pub endpoint: &'a str,
     pub namespace: &'a str,
+    /// Where a rollback is recorded.
+    pub high: &'a HighWater,
 }
 
 impl Reply {
-    /// Splits a raw reply; `corrupt` and `epoch` replies become errors.
+    /// Splits a raw reply; `corrupt`, `epoch` and `rollback` replies become errors (a
+    /// rollback is also recorded in `ctx.high`, so every later call repeats it).
     pub fn parse(value: Value, operation: &'static str, ctx: &Context<'_>) -> KvResult<Reply> {
         let Value::Array(items) = value else {
             return Err(bad_reply(operation, format!("{value:?}")));
@@ -43,6 +47,15 @@ impl Reply {
             "epoch" => {
                 let found = reply.bytes()?;
                 Err(lost(ctx.endpoint, ctx.namespace, &found))
+            }
+            "rollback" => {
+                let (now, seen, lease, seen_lease) = (reply.int()?, reply.int()?, reply.int()?, reply.int()?);
+                let evidence = if now < seen {
+                    format!("its revision is {now}, but this client already saw revision {seen}")
+                } else {
+                    format!("its last lease id is {lease}, but this client already saw lease {seen_lease}")
+                };
+                Err(ctx.high.fail(rolled_back(ctx.endpoint, ctx.namespace, &evidence)))
             }
             _ => Ok(reply),
         }

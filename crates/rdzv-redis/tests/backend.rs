@@ -188,6 +188,156 @@ async fn server_restart_is_unavailable_then_reported_as_lost_data() {
     assert!(matches!(kv.get(b"k").await, Err(KvError::Backend { .. })));
 }
 
+/// The error of a client that found its server rolled back: clear, and never retryable.
+fn assert_rolled_back(e: &KvError, what: &str) {
+    assert!(matches!(e, KvError::Backend { .. }) && !e.is_retryable(), "{what}: {e:?}");
+    assert!(e.to_string().contains("rolled back"), "{what}: {e}");
+}
+
+/// Retries `op` while the server is coming back (retryable errors), for at most `WAIT`.
+async fn once_back<T, F, Fut>(mut op: F) -> rdzv_core::KvResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = rdzv_core::KvResult<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        match op().await {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_from_an_older_snapshot_is_a_rollback_for_operations_and_watches() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let mut config = server.config("rollback");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let watcher = connect(config.clone()).await;
+    let first = put(&*kv, b"/p/a", b"before", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", watcher.watch(b"/p/", WatchScope::Prefix, first + 1)).await.unwrap();
+    let saved = put(&*kv, b"/p/b", b"before", PutOptions::OVERWRITE).await;
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("SAVE").query_async(&mut conn).await.unwrap();
+    // Acknowledged after the snapshot: the restart loses them.
+    let lost = put(&*kv, b"/p/a", b"after", PutOptions::OVERWRITE).await;
+    let last = put(&*kv, b"/p/c", b"after", PutOptions::OVERWRITE).await;
+    for rev in [saved, lost, last] {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+
+    server.restart_from_snapshot().expect("restart from the snapshot");
+    // A client that attaches after the restart carries on from the snapshot and is handed
+    // the lost revision again, for a different value. (If an old client has already
+    // detected the rollback, the namespace was reset and it attaches to the new epoch.)
+    let mut reused = None;
+    for _ in 0..3 {
+        let fresh = connect(config.clone()).await;
+        match once_back(|| fresh.put(b"/p/a", b"stranger", PutOptions::OVERWRITE)).await {
+            Ok(PutOutcome::Written { revision, .. }) => {
+                reused = Some(revision);
+                break;
+            }
+            Err(e) => assert_rolled_back(&e, "a client attached just before the reset"),
+            Ok(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(reused, Some(lost), "the restored server hands out revision {lost} again");
+
+    // A compare-and-swap on the revision the old client remembers would match the
+    // stranger's value: it must be refused, loudly.
+    let e = once_back(|| kv.put(b"/p/a", b"mine", PutOptions::new(rdzv_core::PutMode::Update(lost))))
+        .await
+        .expect_err("a swap on a reused revision succeeded");
+    assert_rolled_back(&e, "the swap");
+    let e = kv.get(b"/p/a").await.expect_err("a read after the rollback succeeded");
+    assert_rolled_back(&e, "the next read");
+    // The open watch ends with the same error instead of skipping the reused revisions.
+    let e = next(&mut events).await.expect_err("the watch went on after the rollback");
+    assert_rolled_back(&e, "the watch");
+    assert!(within("watch end", events.next()).await.is_none());
+    let e = once_back(|| watcher.get(b"/p/a")).await.expect_err("the watcher's client went on");
+    assert_rolled_back(&e, "the watcher's client");
+    // A new client starts over on what the server has.
+    let fresh = connect(config).await;
+    let got = within("get", fresh.get(b"/p/a")).await.unwrap().kv.unwrap();
+    assert_eq!(got.value, b"stranger");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_keeps_every_write_is_not_a_rollback() {
+    let mut server = RedisServer::start_with_args(&["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("redis-server with AOF");
+    let mut config = server.config("durable");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let first = put(&*kv, b"/d/a", b"1", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/d/", WatchScope::Prefix, first)).await.unwrap();
+    let last = put(&*kv, b"/d/b", b"2", PutOptions::OVERWRITE).await;
+    for rev in [first, last] {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+
+    server.restart_keeping_files().expect("restart");
+    // Everything acknowledged is still there: the same client carries on, watch included.
+    let got = once_back(|| kv.get(b"/d/b")).await.expect("a read after a lossless restart");
+    assert_eq!((got.revision, got.kv.unwrap().value), (last, b"2".to_vec()));
+    let next_rev = once_back(|| kv.put(b"/d/c", b"3", PutOptions::OVERWRITE)).await.expect("write");
+    assert!(matches!(next_rev, PutOutcome::Written { revision, .. } if revision == last + 1), "{next_rev:?}");
+    assert_eq!(next(&mut events).await.unwrap().revision(), last + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_that_go_back_without_a_restart_are_a_rollback_too() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let base = format!("{{rdzv:{ns}}}:");
+    let mut conn = raw(server).await;
+
+    // A lease id handed out again: a keep-alive could renew a stranger's lease.
+    let kv = connect(server.config(&ns)).await;
+    let lease = within("grant", kv.lease_grant(Duration::from_secs(30))).await.unwrap();
+    let _: () =
+        redis::cmd("SET").arg(format!("{base}leaseid")).arg(lease - 1).query_async(&mut conn).await.unwrap();
+    let e = kv.lease_keep_alive(lease).await.expect_err("keep-alive after the lease ids went back");
+    assert_rolled_back(&e, "keep-alive");
+    assert!(e.to_string().contains("lease"), "{e}");
+
+    // The revision going back under a quiet watch (no reconnect): the feed's own check.
+    let ns = RedisServer::fresh_namespace();
+    let base = format!("{{rdzv:{ns}}}:");
+    let kv = connect(server.config(&ns)).await;
+    // A client that never saw past the restored revision, so cannot tell by itself.
+    let other = connect(server.config(&ns)).await;
+    let rev = put(&*kv, b"/q/1", b"v", PutOptions::OVERWRITE).await;
+    put(&*kv, b"/q/2", b"v", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/q/", WatchScope::Prefix, rev)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    assert_eq!(next(&mut events).await.unwrap().revision(), rev + 1);
+    let _: () =
+        redis::cmd("SET").arg(format!("{base}rev")).arg(rev - 1).query_async(&mut conn).await.unwrap();
+    let e = next(&mut events).await.expect_err("the watch went on after the rollback");
+    assert_rolled_back(&e, "the quiet watch");
+    let e = kv.get(b"/q/1").await.expect_err("a read after the rollback");
+    assert_rolled_back(&e, "the read");
+    // The watcher's client told the others: they stop too, within about a second.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let e = loop {
+        match other.get(b"/q/1").await {
+            Err(e) => break e,
+            Ok(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Ok(r) => panic!("another client still reads after the rollback: {r:?}"),
+        }
+    };
+    assert_rolled_back(&e, "another client");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_to_nothing_is_unavailable_in_time() {
     let port = {
@@ -536,4 +686,419 @@ async fn a_thousand_workers_watch_from_their_own_writes_through_one_feed() {
         started.elapsed()
     );
     assert!(started.elapsed() < WAIT);
+}
+
+fn assert_too_large(
+    result: rdzv_core::KvResult<impl std::fmt::Debug>,
+    what: &str,
+    size: usize,
+    limit: usize,
+) {
+    match result {
+        Err(KvError::TooLarge { backend: "redis", what: w, size: s, limit: l }) => {
+            assert_eq!((w, s, l), (what, size, limit));
+        }
+        other => panic!("expected {what} of {size} bytes to be too large, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_values_and_requests_over_the_limits_are_refused_before_sending() {
+    use rdzv_redis::{MAX_KEY_BYTES, MAX_REQUEST_BYTES, MAX_VALUE_BYTES};
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    let start = within("get", kv.get(b"k")).await.unwrap().revision;
+
+    let long = vec![b'k'; MAX_KEY_BYTES + 1];
+    let (size, limit) = (MAX_KEY_BYTES + 1, MAX_KEY_BYTES);
+    assert_too_large(kv.put(&long, b"v", PutOptions::OVERWRITE).await, "a key", size, limit);
+    assert_too_large(kv.get(&long).await, "a key", size, limit);
+    assert_too_large(kv.range(&long, RangeOptions::default()).await, "a key", size, limit);
+    assert_too_large(kv.delete(&long, rdzv_core::DeleteMode::Any).await, "a key", size, limit);
+    assert_too_large(kv.delete_prefix(&long).await, "a key", size, limit);
+    assert_too_large(kv.increment(&long, 1).await, "a key", size, limit);
+    assert_too_large(kv.watch(&long, WatchScope::Key, 0).await.map(|_| ()), "a key", size, limit);
+    let big = vec![0u8; MAX_VALUE_BYTES + 1];
+    assert_too_large(kv.put(b"k", &big, PutOptions::OVERWRITE).await, "a value", big.len(), MAX_VALUE_BYTES);
+    let key = vec![b'k'; 100];
+    let value = vec![0u8; MAX_REQUEST_BYTES - 50];
+    assert_too_large(
+        kv.put(&key, &value, PutOptions::OVERWRITE).await,
+        "a request",
+        100 + value.len(),
+        MAX_REQUEST_BYTES,
+    );
+    let e = kv.put(&key, &value, PutOptions::OVERWRITE).await.unwrap_err();
+    assert!(e.to_string().contains(&MAX_REQUEST_BYTES.to_string()), "the error names the limit: {e}");
+    // Nothing was sent: no revision was used.
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().revision, start);
+
+    // Exactly at the limits is fine.
+    let at_limit = vec![b'k'; MAX_KEY_BYTES];
+    put(&*kv, &at_limit, b"v", PutOptions::OVERWRITE).await;
+    let value = vec![7u8; MAX_REQUEST_BYTES - 1];
+    let rev = put(&*kv, b"k", &value, PutOptions::OVERWRITE).await;
+    assert_eq!(rev, start + 2);
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().value, value);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_full_of_separators_costs_a_bounded_number_of_indexes() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    // 4095 bytes, 1365 '/' and 1365 '_': one index per separator would be 2731 sorted sets,
+    // each holding the whole key, written by one atomic script.
+    let key = b"/a_".repeat(1365);
+    let first = put(&*kv, &key, b"1", PutOptions::OVERWRITE).await;
+    let mut conn = raw(server).await;
+    let indexes: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{{rdzv:{ns}}}:i:*")).query_async(&mut conn).await.unwrap();
+    assert!(indexes.len() <= 51, "{} index sets for one key", indexes.len());
+
+    // Prefixes past the indexed depth are still answered right, in creation order too.
+    let mut sibling = b"/a_".repeat(30);
+    sibling.extend_from_slice(b"/zz");
+    let second = put(&*kv, &sibling, b"2", PutOptions::OVERWRITE).await;
+    let deep_dir = b"/a_".repeat(30);
+    let mut deep_dir = deep_dir.to_vec();
+    deep_dir.push(b'/');
+    let deep_underscore = b"/a_".repeat(25);
+    for prefix in [&deep_dir[..], &deep_underscore[..], b"/a_/a_/"] {
+        let by_create =
+            RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+        let read = within("range", kv.range(prefix, by_create)).await.unwrap();
+        let revs: Vec<i64> = read.kvs.iter().map(|kv| kv.create_revision).collect();
+        assert_eq!((revs, read.count), (vec![first, second], 2), "prefix of {} bytes", prefix.len());
+        let upto_first =
+            RangeOptions { max_create_revision: Some(first), count_only: true, ..RangeOptions::default() };
+        assert_eq!(within("count", kv.range(prefix, upto_first)).await.unwrap().count, 1);
+    }
+    // Deleting the key removes it from every index it was in.
+    within("delete", kv.delete(&key, rdzv_core::DeleteMode::Any)).await.unwrap();
+    let by_create =
+        RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+    assert_eq!(within("range", kv.range(b"/a_/", by_create)).await.unwrap().count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_log_is_bounded_in_bytes_as_well_as_revisions() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let mut config = server.config(&ns);
+    config.history_bytes = 100_000;
+    let kv = connect(config).await;
+    let value = vec![b'v'; 10_000];
+    let mut revs = Vec::new();
+    for i in 0..30 {
+        revs.push(put(&*kv, format!("/b/{i:02}").as_bytes(), &value, PutOptions::OVERWRITE).await);
+    }
+    let log_key = format!("{{rdzv:{ns}}}:log");
+    let mut conn = raw(server).await;
+    let entries: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(&log_key).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let bytes: usize = entries.ids.len() * (64 + 5 + 10_000);
+    // Within the bound plus the newest revision, and not emptier than it needs to be.
+    assert!(bytes <= 100_000 + 10_069, "the log holds {bytes} bytes of events");
+    assert!(bytes > 100_000 - 10_069, "the log holds only {bytes} bytes of events");
+    let counted: usize =
+        redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();
+    assert_eq!(counted, bytes);
+    let sizes: usize =
+        redis::cmd("XLEN").arg(format!("{{rdzv:{ns}}}:logsz")).query_async(&mut conn).await.unwrap();
+    assert_eq!(sizes, entries.ids.len(), "one size per event kept");
+    // A watch from before the kept history is told so; one from within it replays.
+    let oldest = revs[revs.len() - entries.ids.len()];
+    match kv.watch(b"/b/", WatchScope::Prefix, revs[0]).await {
+        Err(KvError::Compacted { requested, oldest: o }) => assert_eq!((requested, o), (revs[0], oldest)),
+        other => panic!("expected Compacted, got {:?}", other.map(|_| ())),
+    }
+    let mut events = within("watch", kv.watch(b"/b/", WatchScope::Prefix, oldest)).await.unwrap();
+    for rev in &revs[revs.len() - entries.ids.len()..] {
+        assert_eq!(next(&mut events).await.unwrap().revision(), *rev);
+    }
+    // Compaction keeps the count right.
+    within("compact", kv.compact(*revs.last().unwrap())).await.unwrap();
+    let counted: usize =
+        redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();
+    assert_eq!(counted, 64 + 5 + 10_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_certificates_are_presented_and_their_absence_explained() {
+    let server = RedisServer::start_tls_with_client_auth().expect("redis-server with TLS client auth");
+    let ns = RedisServer::fresh_namespace();
+    let config = server.tls_client_config(&ns).expect("tls server");
+    let kv = connect(config.clone()).await;
+    let rev = put(&*kv, b"k", b"with a client certificate", PutOptions::OVERWRITE).await;
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().mod_revision, rev);
+
+    // From a URL, with the same option names as etcd's.
+    let files = server.tls_files().unwrap();
+    let url = server
+        .tls_url(
+            "job",
+            &format!(
+                "namespace={ns}&cert={}&key={}",
+                files.client_cert.display(),
+                files.client_key.display()
+            ),
+        )
+        .unwrap();
+    let kv =
+        within("connect", RedisFactory.connect(&RendezvousUrl::parse(&url).unwrap())).await.expect("connect");
+    assert_eq!(within("get", kv.get(b"k")).await.unwrap().kv.unwrap().mod_revision, rev);
+
+    // Without one, the server refuses: the error says so and names the options.
+    let mut without = config.clone();
+    without.cert = None;
+    without.key = None;
+    let e = within("connect without a client certificate", RedisKv::connect(without)).await.unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, KvError::InvalidArgument(_)), "not retryable: {e:?}");
+    assert!(text.contains("client certificate") && text.contains("cert=") && text.contains("key="), "{text}");
+    assert!(text.contains(&format!(":{}", server.tls_port().unwrap())), "{text}");
+
+    // A certificate from another CA is refused too; a key file that is not PEM is named.
+    let other = tempfile::tempdir().unwrap();
+    let stranger = rdzv_redis::testing::TlsFiles::generate(other.path()).unwrap();
+    let mut foreign = config.clone();
+    foreign.cert = Some(stranger.client_cert);
+    foreign.key = Some(stranger.client_key);
+    let e = within("connect with a foreign client certificate", RedisKv::connect(foreign)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("refused the client certificate"), "{e}");
+    let mut not_pem = config;
+    let junk = other.path().join("junk.key");
+    std::fs::write(&junk, "not a key").unwrap();
+    not_pem.key = Some(junk);
+    let e = within("connect with a bad key file", RedisKv::connect(not_pem)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)) && e.to_string().contains("junk.key"), "{e}");
+}
+
+/// The ACL rules documented in docs/REDIS.md, for user `user` (password `password`) in
+/// namespace `namespace`: the test runs exactly what the documentation says.
+fn documented_acl(user: &str, password: &str, namespace: &str) -> Vec<String> {
+    let doc = include_str!("../../../docs/REDIS.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER rdzv on >CHANGE-ME "))
+        .expect("docs/REDIS.md documents the ACL rules");
+    let mut words: Vec<String> = line.split_whitespace().skip(2).map(str::to_string).collect();
+    for w in words.iter_mut() {
+        match w.as_str() {
+            "rdzv" => *w = user.to_string(),
+            ">CHANGE-ME" => *w = format!(">{password}"),
+            "~{rdzv:rdzv}:*" => *w = format!("~{{rdzv:{namespace}}}:*"),
+            _ => {}
+        }
+    }
+    words
+}
+
+async fn set_user(conn: &mut redis::aio::MultiplexedConnection, rules: &[String]) {
+    let _: () = redis::cmd("ACL").arg("SETUSER").arg(rules).query_async(conn).await.unwrap();
+}
+
+/// Everything rdzv does: writes of every kind, reads, leases and their expiry, a watch, and
+/// compaction.
+async fn exercise(kv: &dyn Kv) {
+    let rev = put(kv, b"/acl/a", b"1", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/acl/", WatchScope::Prefix, rev)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    let lease = within("grant", kv.lease_grant(Duration::from_millis(600))).await.unwrap();
+    put(kv, b"/acl/leased", b"x", PutOptions::OVERWRITE.with_lease(Some(lease))).await;
+    within("keep-alive", kv.lease_keep_alive(lease)).await.unwrap();
+    assert_eq!(within("increment", kv.increment(b"/acl/n", 2)).await.unwrap(), Some(2));
+    let by_create =
+        RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+    assert_eq!(within("range", kv.range(b"/acl/", by_create)).await.unwrap().count, 3);
+    assert_eq!(within("range", kv.range(b"/acl/le", RangeOptions::default())).await.unwrap().count, 1);
+    within("delete", kv.delete(b"/acl/n", rdzv_core::DeleteMode::Any)).await.unwrap();
+    // The lease ends by itself: the reaper's expiry shows up in the watch.
+    let mut kinds = Vec::new();
+    while kinds.len() < 4 {
+        kinds.push(next(&mut events).await.unwrap().kind);
+    }
+    assert_eq!(kinds, [EventKind::Put, EventKind::Put, EventKind::Delete, EventKind::Delete]);
+    let short = within("grant", kv.lease_grant(Duration::from_secs(5))).await.unwrap();
+    within("revoke", kv.lease_revoke(short)).await.unwrap();
+    let last = within("delete_prefix", kv.delete_prefix(b"/acl/")).await.unwrap().revision;
+    within("compact", kv.compact(last)).await.unwrap();
+    assert!(within("get", kv.get(b"/acl/a")).await.unwrap().kv.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_is_enough_and_less_fails_clearly() {
+    // A server of its own, so the script is not already cached by a more powerful user.
+    let server = RedisServer::start().expect("redis-server");
+    let mut admin = raw(&server).await;
+    let ns = RedisServer::fresh_namespace();
+    let rules = documented_acl("rdzv-exact", "pw-exact", &ns);
+    set_user(&mut admin, &rules).await;
+    let mut config = server.config(&ns);
+    config.username = Some("rdzv-exact".into());
+    config.password = Some(Secret::new("pw-exact"));
+    let kv = connect(config.clone()).await;
+    exercise(&*kv).await;
+
+    // Without the stream read, watches fail, saying what is missing and where to look.
+    let without_xread: Vec<String> = rules.iter().filter(|w| *w != "+xread").cloned().collect();
+    assert!(without_xread.len() < rules.len());
+    let mut user = without_xread.clone();
+    user[0] = "rdzv-no-xread".into();
+    set_user(&mut admin, &user).await;
+    let mut no_xread = config.clone();
+    no_xread.username = Some("rdzv-no-xread".into());
+    let kv = connect(no_xread).await;
+    let rev = put(&*kv, b"/w/1", b"v", PutOptions::OVERWRITE).await;
+    let e = match within("watch", kv.watch(b"/w/", WatchScope::Prefix, rev)).await {
+        Err(e) => e,
+        // What the feed read before it tails the log may come first.
+        Ok(mut events) => loop {
+            if let Err(e) = next(&mut events).await {
+                break e;
+            }
+        },
+    };
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("xread") && e.to_string().contains("docs/REDIS.md"), "{e}");
+
+    // Without access to the namespace's keys, connecting fails the same way.
+    let mut user = documented_acl("rdzv-other-keys", "pw-exact", "someone-else");
+    user[0] = "rdzv-other-keys".into();
+    set_user(&mut admin, &user).await;
+    let mut other_keys = config.clone();
+    other_keys.username = Some("rdzv-other-keys".into());
+    let e = within("connect", RedisKv::connect(other_keys)).await.unwrap_err();
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("docs/REDIS.md"), "{e}");
+
+    // Another database needs `select` as well, as documented.
+    let mut db1 = config.clone();
+    db1.db = 1;
+    let e = within("connect to db 1", RedisKv::connect(db1.clone())).await.unwrap_err();
+    assert!(e.to_string().contains("docs/REDIS.md"), "{e}");
+    let mut user = rules.clone();
+    user[0] = "rdzv-db1".into();
+    user.push("+select".into());
+    set_user(&mut admin, &user).await;
+    db1.username = Some("rdzv-db1".into());
+    let kv = connect(db1.clone()).await;
+    put(&*kv, b"/db1", b"v", PutOptions::OVERWRITE).await;
+    db1.db = 100;
+    let e = within("connect to db 100", RedisKv::connect(db1)).await.unwrap_err();
+    assert!(matches!(e, KvError::InvalidArgument(_)) && e.to_string().contains("database 100"), "{e}");
+
+    // Without one command used inside the script, the operation that needs it fails, named.
+    let mut user: Vec<String> = rules.iter().filter(|w| *w != "+xtrim").cloned().collect();
+    user[0] = "rdzv-no-xtrim".into();
+    set_user(&mut admin, &user).await;
+    let mut no_xtrim = config;
+    no_xtrim.username = Some("rdzv-no-xtrim".into());
+    let kv = connect(no_xtrim).await;
+    put(&*kv, b"/t/1", b"v", PutOptions::OVERWRITE).await;
+    let rev = put(&*kv, b"/t/2", b"v", PutOptions::OVERWRITE).await;
+    let e = kv.compact(rev).await.unwrap_err();
+    assert!(e.to_string().contains("xtrim") && e.to_string().contains("docs/REDIS.md"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_refuses_writes_cleanly_and_still_serves_reads() {
+    let server = RedisServer::start_with_args(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"])
+        .expect("redis-server with maxmemory");
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    let value = vec![b'v'; 256 * 1024];
+    let mut written = Vec::new();
+    let e = loop {
+        let key = format!("/full/{}", written.len());
+        match within("put", kv.put(key.as_bytes(), &value, PutOptions::OVERWRITE)).await {
+            Ok(PutOutcome::Written { revision, .. }) => written.push(revision),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 100, "4 MB of maxmemory took {} writes of 256 KiB", written.len());
+    };
+    assert!(!e.is_retryable() && e.to_string().contains("out of memory"), "{e:?}");
+    // Nothing of the refused write happened: the revision did not move, no key, no event.
+    let last = *written.last().expect("some writes fit");
+    let read = within("get", kv.get(format!("/full/{}", written.len()).as_bytes())).await.unwrap();
+    assert_eq!((read.revision, read.kv.is_none()), (last, true));
+    let range = within("range", kv.range(b"/full/", RangeOptions { keys_only: true, ..Default::default() }))
+        .await
+        .unwrap();
+    assert_eq!(range.count, written.len() as u64);
+    let mut conn = raw(&server).await;
+    let log_len: usize =
+        redis::cmd("XLEN").arg(format!("{{rdzv:{ns}}}:log")).query_async(&mut conn).await.unwrap();
+    assert_eq!(log_len, written.len());
+    // Deletes and lease expiries write events too, so they wait for room as well.
+    let e = kv.delete_prefix(b"/full/").await.unwrap_err();
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    // With room again, writes go on at the next revision.
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query_async(&mut conn).await.unwrap();
+    within("delete", kv.delete_prefix(b"/full/")).await.unwrap();
+    assert_eq!(put(&*kv, b"/after", b"v", PutOptions::OVERWRITE).await, last + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_that_missed_writes_is_a_rollback() {
+    // No delay before a full sync (Redis waits 5 s by default, for more replicas to join).
+    let primary = RedisServer::start_with_args(&["--repl-diskless-sync-delay", "0"]).expect("redis-server");
+    let replica = RedisServer::start_with_args(&[
+        "--repl-diskless-sync-delay",
+        "0",
+        "--replicaof",
+        "127.0.0.1",
+        &primary.port().to_string(),
+    ])
+    .expect("redis-server replica");
+    let mut config = primary.config("failover");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let first = put(&*kv, b"/f/a", b"1", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"/f/", WatchScope::Prefix, first)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), first);
+    // The replica has everything so far, then stops following.
+    let mut to_primary = raw(&primary).await;
+    let mut to_replica = raw(&replica).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let rev: Option<i64> =
+            redis::cmd("GET").arg("{rdzv:failover}:rev").query_async(&mut to_replica).await.unwrap();
+        if rev == Some(first) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the replica did not catch up: {rev:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut to_replica).await.unwrap();
+    // Acknowledged by the primary only.
+    let lost = put(&*kv, b"/f/b", b"2", PutOptions::OVERWRITE).await;
+    assert_eq!(next(&mut events).await.unwrap().revision(), lost);
+    // The failover: the endpoint now serves the replica's data (the old primary resyncs
+    // from it and is then promoted, so the clients' address stays the same).
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(replica.port())
+        .query_async(&mut to_primary)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut to_primary).await.unwrap();
+        if info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the old primary did not resync: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _: () = redis::cmd("REPLICAOF").arg("NO").arg("ONE").query_async(&mut to_primary).await.unwrap();
+
+    let e = once_back(|| kv.get(b"/f/a")).await.expect_err("a read after the failover succeeded");
+    assert_rolled_back(&e, "the next read");
+    let e = next(&mut events).await.expect_err("the watch went on after the failover");
+    assert_rolled_back(&e, "the watch");
 }

@@ -367,7 +367,7 @@ impl<'a> Attempt<'a> {
         match outcome {
             PutOutcome::Written { revision, .. } => {
                 tracing::debug!(version, "created a round");
-                self.forget_old_round(version).await;
+                self.forget_old_round(version);
                 let observed =
                     Observed { state: Some(joinable), mod_revision: revision, seen: revision, lease: None };
                 self.join(version, observed).await
@@ -701,14 +701,18 @@ impl<'a> Attempt<'a> {
     /// Deletes what is left of round `version - 2` (its join, keep-alive and waiting keys,
     /// extra data and Store): no worker can be in it any more, since round `version - 1`
     /// was opened after it ended. One write per round keeps the number of keys under a run
-    /// bounded however many rounds pass. Best effort: a failure leaves the keys to their
-    /// leases.
-    async fn forget_old_round(&self, version: u64) {
+    /// bounded however many rounds pass. In the background, off the round's critical path
+    /// (on etcd a range delete takes tens of milliseconds); best effort: a failure leaves the
+    /// keys to their leases.
+    fn forget_old_round(&self, version: u64) {
         let Some(old) = version.checked_sub(2).filter(|v| *v > 0) else { return };
         let prefix = self.ctx.keys.round(old).into_bytes();
-        if let Err(e) = self.ctx.kv.delete_prefix(&prefix).await {
-            tracing::debug!(error = %e, old, "could not delete an old round's keys");
-        }
+        let kv = self.ctx.kv.clone();
+        tokio::spawn(async move {
+            if let Err(e) = kv.delete_prefix(&prefix).await {
+                tracing::debug!(error = %e, old, "could not delete an old round's keys");
+            }
+        });
     }
 
     fn closed(&self) -> RendezvousError {

@@ -1,22 +1,22 @@
 -- rdzv on Redis: the operations (helpers in prelude.lua). Each returns a table whose first
 -- element says what happened: 'ok', 'conflict', 'missing', 'lease_not_found', 'future';
--- 'corrupt' and 'epoch' come from the dispatcher at the end.
+-- 'corrupt', 'epoch' and 'rollback' come from the dispatcher at the end.
 
 -- Attaches a client: returns the namespace's epoch, creating it (from the server clock) if
 -- the namespace is new.
 local function op_init()
   local e = rcall(K_EPOCH, 'GET', K_EPOCH)
   if not e then
-    local t = redis.call('TIME')
+    local t = call('TIME')
     e = t[1] .. '.' .. t[2]
-    redis.call('SET', K_EPOCH, e)
+    call('SET', K_EPOCH, e)
   end
   return { 'ok', e }
 end
 
 local function op_get()
   prologue()
-  local k = ARGV[5]
+  local k = ARGV[8]
   local rec = load(k, true)
   if rec then
     return { 'ok', cur_rev(), reply_kv(k, rec) }
@@ -28,15 +28,15 @@ end
 -- keys only ('1'), count only ('1'). Reply: 'ok', revision, count, flat records.
 local function op_range()
   prologue()
-  local p = ARGV[5]
-  local limit = tonumber(ARGV[6])
+  local p = ARGV[8]
+  local limit = tonumber(ARGV[9])
   local maxc = nil
-  if ARGV[7] ~= '' then
-    maxc = tonumber(ARGV[7])
+  if ARGV[10] ~= '' then
+    maxc = tonumber(ARGV[10])
   end
-  local by_create = ARGV[8] == 'create'
-  local keys_only = ARGV[9] == '1'
-  local count_only = ARGV[10] == '1'
+  local by_create = ARGV[11] == 'create'
+  local keys_only = ARGV[12] == '1'
+  local count_only = ARGV[13] == '1'
   local rev = cur_rev()
   local lo, hi = '-', '+'
   if #p > 0 then
@@ -52,7 +52,7 @@ local function op_range()
     else
       keys = rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, lo, hi)
     end
-  elseif #p == 0 or string.sub(p, -1) == '/' or string.sub(p, -1) == '_' then
+  elseif indexed(p) then
     local ik = ikey(p)
     local top = maxc and s(maxc) or '+inf'
     count = rcall(ik, 'ZCOUNT', ik, '-inf', top)
@@ -67,7 +67,7 @@ local function op_range()
       end
     end
   else
-    -- A prefix that ends in neither '/' nor '_' has no index: filter its keys (O(matches)).
+    -- A prefix without an index (see `dirs`): filter its keys (O(matches)).
     local sel = {}
     for _, k in ipairs(keys_with_prefix(p)) do
       local rec = load(k, false)
@@ -122,15 +122,15 @@ local function write(k, v, cur, lease)
   else
     rec = { v = v, c = rev, m = rev, n = 1, l = lease }
   end
-  redis.call('HSET', dkey(k), 'v', v, 'c', s(rec.c), 'm', s(rev), 'n', s(rec.n), 'l', s(lease))
+  call('HSET', dkey(k), 'v', v, 'c', s(rec.c), 'm', s(rev), 'n', s(rec.n), 'l', s(lease))
   if not cur then
     index_add(k, rec.c)
   end
   if cur and cur.l ~= 0 and cur.l ~= lease then
-    redis.call('SREM', lease_keys_key(cur.l), k)
+    call('SREM', lease_keys_key(cur.l), k)
   end
   if lease ~= 0 then
-    redis.call('SADD', lease_keys_key(lease), k)
+    call('SADD', lease_keys_key(lease), k)
   end
   log_put(rev, 0, k, rec)
   trim(rev)
@@ -141,8 +141,8 @@ end
 -- revision, lease (0 = none). Reply: 'ok', revision, create revision.
 local function op_put()
   prologue()
-  local k, v, mode = ARGV[5], ARGV[6], ARGV[7]
-  local expect, lease = tonumber(ARGV[8]), tonumber(ARGV[9])
+  local k, v, mode = ARGV[8], ARGV[9], ARGV[10]
+  local expect, lease = tonumber(ARGV[11]), tonumber(ARGV[12])
   local cur = load(k, true)
   if mode == 'c' and cur then
     return conflict(k, cur)
@@ -163,7 +163,7 @@ end
 -- compare-and-swap, which is exact).
 local function op_incr()
   prologue()
-  local k, delta = ARGV[5], tonumber(ARGV[6])
+  local k, delta = ARGV[8], tonumber(ARGV[9])
   local cur = load(k, true)
   local n = 0
   if cur then
@@ -184,7 +184,7 @@ end
 -- ARGV: key, mode ('a' any | 'i' if mod revision), expected mod revision.
 local function op_delete()
   prologue()
-  local k, mode, expect = ARGV[5], ARGV[6], tonumber(ARGV[7])
+  local k, mode, expect = ARGV[8], ARGV[9], tonumber(ARGV[10])
   local cur = load(k, true)
   if mode == 'i' and (not cur or cur.m ~= expect) then
     return conflict(k, cur)
@@ -203,7 +203,7 @@ end
 local function op_delete_prefix()
   prologue()
   local recs = {}
-  for _, k in ipairs(keys_with_prefix(ARGV[5])) do
+  for _, k in ipairs(keys_with_prefix(ARGV[8])) do
     local rec = load(k, false)
     if not rec then
       corrupt(dkey(k), 'indexed key has no record')
@@ -225,17 +225,17 @@ end
 -- ARGV: ttl in ms. Reply: 'ok', lease id.
 local function op_grant()
   local now = prologue()
-  local ttl = tonumber(ARGV[5])
-  local id = redis.call('INCR', K_LEASEID)
-  redis.call('ZADD', K_LEASES, s(now + ttl), s(id))
-  redis.call('HSET', K_LTTL, s(id), s(ttl))
+  local ttl = tonumber(ARGV[8])
+  local id = call('INCR', K_LEASEID)
+  call('ZADD', K_LEASES, s(now + ttl), s(id))
+  call('HSET', K_LTTL, s(id), s(ttl))
   return { 'ok', id }
 end
 
 -- ARGV: lease id. Reply: 'ok', ttl in ms.
 local function op_keep_alive()
   local now = prologue()
-  local id = tonumber(ARGV[5])
+  local id = tonumber(ARGV[8])
   if not lease_alive(id) then
     return { 'lease_not_found' }
   end
@@ -243,14 +243,14 @@ local function op_keep_alive()
   if not ttl then
     corrupt(K_LTTL, 'lease ' .. s(id) .. ' has no TTL')
   end
-  redis.call('ZADD', K_LEASES, s(now + ttl), s(id))
+  call('ZADD', K_LEASES, s(now + ttl), s(id))
   return { 'ok', ttl }
 end
 
 -- ARGV: lease id.
 local function op_revoke()
   prologue()
-  local id = tonumber(ARGV[5])
+  local id = tonumber(ARGV[8])
   if not lease_alive(id) then
     return { 'lease_not_found' }
   end
@@ -261,7 +261,7 @@ end
 -- The background reaper's call. Reply: 'ok', ms until the next lease deadline (-1: none).
 local function op_reap()
   local now = prologue()
-  local first = redis.call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
+  local first = call('ZRANGE', K_LEASES, 0, 0, 'WITHSCORES')
   if #first == 0 then
     return { 'ok', -1 }
   end
@@ -271,16 +271,23 @@ end
 -- ARGV: revision. Discards the log before it. Reply: 'ok', oldest available revision.
 local function op_compact()
   prologue()
-  local rev = tonumber(ARGV[5])
+  local rev = tonumber(ARGV[8])
   local cur = cur_rev()
   if rev > cur then
     return { 'future', cur }
   end
-  if rev > compacted() then
-    redis.call('SET', K_COMPACTED, s(rev))
-    redis.call('XTRIM', K_LOG, 'MINID', s(rev) .. '-0')
-  end
+  trim_log(cur, rev)
   return { 'ok', math.max(1, compacted()) }
+end
+
+-- A client whose watch feed found a rollback tells the others: the namespace gets a new
+-- epoch, unless it already has one. Reply: 'ok'.
+local function op_mark_rolled_back()
+  local e = rcall(K_EPOCH, 'GET', K_EPOCH)
+  if e == ARGV[2] then
+    mark_rolled_back(cur_rev())
+  end
+  return { 'ok' }
 end
 
 local ops = {
@@ -296,11 +303,12 @@ local ops = {
   revoke = op_revoke,
   reap = op_reap,
   compact = op_compact,
+  mark_rolled_back = op_mark_rolled_back,
 }
 
-local f = ops[ARGV[4]]
+local f = ops[ARGV[7]]
 if not f then
-  return redis.error_reply('rdzv: unknown operation ' .. tostring(ARGV[4]))
+  return redis.error_reply('rdzv: unknown operation ' .. tostring(ARGV[7]))
 end
 local ok, res = pcall(f)
 if ok then
@@ -311,5 +319,12 @@ if type(res) == 'table' and res.rdzv_corrupt then
 end
 if type(res) == 'table' and res.rdzv_epoch then
   return { 'epoch', res.found }
+end
+if type(res) == 'table' and res.rdzv_rollback then
+  return { 'rollback', res.rev, res.seen, res.lease, res.seen_lease }
+end
+if type(res) == 'table' and res.rdzv_error then
+  -- Returned, not raised: a raised error would lose its code to a script trace.
+  return redis.error_reply(res.rdzv_error)
 end
 error(res)

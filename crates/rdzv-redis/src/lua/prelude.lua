@@ -2,8 +2,11 @@
 --
 -- Calling convention: KEYS[1] = <base>rev (routes the call to the namespace's slot);
 -- ARGV[1] = <base> = "{rdzv:<namespace>}:", ARGV[2] = the epoch the client attached to,
--- ARGV[3] = how many revisions of history the event log keeps, ARGV[4] = the operation,
--- ARGV[5..] = its arguments. Every key touched starts with <base>, so one hash slot.
+-- ARGV[3] = how many revisions of history the event log keeps, ARGV[4] = the highest
+-- revision and ARGV[5] = the highest lease id this client has seen (rollback detection),
+-- ARGV[6] = how many bytes of events the log keeps at most (beyond its newest revision),
+-- ARGV[7] = the operation, ARGV[8..] = its arguments. Every key touched starts with <base>,
+-- so one hash slot.
 --
 -- Nothing here rolls back: Redis applies a script's writes as they happen. So every
 -- operation first reads and validates all it needs (a foreign value under our keys aborts
@@ -18,7 +21,22 @@ local K_COMPACTED = B .. 'compacted'
 local K_LEASES = B .. 'leases'
 local K_LTTL = B .. 'lttl'
 local K_LEASEID = B .. 'leaseid'
+local K_LOGBYTES = B .. 'logbytes'
+local K_LOGSZ = B .. 'logsz'
 local HISTORY = tonumber(ARGV[3])
+local SEEN_REV = tonumber(ARGV[4]) or 0
+local SEEN_LEASE = tonumber(ARGV[5]) or 0
+local HISTORY_BYTES = tonumber(ARGV[6])
+
+-- What one log entry counts for in the log's byte bound: its key and value, plus a fixed
+-- allowance for its id, field names and metadata.
+local ENTRY_OVERHEAD = 64
+
+-- How many '/' of a key, and how many '_' in each of its path segments, start an index (see
+-- `dirs`): a write costs at most 1 + MAX_SLASHES + (MAX_SLASHES + 1) * MAX_UNDERSCORES
+-- index entries, however long or oddly shaped its key.
+local MAX_SLASHES = 16
+local MAX_UNDERSCORES = 2
 
 -- Lua turns numbers into strings with "%.14g"; revisions are integers and must stay exact.
 local function s(n)
@@ -30,10 +48,34 @@ local function corrupt(key, msg)
   error({ rdzv_corrupt = true, key = key, msg = msg })
 end
 
--- redis.call that names the key in the error when the key holds a foreign type.
-local function rcall(key, ...)
-  local r = redis.pcall(...)
+-- Raises a NOPERM error naming the command if this user's ACL forbids `cmd` with these
+-- arguments (Redis 7.0 reports a command refused inside a script as a plain ERR that names
+-- neither the command nor the rule).
+local function check_acl(cmd, ...)
+  if redis.acl_check_cmd and not redis.acl_check_cmd(cmd, ...) then
+    local key = select(1, ...)
+    error({ rdzv_error = 'NOPERM this user may not run ' .. string.lower(cmd) .. ' on ' ..
+      tostring(key) .. ' (in rdzv\'s script)' })
+  end
+end
+
+-- redis.call, with a refused command named (see check_acl). A server error (out of memory,
+-- read-only replica…) ends the script as the reply, keeping its code (`OOM`, `READONLY`):
+-- raised as is, it would reach the client as a plain ERR with a script trace.
+local function call(cmd, ...)
+  local r = redis.pcall(cmd, ...)
   if type(r) == 'table' and r.err then
+    check_acl(cmd, ...)
+    error({ rdzv_error = r.err })
+  end
+  return r
+end
+
+-- call() that names the key in the error when the key holds a foreign type.
+local function rcall(key, cmd, ...)
+  local r = redis.pcall(cmd, ...)
+  if type(r) == 'table' and r.err then
+    check_acl(cmd, ...)
     corrupt(key, r.err)
   end
   return r
@@ -53,7 +95,7 @@ local function int_at(key, default)
 end
 
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -66,7 +108,7 @@ local function compacted()
 end
 
 local function next_rev()
-  return redis.call('INCR', K_REV)
+  return call('INCR', K_REV)
 end
 
 local function dkey(k)
@@ -82,7 +124,7 @@ local function load(k, with_value)
   local dk = dkey(k)
   local h = rcall(dk, 'HMGET', dk, 'c', 'm', 'n', 'l', with_value and 'v' or 'c')
   if not h[1] then
-    if redis.call('EXISTS', dk) == 1 then
+    if call('EXISTS', dk) == 1 then
       corrupt(dk, 'not a key record written by rdzv (no create revision)')
     end
     return nil
@@ -103,20 +145,42 @@ local function reply_kv(k, rec)
   return { k, rec.v or '', rec.c, rec.m, rec.n, rec.l }
 end
 
--- The prefixes that end at a '/' or a '_' of `k` (and the empty prefix): each has a
--- create-revision index, so a prefix query ending in '/' or '_' (the rendezvous' `join/`,
--- `rank_`, `waiting/`) counts and orders by creation in O(log N).
+-- The indexed prefixes of `k`: the empty one, those ending at one of its first MAX_SLASHES
+-- '/', and those ending at one of the first MAX_UNDERSCORES '_' of each of those path
+-- segments. Each has a create-revision index, so a prefix query ending there (the
+-- rendezvous' `join/`, `rank_`, `waiting/`) counts and orders by creation in O(log N); any
+-- other prefix is answered by filtering its keys. Whether a prefix is indexed depends on the
+-- prefix alone (never on the rest of the key), so its index holds every key under it.
 local function dirs(k)
   local res = { '' }
+  local slashes, underscores = 0, 0
   local i = 0
   while true do
     i = string.find(k, '[/_]', i + 1)
     if not i then
       break
     end
-    res[#res + 1] = string.sub(k, 1, i)
+    if string.byte(k, i) == 47 then -- '/'
+      slashes = slashes + 1
+      if slashes > MAX_SLASHES then
+        break
+      end
+      underscores = 0
+      res[#res + 1] = string.sub(k, 1, i)
+    else
+      underscores = underscores + 1
+      if underscores <= MAX_UNDERSCORES then
+        res[#res + 1] = string.sub(k, 1, i)
+      end
+    end
   end
   return res
+end
+
+-- Whether prefix `p` has an index (see `dirs`).
+local function indexed(p)
+  local d = dirs(p)
+  return d[#d] == p
 end
 
 local function ikey(dir)
@@ -124,16 +188,16 @@ local function ikey(dir)
 end
 
 local function index_add(k, c)
-  redis.call('ZADD', K_NAMES, 0, k)
+  call('ZADD', K_NAMES, 0, k)
   for _, d in ipairs(dirs(k)) do
-    redis.call('ZADD', ikey(d), c, k)
+    call('ZADD', ikey(d), c, k)
   end
 end
 
 local function index_rem(k)
-  redis.call('ZREM', K_NAMES, k)
+  call('ZREM', K_NAMES, k)
   for _, d in ipairs(dirs(k)) do
-    redis.call('ZREM', ikey(d), k)
+    call('ZREM', ikey(d), k)
   end
 end
 
@@ -156,32 +220,86 @@ local function keys_with_prefix(p)
   return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '[' .. p, lex_upper(p))
 end
 
--- Keeps the last HISTORY revisions in the log; older ones are compacted away. Exact
--- trimming (not '~'): it removes whole revisions only, which is what lets a watch tell a
--- compacted gap from a complete revision.
-local function trim(rev)
-  local oldest = rev - HISTORY + 1
-  if oldest > compacted() then
-    redis.call('SET', K_COMPACTED, s(oldest))
-    redis.call('XTRIM', K_LOG, 'MINID', s(oldest) .. '-0')
+-- Drops the log's oldest revisions: every one below `keep` and then, while the log counts
+-- more than HISTORY_BYTES, more of them, never `rev` (the newest). Whole revisions only
+-- (exact trimming, not '~'), which is what lets a watch tell a compacted gap from a
+-- complete revision; the `compacted` mark says where the log now starts. The sizes come
+-- from the `logsz` stream (one small entry per event, same ids as the log), so the values
+-- being dropped are never read into the script's memory.
+local function trim_log(rev, keep)
+  local bytes = int_at(K_LOGBYTES, 0)
+  local kept = compacted()
+  if keep <= kept and bytes <= HISTORY_BYTES then
+    return
   end
+  local freed, cut, prev = 0, keep, nil
+  local from = '-'
+  local done = false
+  while not done do
+    local batch = rcall(K_LOGSZ, 'XRANGE', K_LOGSZ, from, '+', 'COUNT', 256)
+    if #batch == 0 then
+      break
+    end
+    for _, e in ipairs(batch) do
+      local r = tonumber(string.match(e[1], '^(%d+)-'))
+      local z = tonumber(e[2][2])
+      if not (r and z) then
+        corrupt(K_LOGSZ, 'bad entry ' .. tostring(e[1]))
+      end
+      -- Stop at the newest revision, or at the first one that may stay (the rest of a
+      -- revision already being dropped goes too).
+      if r >= rev or (r >= keep and r ~= prev and bytes - freed <= HISTORY_BYTES) then
+        done = true
+        break
+      end
+      freed = freed + z
+      prev = r
+      if r + 1 > cut then
+        cut = r + 1
+      end
+    end
+    from = '(' .. batch[#batch][1]
+  end
+  if cut > kept then
+    call('SET', K_COMPACTED, s(cut))
+    call('XTRIM', K_LOG, 'MINID', s(cut) .. '-0')
+    call('XTRIM', K_LOGSZ, 'MINID', s(cut) .. '-0')
+  end
+  call('SET', K_LOGBYTES, s(math.max(0, bytes - freed)))
+end
+
+-- Keeps the last HISTORY revisions in the log, within HISTORY_BYTES; older ones are
+-- compacted away.
+local function trim(rev)
+  trim_log(rev, rev - HISTORY + 1)
+end
+
+-- Counts an event of `size` bytes (plus the overhead) in the log's byte bound.
+local function log_size(id, size)
+  local z = ENTRY_OVERHEAD + size
+  call('XADD', K_LOGSZ, id, 'z', s(z))
+  call('INCRBY', K_LOGBYTES, z)
 end
 
 local function log_put(rev, seq, k, rec)
-  redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'p', 'k', k, 'v', rec.v,
+  local id = s(rev) .. '-' .. s(seq)
+  call('XADD', K_LOG, id, 't', 'p', 'k', k, 'v', rec.v,
     'c', s(rec.c), 'm', s(rec.m), 'n', s(rec.n), 'l', s(rec.l))
+  log_size(id, #k + #rec.v)
 end
 
 local function log_del(rev, seq, k)
-  redis.call('XADD', K_LOG, s(rev) .. '-' .. s(seq), 't', 'd', 'k', k)
+  local id = s(rev) .. '-' .. s(seq)
+  call('XADD', K_LOG, id, 't', 'd', 'k', k)
+  log_size(id, #k)
 end
 
 -- Removes a (validated) record and its index entries; the caller logs the event.
 local function remove(k, rec)
-  redis.call('DEL', dkey(k))
+  call('DEL', dkey(k))
   index_rem(k)
   if rec.l ~= 0 then
-    redis.call('SREM', lease_keys_key(rec.l), k)
+    call('SREM', lease_keys_key(rec.l), k)
   end
 end
 
@@ -196,9 +314,9 @@ local function end_lease(id)
       live[#live + 1] = { k, rec }
     end
   end
-  redis.call('DEL', lk)
-  redis.call('ZREM', K_LEASES, s(id))
-  redis.call('HDEL', K_LTTL, s(id))
+  call('DEL', lk)
+  call('ZREM', K_LEASES, s(id))
+  call('HDEL', K_LTTL, s(id))
   if #live > 0 then
     table.sort(live, function(a, b) return a[1] < b[1] end)
     local rev = next_rev()
@@ -226,21 +344,42 @@ end
 
 -- Whether lease `id` is alive (after reaping).
 local function lease_alive(id)
-  return redis.call('ZSCORE', K_LEASES, s(id)) ~= false
+  return call('ZSCORE', K_LEASES, s(id)) ~= false
 end
 
 -- Every operation but `init` starts here: the epoch must be the one the client attached
 -- to (otherwise the server lost or replaced our data), the counters must be ours, and
 -- expired leases are reaped before anything is read.
+--
+-- A counter below what this client has already seen means the server went back in time: it
+-- restarted from an older RDB/AOF snapshot, or a replica that missed writes was promoted.
+-- The epoch survived, but revisions and lease ids will be handed out again for different
+-- writes, so a compare-and-swap on a remembered revision could match a stranger's value and
+-- watches would skip the reused revisions. The operation is refused, and the namespace gets a
+-- new epoch that says why, so every other client attached to the old one stops too (its next
+-- call, or its reaper within a fraction of a second) instead of carrying on against a history
+-- that no longer holds. New clients attach to the new epoch and start over.
+-- Gives the namespace a new epoch saying it rolled back (found revision `rev`, seen SEEN_REV).
+local function mark_rolled_back(rev)
+  local t = call('TIME')
+  call('SET', K_EPOCH, t[1] .. '.' .. t[2] .. ':rolled-back:' .. s(rev) .. ':' .. s(SEEN_REV))
+end
+
 local function prologue()
   local e = rcall(K_EPOCH, 'GET', K_EPOCH)
   if e ~= ARGV[2] then
     error({ rdzv_epoch = true, found = e or '' })
   end
-  cur_rev()
+  local rev = cur_rev()
   compacted()
-  int_at(K_LEASEID, 0)
+  local lease_id = int_at(K_LEASEID, 0)
+  int_at(K_LOGBYTES, 0)
+  if rev < SEEN_REV or lease_id < SEEN_LEASE then
+    mark_rolled_back(rev)
+    error({ rdzv_rollback = true, rev = rev, seen = SEEN_REV, lease = lease_id, seen_lease = SEEN_LEASE })
+  end
   rcall(K_LTTL, 'HLEN', K_LTTL)
   rcall(K_LOG, 'XLEN', K_LOG)
+  rcall(K_LOGSZ, 'XLEN', K_LOGSZ)
   return reap()
 end

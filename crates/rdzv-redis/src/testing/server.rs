@@ -29,8 +29,10 @@ impl std::error::Error for HarnessError {}
 /// How long a server may take to answer `PING` after it was started.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 
-/// A `redis-server` process started by the test: no persistence (`--save ""
-/// --appendonly no`), a temporary directory, loopback only. It is killed on drop (also
+/// A `redis-server` process started by the test: no automatic persistence (`--save ""
+/// --appendonly no`; a test may still `SAVE` a snapshot and
+/// [restart from it](RedisServer::restart_from_snapshot)), a temporary directory, loopback
+/// only. It is killed on drop (also
 /// when a test panics) and when the test process exits in any way: the server runs under
 /// a small shell that kills it as soon as its standard input — a pipe held by this process
 /// — closes.
@@ -39,6 +41,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     port: u16,
     tls: Option<(u16, TlsFiles)>,
+    /// Whether the TLS port requires a client certificate (`tls-auth-clients yes`).
+    client_auth: bool,
     extra_args: Vec<String>,
     guard: Option<Child>,
 }
@@ -64,6 +68,16 @@ impl RedisServer {
     /// open for the harness' own health checks.
     pub fn start_tls() -> Result<RedisServer, HarnessError> {
         Self::start_inner(true)
+    }
+
+    /// Like [`RedisServer::start_tls`], but the TLS port requires a client certificate
+    /// signed by the generated CA (`tls-auth-clients yes`, Redis' own default);
+    /// [`RedisServer::tls_client_config`] has one.
+    pub fn start_tls_with_client_auth() -> Result<RedisServer, HarnessError> {
+        let mut server = Self::prepare(true)?;
+        server.client_auth = true;
+        server.launch()?;
+        Ok(server)
     }
 
     /// Starts a plain-TCP server with extra `redis-server` arguments (e.g.
@@ -94,7 +108,15 @@ impl RedisServer {
         } else {
             None
         };
-        Ok(RedisServer { bin, dir, port: free_port()?, tls, extra_args: Vec::new(), guard: None })
+        Ok(RedisServer {
+            bin,
+            dir,
+            port: free_port()?,
+            tls,
+            client_auth: false,
+            extra_args: Vec::new(),
+            guard: None,
+        })
     }
 
     /// The plain-TCP port.
@@ -147,6 +169,20 @@ impl RedisServer {
         Some(c)
     }
 
+    /// [`RedisServer::tls_config`] with the generated client certificate and key.
+    pub fn tls_client_config(&self, namespace: &str) -> Option<RedisConfig> {
+        let (_, files) = self.tls.as_ref()?;
+        let mut c = self.tls_config(namespace)?;
+        c.cert = Some(files.client_cert.clone());
+        c.key = Some(files.client_key.clone());
+        Some(c)
+    }
+
+    /// The PEM files of a TLS server (CA, server and client certificates).
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref().map(|(_, f)| f)
+    }
+
     /// A fresh namespace name, unique in this process.
     pub fn fresh_namespace() -> String {
         format!("t{}-{}", std::process::id(), NAMESPACES.fetch_add(1, Ordering::Relaxed))
@@ -186,10 +222,45 @@ impl RedisServer {
         }
     }
 
-    /// Stops the server and starts it again on the same port(s), empty (no persistence).
+    /// Stops the server and starts it again on the same port(s), empty (no persistence; a
+    /// snapshot saved with `SAVE` is deleted first).
     pub fn restart(&mut self) -> Result<(), HarnessError> {
         self.stop();
+        match std::fs::remove_file(self.snapshot_file()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(HarnessError(format!("cannot delete the old snapshot: {e}"))),
+        }
         self.launch()
+    }
+
+    /// Kills the server (nothing is saved at exit) and starts it again on the same port(s)
+    /// and directory, so it loads the last snapshot a client saved with `SAVE` or `BGSAVE`:
+    /// what a restart from an RDB snapshot looks like in production, writes after the
+    /// snapshot lost. Errors if there is no snapshot.
+    pub fn restart_from_snapshot(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        let snapshot = self.snapshot_file();
+        if !snapshot.is_file() {
+            return Err(HarnessError(format!(
+                "no snapshot at {}: send SAVE to the server before restarting from it",
+                snapshot.display()
+            )));
+        }
+        self.launch()
+    }
+
+    /// Kills the server and starts it again on the same port(s) and directory, keeping its
+    /// files: a server started with persistence (e.g. `--appendonly yes --appendfsync
+    /// always` through [`RedisServer::start_with_args`]) comes back with its data.
+    pub fn restart_keeping_files(&mut self) -> Result<(), HarnessError> {
+        self.stop();
+        self.launch()
+    }
+
+    /// Where `SAVE`/`BGSAVE` write the snapshot (the server's `dir` and default `dbfilename`).
+    pub fn snapshot_file(&self) -> PathBuf {
+        self.dir.path().join("dump.rdb")
     }
 
     /// Whether the server process is running.
@@ -224,7 +295,7 @@ impl RedisServer {
                 "--tls-ca-cert-file".into(),
                 files.ca.display().to_string(),
                 "--tls-auth-clients".into(),
-                "no".into(),
+                if self.client_auth { "yes" } else { "no" }.into(),
             ]);
         }
         args.extend(self.extra_args.iter().cloned());
