@@ -154,6 +154,56 @@ fn key_count_stays_bounded_over_hundreds_of_rounds() {
     });
 }
 
+/// A clean-up that fails once must not leak a finished round's keys for as long as its
+/// workers live: three workers re-rendezvous 25 times; from round 3 on, each worker's next
+/// `delete_prefix` fails once (whoever opens a round and deletes an old one gets the
+/// failure). At the end the key count is within the bound, and no round older than the
+/// previous one has keys left.
+#[test]
+fn a_failed_cleanup_does_not_leak_a_round() {
+    paused(async {
+        let kv = mem();
+        let p = params(&run_id("cleanup"), 3, 3);
+        let ws = support::workers(&kv, &p, 3).await;
+        let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
+        let mut last = 0;
+        for round in 0..25 {
+            if round == 2 {
+                ws.iter().for_each(|w| w.link.fail_next("delete_prefix"));
+            }
+            let infos: Vec<_> = timeout(Duration::from_secs(30), support::rendezvous_all(&handlers))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            assert_agreement(&infos, 3, 3);
+            last = infos[0].version;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let root = ws[0].handler.keys().root().to_string();
+        let options = rdzv::core::RangeOptions { keys_only: true, ..Default::default() };
+        let read = kv.range(root.as_bytes(), options).await.unwrap();
+        let old: BTreeSet<String> = read
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(&kv.key[root.len()..]).into_owned();
+                let version: u64 = key.strip_prefix("rdzv/v_")?.split('/').next()?.parse().ok()?;
+                (version + 1 < last).then_some(key)
+            })
+            .collect();
+        let limit = KEYS_PER_WORKER * 3 + KEYS_CONSTANT;
+        assert!(
+            old.is_empty() && read.count <= limit,
+            "{} keys under the run after round {last} (limit {limit}); keys of rounds before {}: {old:?}",
+            read.count,
+            last - 1
+        );
+    });
+}
+
 /// `shutdown()` while the worker's own `next_rendezvous` is pending (waiting for a second
 /// worker): returns at once, the pending call fails with `Shutdown` at once, and the two
 /// workers that come next form a round without it that nobody breaks.
