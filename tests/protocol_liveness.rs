@@ -38,7 +38,7 @@ fn mem() -> Arc<dyn Kv> {
 /// answer lost); the other arrives 200 ms later. Both must complete the round well within
 /// their 20 s deadline, whichever call fails. The same for the second worker's n-th call.
 #[test]
-fn one_failed_call_of_the_creator_never_wedges_the_run() {
+fn one_failed_call_of_either_worker_never_wedges_the_run() {
     const DEADLINE: Duration = Duration::from_secs(20);
     const BOUND: Duration = Duration::from_secs(6);
     let mut wedged = Vec::new();
