@@ -66,41 +66,50 @@ async fn all_complete(
     back.elapsed()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_paused_longer_than_the_ttl_then_the_round_completes() {
-    let server = EtcdServer::start().await.unwrap();
+/// What happens to etcd while two of four workers wait.
+enum Fault {
+    /// SIGSTOP, then SIGCONT: the server's clock runs on, and the sessions expire.
+    Pause,
+    /// SIGKILL, then a restart on the same data directory.
+    Restart,
+}
+
+/// Two of four workers wait; etcd is out for 3 TTLs; the last two arrive once it is back,
+/// and all four must complete within `HEALED`.
+async fn etcd_outage(fault: Fault) -> Duration {
+    let mut server = EtcdServer::start().await.unwrap();
     let kv = server.kv().await;
-    let p = params(&support::run_id("etcd-pause"), 4);
+    let p = params(&support::run_id("etcd-outage"), 4);
     let early = handlers(&kv, &p, &["a", "b"]).await;
-    let calls = spawn_calls(&early);
+    let mut calls = spawn_calls(&early);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    server.pause().unwrap();
-    tokio::time::sleep(3 * TTL).await;
-    server.resume().unwrap();
+    match fault {
+        Fault::Pause => {
+            server.pause().unwrap();
+            tokio::time::sleep(3 * TTL).await;
+            server.resume().unwrap();
+        }
+        Fault::Restart => {
+            server.kill().await.unwrap();
+            tokio::time::sleep(3 * TTL).await;
+            server.restart().await.unwrap();
+        }
+    }
     let back = Instant::now();
     let late = handlers(&kv, &p, &["c", "d"]).await;
-    let mut calls = calls;
     calls.extend(spawn_calls(&late));
-    let took = all_complete(calls, back, 4).await;
+    all_complete(calls, back, 4).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_paused_longer_than_the_ttl_then_the_round_completes() {
+    let took = etcd_outage(Fault::Pause).await;
     println!("etcd paused {:?}: round complete {took:?} after it resumed", 3 * TTL);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_killed_and_restarted_then_the_round_completes() {
-    let mut server = EtcdServer::start().await.unwrap();
-    let kv = server.kv().await;
-    let p = params(&support::run_id("etcd-restart"), 4);
-    let early = handlers(&kv, &p, &["a", "b"]).await;
-    let calls = spawn_calls(&early);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    server.kill().await.unwrap();
-    tokio::time::sleep(3 * TTL).await;
-    server.restart().await.unwrap();
-    let back = Instant::now();
-    let late = handlers(&kv, &p, &["c", "d"]).await;
-    let mut calls = calls;
-    calls.extend(spawn_calls(&late));
-    let took = all_complete(calls, back, 4).await;
+    let took = etcd_outage(Fault::Restart).await;
     println!("etcd down {:?}: round complete {took:?} after it restarted", 3 * TTL);
 }
 

@@ -20,6 +20,12 @@ pub fn node_id(value: &str) -> Result<String, String> {
     Ok(value.to_string())
 }
 
+/// `--role`: the same rule as run ids (it names the workers' role in `ROLE_NAME`).
+pub fn role(value: &str) -> Result<String, String> {
+    validate_id("--role", value).map_err(|e| reason(&e))?;
+    Ok(value.to_string())
+}
+
 /// A duration flag: seconds (`30`, `0.5`) or a humane form (`30s`, `10m`, `2h`), at most a
 /// year (longer deadlines would overflow the clock).
 pub fn duration(value: &str) -> Result<Duration, String> {

@@ -6,8 +6,10 @@ mod cmd;
 mod exit;
 mod output;
 mod progress;
+mod ranks;
 mod signals;
 mod target;
+mod workers;
 
 use std::process::ExitCode;
 
@@ -53,11 +55,18 @@ enum Command {
     Close(cmd::close::CloseArgs),
     Bench(cmd::bench::BenchArgs),
     Demo(cmd::demo::DemoArgs),
+    #[command(name = "__exec")]
+    Exec(cmd::exec::ExecArgs),
 }
 
 fn main() -> ExitCode {
     // Usage errors exit with clap's own code 2, help and version with 0.
     let cli = Cli::parse();
+    // A worker about to start: no runtime, no threads, nothing to log; it `exec`s at once.
+    let cli = match cli.command {
+        Command::Exec(args) => return cmd::exec::run(args),
+        command => Cli { command },
+    };
     // The demo crashes a worker on purpose: its lease warnings would only be noise.
     init_logging(if matches!(cli.command, Command::Demo(_)) { "error" } else { "warn" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -72,6 +81,7 @@ fn main() -> ExitCode {
             Command::Close(args) => cmd::close::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
             Command::Demo(args) => cmd::demo::run(args).await,
+            Command::Exec(_) => Err(CliError::other("`__exec` runs before the runtime starts")),
         }
     });
     // Background tasks (lease keep-alives, watches) must not delay the exit.

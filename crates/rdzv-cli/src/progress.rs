@@ -68,7 +68,7 @@ async fn describe(worker: &Rendezvous, deadline: Instant) -> String {
             let joined = kv.count(&keys.joins(version), None).await.unwrap_or(0);
             format!("rdzv: round {version}: {joined}/{needed} joined, {left} s left")
         }
-        Some(State::Final { version, participants }) => {
+        Some(State::Final { version, participants, .. }) => {
             let waiting = kv.count(&keys.waiting(version), None).await.unwrap_or(0);
             format!(
                 "rdzv: round {version} runs with {} workers; {waiting} waiting for the next, {left} s left",

@@ -1,6 +1,8 @@
-//! SIGINT/SIGTERM reception, "stdin closed", and sending signals to children (through
-//! `kill(1)`, since the workspace forbids `unsafe` and so `libc::kill`).
+//! Termination signals received (SIGINT, SIGTERM, SIGHUP, SIGQUIT), "stdin closed", and
+//! signals sent to process groups — through `rustix`'s safe system-call wrappers, never by
+//! running the `kill` program (absent from minimal images, and its failures went unseen).
 
+use rustix::process::{Pid, Signal as Sig};
 use tokio::io::AsyncReadExt;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -11,14 +13,20 @@ pub enum Received {
     Interrupt,
     /// SIGTERM.
     Terminate,
+    /// SIGHUP (the terminal or the session went away).
+    Hangup,
+    /// SIGQUIT.
+    Quit,
 }
 
 impl Received {
-    /// The name `kill -s` takes.
+    /// The signal's short name (`INT`, `TERM`, `HUP`, `QUIT`).
     pub fn name(self) -> &'static str {
         match self {
             Received::Interrupt => "INT",
             Received::Terminate => "TERM",
+            Received::Hangup => "HUP",
+            Received::Quit => "QUIT",
         }
     }
 
@@ -27,22 +35,39 @@ impl Received {
         match self {
             Received::Interrupt => 130,
             Received::Terminate => 143,
+            Received::Hangup => 129,
+            Received::Quit => 131,
+        }
+    }
+
+    /// The signal passed on to the workers: SIGINT stays SIGINT (Python turns it into
+    /// `KeyboardInterrupt`); SIGHUP and SIGQUIT are handled like SIGTERM, since SIGQUIT
+    /// would make every worker dump core and SIGHUP is often ignored.
+    pub fn forwarded(self) -> Sig {
+        match self {
+            Received::Interrupt => Sig::INT,
+            Received::Terminate | Received::Hangup | Received::Quit => Sig::TERM,
         }
     }
 }
 
-/// SIGINT and SIGTERM, caught from creation on (so they no longer kill this process).
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught from creation on (so they no longer end this
+/// process).
 pub struct Signals {
     interrupt: Signal,
     terminate: Signal,
+    hangup: Signal,
+    quit: Signal,
 }
 
 impl Signals {
-    /// Starts catching SIGINT and SIGTERM.
+    /// Starts catching the four signals.
     pub fn catch() -> std::io::Result<Signals> {
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
         })
     }
 
@@ -51,6 +76,8 @@ impl Signals {
         tokio::select! {
             _ = self.interrupt.recv() => Received::Interrupt,
             _ = self.terminate.recv() => Received::Terminate,
+            _ = self.hangup.recv() => Received::Hangup,
+            _ = self.quit.recv() => Received::Quit,
         }
     }
 }
@@ -67,15 +94,37 @@ pub async fn stdin_closed() {
     }
 }
 
-/// Sends signal `name` (`TERM`, `KILL`, `INT`) to the process group `pgid`. Errors (the
-/// group is already gone) are ignored: the caller waits for the child either way.
-pub async fn signal_group(pgid: u32, name: &str) {
-    let status = tokio::process::Command::new("kill")
-        .args(["-s", name, "--", &format!("-{pgid}")])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await;
-    tracing::debug!(pgid, name, ?status, "signal sent");
+/// Sends `signal` to every process of the process group `pgid`. A group that no longer
+/// exists is not an error (`Ok(false)`): the caller stops what may already be gone.
+/// Other errors (no permission) are returned.
+pub fn signal_group(pgid: u32, signal: Sig) -> std::io::Result<bool> {
+    let Some(pid) = i32::try_from(pgid).ok().and_then(Pid::from_raw) else {
+        return Err(std::io::Error::other(format!("{pgid} is not a process group id")));
+    };
+    match rustix::process::kill_process_group(pid, signal) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::SRCH) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hangup_and_quit_are_forwarded_as_terminate() {
+        assert_eq!(Received::Hangup.forwarded(), Sig::TERM);
+        assert_eq!(Received::Quit.forwarded(), Sig::TERM);
+        assert_eq!(Received::Interrupt.forwarded(), Sig::INT);
+        assert_eq!(Received::Quit.exit_code(), 131);
+    }
+
+    #[test]
+    fn a_gone_group_is_no_error() {
+        // Process id 0 is never a group; a huge id is not one either on Linux (pid_max is
+        // at most 2^22).
+        assert!(signal_group(0, Sig::TERM).is_err());
+        assert_eq!(signal_group(1 << 30, Sig::TERM).ok(), Some(false));
+    }
 }

@@ -1,37 +1,48 @@
-//! `rdzv run`: a small elastic agent in the spirit of `torchrun` — rendezvous, run the
-//! command with its rank in the environment, restart it when the group changes, close the
-//! run when every rank succeeded.
+//! `rdzv run`: an elastic agent in the spirit of `torchrun` — one rendezvous member per
+//! node, which starts the node's local workers with torchrun's environment, restarts them
+//! when the group changes, and closes the run when every worker succeeded.
 
+use std::path::PathBuf;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
 use rdzv::{Rendezvous, Round, RoundBroken, Store};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::time::Instant;
 
 use crate::cmd::join::why;
-use crate::exit::{CliError, FAILURE};
+use crate::exit::{CliError, FAILURE, one_line};
 use crate::progress::Progress;
-use crate::signals::{Received, Signals, signal_group};
+use crate::ranks::{Assignment, NProc, RoleInfo};
+use crate::signals::{Received, Signals};
 use crate::target;
+use crate::workers::{Group, Logs, WorkerExit, WorkerSpec, read_error_file};
 
-/// Store key (in the round's Store) where a rank whose command failed says so.
+/// Store key (in the round's Store) where an agent whose worker failed says so.
 const FAILED_KEY: &str = "rdzv_run/failed";
-/// Store key (in the round's Store) where an agent that saw workers waiting says that it
+/// Store key (in the round's Store) where an agent that saw nodes waiting says that it
 /// re-forms the group to admit them, so that the others do not count it as a restart.
 const REGROUP_KEY: &str = "rdzv_run/regroup";
-/// Store barrier that every rank whose command succeeded reaches.
+/// Store barrier that every agent whose workers all succeeded reaches.
 const FINISHED_KEY: &str = "rdzv_run/finished";
 
 const LONG_ABOUT: &str = "\
-A small elastic agent, in the spirit of torchrun. It joins the run, then starts the command
-with the round in its environment: RANK, WORLD_SIZE, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
-GROUP_RANK, MASTER_ADDR, MASTER_PORT, RDZV_RUN_ID, RDZV_VERSION, RDZV_NODE_ID and
-RDZV_RESTART_COUNT. The command runs in its own process group; SIGINT/SIGTERM sent to the
-agent are forwarded to it (the agent then leaves the run and exits with the command's
-status).
+An elastic agent, in the spirit of torchrun: run one per node. The agents are the members
+of the rendezvous; each starts --nproc-per-node local workers (the command, N times) with
+torchrun's environment, so an unmodified torchrun training script runs under it:
+  RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
+  ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
+  TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE=False,
+  TORCHELASTIC_ERROR_FILE (one per worker), TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and
+  OMP_NUM_THREADS=1 (with more than one worker; both unless already set), and
+  RDZV_RUN_ID, RDZV_VERSION, RDZV_NODE_ID, RDZV_RESTART_COUNT.
+GROUP_RANK is the agent's rank in the round; the workers of group rank g get the global
+ranks after those of the nodes before it (RANK = that offset + LOCAL_RANK), so nodes may run
+different numbers of workers. Each agent writes its number of workers once to the round's
+Store. --nproc-per-node auto is the number of entries in CUDA_VISIBLE_DEVICES when set, else
+the GPUs that `nvidia-smi -L` lists, else the number of CPUs.
 
-The command inherits the agent's environment without the backend's password: RDZV_PASSWORD
+The workers inherit the agent's environment without the backend's password: RDZV_PASSWORD
 is removed, and RDZV_URL is passed on with its password replaced by *** (removed entirely
 if it does not parse). None of the variables above carries the URL. A password written in
 the URL on the command line stays visible to anyone who can list processes: prefer
@@ -40,47 +51,78 @@ the URL on the command line stays visible to anyone who can list processes: pref
   RDZV_PASSWORD=<pw>    (environment; used when the URL gives no password and names a
                          user, or is redis:// or rediss://)
 
-While the command runs, the agent watches its round. When the round breaks (a peer died or
-left), or a peer's command failed, or workers wait to join (checked every
---monitor-interval), it stops the command (SIGTERM to its process group, SIGKILL after
---grace-period) and re-rendezvous. Rounds broken by a death or a failure count as restarts
-(at most --max-restarts); re-forming to admit waiting workers does not.
+Process control: each worker runs in its own process group; stopping it sends SIGTERM to
+the group (its children too), then SIGKILL after --grace-period. SIGINT is passed on to the
+workers as SIGINT; SIGTERM, SIGHUP and SIGQUIT as SIGTERM; the agent then leaves the run
+and exits with the workers' status (or 128+N for signal N). A worker whose agent dies (even
+by SIGKILL) is killed by the kernel (a parent-death signal), so no worker trains alone;
+processes a worker started in another process group, or that outlive it, are not covered.
 
-When the command exits 0, the agent reports success in the round's Store and waits (at most
---finish-timeout) until every rank of the round succeeded; then it closes the run and exits
-0. When the command fails, the agent publishes the failure in the round's Store (so the
-other agents stop their commands and re-rendezvous too) and re-rendezvous itself; once
-its restarts are used up it closes the run (the other agents then exit with code 4, or 1
-if their own restarts are used up too) and exits with the command's status (128+N if a
-signal N ended it). An agent killed with SIGKILL cannot stop its command: the command keeps
-running until it ends by itself.
+Logs: without --log-dir the workers write to the agent's stdout and stderr. With
+--log-dir DIR each worker writes DIR/attempt_<k>/<local_rank>/stdout.log and stderr.log (k
+is the restart count; a group re-formed to admit waiting nodes reuses its attempt's files),
+and its error file is DIR/attempt_<k>/<local_rank>/error.json (else in a temporary
+directory). --tee also copies every line to the agent's output, prefixed with [<rank>]:.
+
+While the workers run, the agent watches its round. When the round breaks (a node died or
+left), or a worker failed here or on another node, or nodes wait to join (checked every
+--monitor-interval), it stops its workers and re-rendezvous. Rounds broken by a death or a
+failure count as restarts (at most --max-restarts); re-forming to admit waiting nodes does
+not. A failure is reported with the worker's rank, its exit status or signal, and the
+error and traceback from its error file when it wrote one (PyTorch's @record does).
+
+When all its workers exit 0, the agent reports success in the round's Store and waits (at
+most --finish-timeout) until every node's did; then it closes the run and exits 0. When a
+worker fails and no restarts are left, the agent closes the run (the other agents then exit
+with code 4, or 1 if their own restarts are used up too) and exits with that worker's status
+(128+N if a signal N ended it).
+
+torchrun flags: --nnodes MIN:MAX is min_workers/max_workers in the URL (they count nodes),
+--rdzv-id is the URL's run id, --rdzv-endpoint its host:port; --nproc-per-node, --max-restarts,
+--monitor-interval, --role, --log-dir and --tee are the same here.
 
 Example:
-  rdzv run 'etcd://10.0.0.5:2379/job42?min_workers=2&max_workers=4' -- python train.py --epochs 3";
+  rdzv run 'etcd://10.0.0.5:2379/job42?min_workers=2&max_workers=4' --nproc-per-node 8 -- python train.py";
 
 /// Arguments of `rdzv run`.
 #[derive(Debug, clap::Args)]
-#[command(about = "Run a command on every worker, elastically (like torchrun)", long_about = LONG_ABOUT)]
+#[command(about = "Run workers on every node, elastically (like torchrun)", long_about = LONG_ABOUT)]
 pub struct RunArgs {
-    /// The rendezvous URL (default: $RDZV_URL).
+    /// The rendezvous URL (default: $RDZV_URL); its min_workers/max_workers count nodes.
     #[arg(env = "RDZV_URL", hide_env_values = true, value_name = "URL")]
     url: String,
+    /// How many workers to start on this node: a number, or `auto` (one per visible GPU,
+    /// else one per CPU).
+    #[arg(long, default_value = "1", value_name = "N|auto", value_parser = crate::ranks::parse_nproc)]
+    nproc_per_node: NProc,
+    /// The workers' role (ROLE_NAME); ROLE_RANK counts the workers of this role only.
+    #[arg(long, default_value = "default", value_name = "NAME", value_parser = crate::args::role)]
+    role: String,
     /// How many times the group may be restarted after a death or a failure.
     #[arg(long, default_value_t = 3, value_name = "K")]
     max_restarts: u32,
-    /// How often to check for workers waiting to join.
+    /// How often to check for nodes waiting to join.
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = crate::args::positive_duration)]
     monitor_interval: Duration,
-    /// How long the command gets to exit after SIGTERM before it is killed.
+    /// How long the workers get to exit after SIGTERM before they are killed.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = crate::args::duration)]
     grace_period: Duration,
-    /// How long a rank whose command succeeded waits for the others to succeed.
+    /// How long a node whose workers succeeded waits for the other nodes' to succeed.
     #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = crate::args::duration)]
     finish_timeout: Duration,
-    /// This worker's node id (unique within the run; default: host-pid-random).
+    /// Write each worker's stdout and stderr to DIR/attempt_K/LOCAL_RANK/stdout.log and
+    /// stderr.log (K: the restart count).
+    #[arg(long, value_name = "DIR")]
+    log_dir: Option<PathBuf>,
+    /// Also copy the workers' output to this agent's, each line prefixed with the worker's
+    /// rank in brackets and a colon.
+    #[arg(long)]
+    tee: bool,
+    /// This node's id (unique within the run; default: host-pid-random).
     #[arg(long, value_name = "ID", value_parser = crate::args::node_id)]
     node_id: Option<String>,
-    /// The address this worker advertises (MASTER_ADDR when it is rank 0; default: host name).
+    /// The address this node advertises (MASTER_ADDR when it is group rank 0; default: host
+    /// name).
     #[arg(long, value_name = "ADDR")]
     local_addr: Option<String>,
     /// The command and its arguments, after `--`.
@@ -88,33 +130,78 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-/// How a supervised command ended, or why it was stopped.
+/// How a group of workers ended, or why it was stopped.
 enum Outcome {
-    /// It exited by itself.
-    Exited(ExitStatus),
-    /// The agent got a signal, forwarded it, and the command then exited.
-    Interrupted(Received, ExitStatus),
+    /// Every worker exited 0.
+    Succeeded,
+    /// A worker failed (the first seen); the others were stopped.
+    Failed(WorkerExit),
+    /// The agent got a signal, passed it on, and the workers then exited (with the first
+    /// failure among them, if any).
+    Interrupted(Received, Option<ExitStatus>),
     /// The round is over (a member died or left, or the run was closed).
     Broken(RoundBroken),
-    /// Another rank's command failed.
+    /// A worker of another node failed.
     PeerFailed(String),
-    /// Workers wait to join (this agent saw `n` of them, or `None`: another agent did).
+    /// Nodes wait to join (this agent saw `n` of them, or `None`: another agent did).
     Waiting(Option<usize>),
+}
+
+/// What stays the same across the agent's rounds.
+struct Setup {
+    /// This binary, which starts each worker (`rdzv __exec`).
+    exe: PathBuf,
+    /// How many workers this node runs.
+    nproc: usize,
+    logs: Logs,
+    /// The agent's own `RDZV_URL`, to pass on redacted.
+    rdzv_url: Option<std::ffi::OsString>,
 }
 
 /// Runs `rdzv run`.
 pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let mut signals = Signals::catch().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
+    let setup = prepare(&args)?;
     let worker = target::worker(&args.url, args.node_id.clone(), args.local_addr.clone()).await?;
-    let result = agent(&args, &worker, &mut signals).await;
+    let result = agent(&args, &setup, &worker, &mut signals).await;
     if let Err(e) = worker.shutdown().await {
         tracing::warn!("leaving the run: {e}");
     }
     result
 }
 
-async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Result<ExitCode, CliError> {
+/// Checks what can be checked before joining: a node that cannot start its workers must
+/// not join and make the others wait for it.
+fn prepare(args: &RunArgs) -> Result<Setup, CliError> {
+    let program = &args.command[0];
+    crate::workers::find_program(program)
+        .map_err(|e| CliError::other(format!("cannot start `{program}`: {e}")))?;
+    let exe = std::env::current_exe().map_err(|e| {
+        CliError::other(format!("cannot find the rdzv binary to start the workers with: {e}"))
+    })?;
+    let nproc = match args.nproc_per_node {
+        NProc::Count(n) => n,
+        NProc::Auto => {
+            let (n, from) = crate::ranks::detect();
+            eprintln!("rdzv: --nproc-per-node auto: {n} worker(s), from {from}");
+            n
+        }
+    };
+    let logs = Logs::new(args.log_dir.as_deref(), args.tee).map_err(|e| {
+        let dir = args.log_dir.as_ref().map_or("a temporary directory".into(), |d| d.display().to_string());
+        CliError::other(format!("cannot create the log directory {dir}: {e}"))
+    })?;
+    Ok(Setup { exe, nproc, logs, rdzv_url: std::env::var_os("RDZV_URL") })
+}
+
+async fn agent(
+    args: &RunArgs,
+    setup: &Setup,
+    worker: &Rendezvous,
+    signals: &mut Signals,
+) -> Result<ExitCode, CliError> {
     let mut restarts = 0u32;
+    let me = RoleInfo { role: args.role.clone(), local_world_size: setup.nproc };
     loop {
         let started = Instant::now();
         let round = {
@@ -124,65 +211,102 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
                 s = signals.recv() => return Ok(ExitCode::from(s.exit_code())),
             }
         };
-        eprintln!(
-            "rdzv: round {} formed: rank {} of {}; starting {} (restart {restarts})",
-            round.version, round.rank, round.world_size, args.command[0]
-        );
-        let mut child = match spawn(&args.command, worker, &round, restarts) {
-            Ok(child) => child,
-            Err(e) => {
-                // Nothing ran, so there is nothing to restart: the job cannot work here.
-                let message = format!("cannot start `{}`: {e}", args.command[0]);
-                publish_failure(&round, &message).await;
-                let _ = worker.set_closed().await;
-                return Err(CliError { code: FAILURE, message });
-            }
+        let exchanged = tokio::select! {
+            infos = crate::ranks::exchange(&round.store, round.rank, round.world_size, &me, worker.params().timeout) => infos,
+            reason = worker.round_broken() => Err(format!("round {} is over: {}", round.version, why(&reason))),
+            s = signals.recv() => return Ok(ExitCode::from(s.exit_code())),
         };
-        let outcome = supervise(args, worker, &round, &mut child, signals).await;
+        let outcome = match exchanged {
+            Ok(infos) => match crate::ranks::assign(&infos, round.rank) {
+                Some(assignment) => {
+                    eprintln!(
+                        "rdzv: round {} formed: node {} of {}, ranks {}..{} of {}; starting {} x {} (restart {restarts})",
+                        round.version,
+                        round.rank,
+                        round.world_size,
+                        assignment.base_rank,
+                        assignment.base_rank + setup.nproc - 1,
+                        assignment.world_size,
+                        setup.nproc,
+                        args.command[0]
+                    );
+                    let specs = (0..setup.nproc)
+                        .map(|local_rank| WorkerSpec {
+                            local_rank,
+                            rank: assignment.base_rank + local_rank,
+                            env: worker_env(args, setup, worker, &round, &assignment, local_rank, restarts),
+                        })
+                        .collect();
+                    let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
+                    let mut group =
+                        match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
+                            Ok(group) => group,
+                            Err(e) => {
+                                // Nothing ran, so there is nothing to restart: the job cannot work here.
+                                let message =
+                                    format!("cannot start the workers (`{}`): {e}", args.command[0]);
+                                publish_failure(&round, &message).await;
+                                let _ = worker.set_closed().await;
+                                return Err(CliError { code: FAILURE, message });
+                            }
+                        };
+                    supervise(args, worker, &round, &mut group, signals).await
+                }
+                None => {
+                    Outcome::PeerFailed(format!("round {}: this node's rank is out of range", round.version))
+                }
+            },
+            Err(what) => Outcome::PeerFailed(what),
+        };
         let restart_reason = match outcome {
             Outcome::Interrupted(signal, status) => {
-                eprintln!(
-                    "rdzv: SIG{} forwarded; the command exited with {}",
-                    signal.name(),
-                    describe(status)
-                );
-                return Ok(exit_code(status));
+                let code = match status {
+                    Some(status) => {
+                        eprintln!(
+                            "rdzv: SIG{} received and passed on; a worker exited with {}",
+                            signal.name(),
+                            describe(status)
+                        );
+                        exit_code(status)
+                    }
+                    None => {
+                        eprintln!("rdzv: SIG{} received and passed on; the workers exited 0", signal.name());
+                        ExitCode::SUCCESS
+                    }
+                };
+                return Ok(code);
             }
             Outcome::Waiting(seen) => {
                 match seen {
                     Some(k) => {
-                        eprintln!("rdzv: {k} worker(s) wait to join; re-forming the group to admit them")
+                        eprintln!("rdzv: {k} node(s) wait to join; re-forming the group to admit them")
                     }
-                    None => eprintln!("rdzv: another agent re-forms the group to admit waiting workers"),
+                    None => eprintln!("rdzv: another agent re-forms the group to admit waiting nodes"),
                 }
                 continue;
             }
-            Outcome::Exited(status) if status.success() => match finish(args, worker, &round).await? {
+            Outcome::Succeeded => match finish(args, worker, &round, signals).await? {
                 None => {
-                    eprintln!("rdzv: every rank of round {} succeeded; closing the run", round.version);
+                    eprintln!("rdzv: every worker of round {} succeeded; closing the run", round.version);
                     worker.set_closed().await?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(reason) => reason,
             },
-            Outcome::Exited(status) => {
-                let what = format!(
-                    "rank {} ({}) of round {}: the command exited with {}",
-                    round.rank,
-                    worker.participant().node,
-                    round.version,
-                    describe(status)
-                );
+            Outcome::Failed(exit) => {
+                let node = &worker.participant().node;
+                let (what, report) = failure_report(&exit, node, &round, restarts);
+                eprintln!("rdzv: {report}");
                 publish_failure(&round, &what).await;
                 if restarts >= args.max_restarts {
                     eprintln!(
-                        "rdzv: {what}; no restarts left (--max-restarts {}); closing the run",
+                        "rdzv: no restarts left (--max-restarts {}); closing the run",
                         args.max_restarts
                     );
                     worker.set_closed().await?;
-                    return Ok(exit_code(status));
+                    return Ok(exit_code(exit.status));
                 }
-                what
+                format!("rank {} failed", exit.rank)
             }
             Outcome::Broken(RoundBroken::Closed) => {
                 return Err(rdzv::RendezvousError::Closed { run_id: round.run_id.clone() }.into());
@@ -190,11 +314,11 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
             Outcome::Broken(reason) => format!("round {} is over: {}", round.version, why(&reason)),
             Outcome::PeerFailed(what) => what,
         };
-        // A peer that left to admit waiting workers also breaks the round; that is no failure.
+        // A peer that left to admit waiting nodes also breaks the round; that is no failure.
         let regroup = round.store.check([REGROUP_KEY]).await.unwrap_or(false);
         let failed = round.store.check([FAILED_KEY]).await.unwrap_or(true);
         if regroup && !failed {
-            eprintln!("rdzv: {restart_reason}; re-forming the group to admit waiting workers");
+            eprintln!("rdzv: {restart_reason}; re-forming the group to admit waiting nodes");
             continue;
         }
         if restarts >= args.max_restarts {
@@ -211,14 +335,31 @@ async fn agent(args: &RunArgs, worker: &Rendezvous, signals: &mut Signals) -> Re
     }
 }
 
-/// Starts the command in its own process group with the round in its environment and
-/// without the backend's password (see [`hide_credentials`]).
-fn spawn(command: &[String], worker: &Rendezvous, round: &Round, restarts: u32) -> std::io::Result<Child> {
-    let (program, rest) = command.split_first().ok_or_else(|| std::io::Error::other("no command given"))?;
-    let mut cmd = Command::new(program);
-    cmd.args(rest).envs(child_env(worker, round, restarts)).process_group(0).kill_on_drop(true);
-    hide_credentials(&mut cmd, std::env::var_os("RDZV_URL"));
-    cmd.spawn()
+/// A worker's failure: one line for the other agents, and the full report for this agent's
+/// stderr (with the error and traceback from its error file, when it wrote one).
+fn failure_report(exit: &WorkerExit, node: &str, round: &Round, restarts: u32) -> (String, String) {
+    let mut what = format!(
+        "rank {} (local rank {} on node {node}) of round {} failed (restart {restarts}): it exited with {}",
+        exit.rank,
+        exit.local_rank,
+        round.version,
+        describe(exit.status)
+    );
+    let mut report = what.clone();
+    if let Some(error) = read_error_file(&exit.error_file) {
+        if !error.message.is_empty() {
+            what.push_str(&format!(": {}", one_line(&error.message)));
+            report.push_str(&format!("\n  error: {}", error.message));
+        }
+        if let Some(traceback) = error.traceback {
+            report.push_str(&format!("\n  traceback (from {}):\n", exit.error_file.display()));
+            for line in traceback.trim_end().lines() {
+                report.push_str(&format!("    {line}\n"));
+            }
+            report.truncate(report.trim_end().len());
+        }
+    }
+    (what, report)
 }
 
 /// The command inherits the agent's environment, which may hold the backend's password:
@@ -234,30 +375,55 @@ fn hide_credentials(cmd: &mut Command, rdzv_url: Option<std::ffi::OsString>) {
     };
 }
 
-/// The environment the command gets.
-fn child_env(worker: &Rendezvous, round: &Round, restarts: u32) -> Vec<(&'static str, String)> {
-    vec![
-        ("RANK", round.rank.to_string()),
-        ("WORLD_SIZE", round.world_size.to_string()),
+/// The environment of local worker `local_rank` (torchrun's names, then rdzv's; the error
+/// file is added by [`Group::start`]).
+fn worker_env(
+    args: &RunArgs,
+    setup: &Setup,
+    worker: &Rendezvous,
+    round: &Round,
+    a: &Assignment,
+    local_rank: usize,
+    restarts: u32,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("RANK", (a.base_rank + local_rank).to_string()),
+        ("LOCAL_RANK", local_rank.to_string()),
+        ("WORLD_SIZE", a.world_size.to_string()),
+        ("LOCAL_WORLD_SIZE", setup.nproc.to_string()),
         ("GROUP_RANK", round.rank.to_string()),
-        ("LOCAL_RANK", "0".into()),
-        ("LOCAL_WORLD_SIZE", "1".into()),
+        ("GROUP_WORLD_SIZE", round.world_size.to_string()),
+        ("ROLE_RANK", (a.base_role_rank + local_rank).to_string()),
+        ("ROLE_WORLD_SIZE", a.role_world_size.to_string()),
+        ("ROLE_NAME", args.role.clone()),
         ("MASTER_ADDR", round.bootstrap.master_addr.clone()),
         ("MASTER_PORT", round.bootstrap.master_port.to_string()),
+        ("TORCHELASTIC_RUN_ID", round.run_id.clone()),
+        ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
+        ("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string()),
+        // The workers make their own store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it).
+        ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
         ("RDZV_RUN_ID", round.run_id.clone()),
         ("RDZV_VERSION", round.version.to_string()),
         ("RDZV_NODE_ID", worker.participant().node.clone()),
         ("RDZV_RESTART_COUNT", restarts.to_string()),
-        ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
-    ]
+    ];
+    // As torchrun does, unless the user chose otherwise.
+    if std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+        env.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".into()));
+    }
+    if setup.nproc > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        env.push(("OMP_NUM_THREADS", "1".into()));
+    }
+    env
 }
 
-/// Waits for the command to end or for a reason to stop it (then stops it).
+/// Waits for the workers to end or for a reason to stop them (then stops them).
 async fn supervise(
     args: &RunArgs,
     worker: &Rendezvous,
     round: &Round,
-    child: &mut Child,
+    group: &mut Group,
     signals: &mut Signals,
 ) -> Outcome {
     let mut tick = tokio::time::interval_at(Instant::now() + args.monitor_interval, args.monitor_interval);
@@ -267,9 +433,10 @@ async fn supervise(
     tokio::pin!(broken, failed, regroup);
     let stop_reason = loop {
         tokio::select! {
-            status = child.wait() => return match status {
-                Ok(status) => Outcome::Exited(status),
-                Err(e) => Outcome::PeerFailed(format!("cannot wait for the command: {e}")),
+            exit = group.next_exit() => match exit {
+                Some(exit) if exit.status.success() => {}
+                Some(exit) => break Outcome::Failed(exit),
+                None => break Outcome::Succeeded,
             },
             reason = &mut broken => break Outcome::Broken(reason),
             what = &mut failed => break Outcome::PeerFailed(what),
@@ -282,40 +449,19 @@ async fn supervise(
                     }
                     break Outcome::Waiting(Some(k));
                 }
-                Err(e) => tracing::warn!("checking for waiting workers: {e}"),
+                Err(e) => tracing::warn!("checking for waiting nodes: {e}"),
             },
             signal = signals.recv() => {
-                if let Some(pid) = child.id() {
-                    signal_group(pid, signal.name()).await;
-                }
-                let status = stop(child, args.grace_period).await;
+                let status = group.stop(signal.forwarded(), args.grace_period).await;
                 return Outcome::Interrupted(signal, status);
             }
         }
     };
-    if let Some(pid) = child.id() {
-        signal_group(pid, "TERM").await;
-    }
-    stop(child, args.grace_period).await;
+    group.stop(rustix::process::Signal::TERM, args.grace_period).await;
     stop_reason
 }
 
-/// Waits up to `grace` for the (signalled) command to exit, then kills its process group.
-async fn stop(child: &mut Child, grace: Duration) -> ExitStatus {
-    if let Ok(Ok(status)) = tokio::time::timeout(grace, child.wait()).await {
-        return status;
-    }
-    if let Some(pid) = child.id() {
-        signal_group(pid, "KILL").await;
-    }
-    let _ = child.start_kill();
-    match child.wait().await {
-        Ok(status) => status,
-        Err(_) => std::os::unix::process::ExitStatusExt::from_raw(9),
-    }
-}
-
-/// Resolves with the message of the first rank that published a failure in `store`.
+/// Resolves with the message of the first node that published a failure in `store`.
 async fn peer_failure(store: Store) -> String {
     String::from_utf8_lossy(&key_appears(store, FAILED_KEY).await).into_owned()
 }
@@ -336,35 +482,45 @@ async fn key_appears(store: Store, key: &str) -> Vec<u8> {
 
 async fn publish_failure(round: &Round, what: &str) {
     if let Err(e) = round.store.set(FAILED_KEY, what).await {
-        tracing::warn!("publishing the failure to the other ranks: {e}");
+        tracing::warn!("publishing the failure to the other nodes: {e}");
     }
 }
 
-/// After this rank's command succeeded: waits until every rank's did (`Ok(None)`), or
+/// After this node's workers succeeded: waits until every node's did (`Ok(None)`), or
 /// returns why the group must restart (`Ok(Some(reason))`).
-async fn finish(args: &RunArgs, worker: &Rendezvous, round: &Round) -> Result<Option<String>, CliError> {
+async fn finish(
+    args: &RunArgs,
+    worker: &Rendezvous,
+    round: &Round,
+    signals: &mut Signals,
+) -> Result<Option<String>, CliError> {
     let barrier = round.store.barrier(FINISHED_KEY, round.world_size, args.finish_timeout);
     let failed = peer_failure(round.store.clone());
     tokio::pin!(barrier, failed);
     let broken = tokio::select! {
         biased;
         done = &mut barrier => {
-            done.map_err(|e| CliError::from(e).context("waiting for the other ranks to finish"))?;
+            done.map_err(|e| CliError::from(e).context("waiting for the other nodes to finish"))?;
             return Ok(None);
         }
         what = &mut failed => return Ok(Some(what)),
         reason = worker.round_broken() => reason,
+        // Its workers are done: nothing to pass the signal on to.
+        s = signals.recv() => return Err(CliError {
+            code: s.exit_code(),
+            message: format!("SIG{} received while waiting for the other nodes to finish; left the run", s.name()),
+        }),
     };
     // Ranks that passed the barrier close the run and leave: that breaks the round too, so
     // give the barrier a moment to report that everyone got there.
     if let Ok(done) = tokio::time::timeout(Duration::from_secs(2), &mut barrier).await {
-        done.map_err(|e| CliError::from(e).context("waiting for the other ranks to finish"))?;
+        done.map_err(|e| CliError::from(e).context("waiting for the other nodes to finish"))?;
         return Ok(None);
     }
     if broken == RoundBroken::Closed && !round.store.check([FAILED_KEY]).await.unwrap_or(true) {
         return Ok(None);
     }
-    Ok(Some(format!("round {} is over before every rank finished: {}", round.version, why(&broken))))
+    Ok(Some(format!("round {} is over before every node finished: {}", round.version, why(&broken))))
 }
 
 /// The exit code for a command's status: its code, or 128 + the signal that ended it.
@@ -381,9 +537,30 @@ fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("status {code}"),
-        (None, Some(signal)) => format!("signal {signal}"),
+        (None, Some(signal)) => match signal_name(signal) {
+            Some(name) => format!("signal {signal} (SIG{name})"),
+            None => format!("signal {signal}"),
+        },
         (None, None) => "an unknown status".into(),
     }
+}
+
+/// The names of the signals that usually end a worker (Linux numbering).
+fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        1 => "HUP",
+        2 => "INT",
+        3 => "QUIT",
+        4 => "ILL",
+        6 => "ABRT",
+        7 => "BUS",
+        8 => "FPE",
+        9 => "KILL",
+        11 => "SEGV",
+        13 => "PIPE",
+        15 => "TERM",
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -398,7 +575,8 @@ mod tests {
         assert_eq!(exit_code(ExitStatus::from_raw(0)), ExitCode::SUCCESS);
         assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), ExitCode::from(7));
         assert_eq!(exit_code(ExitStatus::from_raw(15)), ExitCode::from(143));
-        assert_eq!(describe(ExitStatus::from_raw(9)), "signal 9");
+        assert_eq!(describe(ExitStatus::from_raw(9)), "signal 9 (SIGKILL)");
+        assert_eq!(describe(ExitStatus::from_raw(64)), "signal 64");
         assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "status 3");
     }
 
@@ -415,6 +593,13 @@ mod tests {
         assert_eq!(run.command, ["sh", "-c", "echo -n hi"]);
         assert_eq!(run.max_restarts, 3);
         assert_eq!(run.monitor_interval, Duration::from_secs(5));
+        assert_eq!(run.nproc_per_node, NProc::Count(1));
+        assert_eq!(run.role, "default");
+        let parsed =
+            Cli::try_parse_from(["rdzv", "u", "--nproc-per-node", "auto", "--role", "trainer", "--", "x"]);
+        let run = parsed.expect("parses").run;
+        assert_eq!((run.nproc_per_node, run.role.as_str()), (NProc::Auto, "trainer"));
+        assert!(Cli::try_parse_from(["rdzv", "u", "--nproc-per-node", "0", "--", "x"]).is_err());
         assert!(Cli::try_parse_from(["rdzv", "mem://a/b?min_workers=1"]).is_err());
     }
 }

@@ -88,7 +88,7 @@ pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
             Some(rank) if !left(*version) => InitAction::ResumeConfirm { version: *version, rank },
             _ => InitAction::AwaitChange,
         },
-        Some(State::Final { version, participants }) => {
+        Some(State::Final { version, participants, .. }) => {
             let (version, world_size) = (*version, participants.len());
             match rank_of(participants) {
                 Some(_) if left(version) => InitAction::Leave { version },
@@ -212,7 +212,7 @@ pub fn on_state_while_joined(state: Option<&State>, version: u64, me: &Participa
                 None => JoinedAction::Withdraw,
             }
         }
-        Some(State::Final { version: v, participants }) if *v == version => {
+        Some(State::Final { version: v, participants, .. }) if *v == version => {
             // Final already (we missed frozen only if we were too slow to see it): a member
             // would have been needed to confirm, so we are not one.
             if participants.iter().any(|p| is_me(p, me)) {
@@ -304,14 +304,17 @@ mod tests {
         assert_eq!(look(Some(&State::Joinable { version: 2 }), "x"), InitAction::Join { version: 2 });
         let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")] };
         assert_eq!(look(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
-        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")] };
+        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")], confirmed: None };
         assert_eq!(look(Some(&fin), "a"), InitAction::ResumeMember { version: 2, rank: 0, world_size: 2 });
         assert_eq!(
             look(Some(&State::Frozen { version: 2, participants: vec![p("a")] }), "x"),
             InitAction::AwaitChange
         );
         assert_eq!(
-            look(Some(&State::Final { version: 2, participants: vec![p("a"), p("b")] }), "x"),
+            look(
+                Some(&State::Final { version: 2, participants: vec![p("a"), p("b")], confirmed: None }),
+                "x"
+            ),
             InitAction::AwaitNextRound { version: 2, world_size: 2 }
         );
     }
@@ -322,9 +325,9 @@ mod tests {
         let mine = Viewer { me: &me, setup_is_mine: true, leaving: None };
         assert_eq!(on_state(Some(&State::Setup), mine), InitAction::ResumeSetup);
         let leaving = Viewer { me: &me, setup_is_mine: false, leaving: Some(2) };
-        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")] };
+        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")], confirmed: None };
         assert_eq!(on_state(Some(&fin), leaving), InitAction::Leave { version: 2 });
-        let newer = State::Final { version: 3, participants: vec![p("a"), p("b")] };
+        let newer = State::Final { version: 3, participants: vec![p("a"), p("b")], confirmed: None };
         assert_eq!(
             on_state(Some(&newer), leaving),
             InitAction::ResumeMember { version: 3, rank: 0, world_size: 2 }
@@ -338,7 +341,7 @@ mod tests {
         let me = p("a");
         let other = Participant { addr: "elsewhere".into(), ..p("a") };
         let viewer = Viewer { me: &me, setup_is_mine: false, leaving: None };
-        let fin = State::Final { version: 2, participants: vec![other.clone(), p("b")] };
+        let fin = State::Final { version: 2, participants: vec![other.clone(), p("b")], confirmed: None };
         assert_eq!(on_state(Some(&fin), viewer), InitAction::AwaitNextRound { version: 2, world_size: 2 });
         let frozen = State::Frozen { version: 2, participants: vec![other, p("b")] };
         assert_eq!(on_state(Some(&frozen), viewer), InitAction::AwaitChange);
@@ -399,7 +402,7 @@ mod tests {
 
     #[test]
     fn confirm_and_waiting_tables() {
-        let fin = State::Final { version: 1, participants: vec![p("a"), p("b")] };
+        let fin = State::Final { version: 1, participants: vec![p("a"), p("b")], confirmed: None };
         assert_eq!(on_state_while_confirming(Some(&fin), 1), ConfirmAction::Done);
         assert_eq!(on_state_while_confirming(None, 1), ConfirmAction::Restart);
         assert_eq!(on_state_while_confirming(Some(&State::Closed), 1), ConfirmAction::Closed);

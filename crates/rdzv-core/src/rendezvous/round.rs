@@ -46,9 +46,12 @@ pub(crate) struct Completed {
     /// Revision of the `final` state value (to destroy exactly this round, and to watch
     /// for its end from here).
     pub(crate) final_revision: Revision,
-    /// Revision of this worker's keep-alive key: a member that vanishes after it counts as
-    /// gone. (The last confirmer saw every keep-alive key alive at a revision at or after
-    /// this one, so watching from here misses no death, even one just before `final`.)
+    /// Watch the members' keep-alive keys for deaths after this revision: the last
+    /// member's keep-alive key (`confirmed` in the `final` value), or, from an older writer,
+    /// this worker's own. The last confirmer saw every keep-alive key alive as of its own,
+    /// so this misses no death, even one just before `final`; and as every keep-alive key
+    /// was created by then, the watch replays no creations (N monitors replaying N creations
+    /// each would cost O(N²) events per round).
     pub(crate) members_from: Revision,
     /// The run lease the `final` value is bound to, for this worker to help keep alive.
     pub(crate) run_lease: Option<LeaseId>,
@@ -274,10 +277,11 @@ impl<'a> Attempt<'a> {
                 let key = self.ctx.keys.rank(version, rank);
                 let ours = self.ctx.kv.get(&key).await?.kv.filter(|kv| kv.lease == Some(self.session));
                 match (&observed.state, ours) {
-                    (Some(State::Final { participants, .. }), Some(mine)) => {
+                    (Some(State::Final { participants, confirmed, .. }), Some(mine)) => {
                         let participants = participants.clone();
+                        let members_from = confirmed.unwrap_or(mine.create_revision);
                         let (revision, lease) = (observed.mod_revision, observed.lease);
-                        Ok(self.done(version, rank, participants, revision, mine.create_revision, lease))
+                        Ok(self.done(version, rank, participants, revision, members_from, lease))
                     }
                     _ => self.await_next_round(version, world_size, observed).await,
                 }
@@ -518,7 +522,8 @@ impl<'a> Attempt<'a> {
         // sees them all: one swap attempt per round, not a storm of them.
         let confirmed = count_up_to(&*ctx.kv, &ctx.keys.ranks(version), mine).await?;
         if confirmed as usize >= world_size {
-            let fin = State::Final { version, participants: participants.clone() };
+            // Ours is the last keep-alive key: every member was alive at its revision.
+            let fin = State::Final { version, participants: participants.clone(), confirmed: Some(mine) };
             let outcome = put_with_run_lease(
                 &ctx.run_lease,
                 &*ctx.kv,
@@ -537,7 +542,18 @@ impl<'a> Attempt<'a> {
             let seen = self.next_state(&mut states).await?;
             match decide::on_state_while_confirming(seen.state.as_ref(), version) {
                 ConfirmAction::Done => {
-                    return Ok(self.done(version, rank, participants, seen.mod_revision, mine, seen.lease));
+                    let members_from = match &seen.state {
+                        Some(State::Final { confirmed: Some(confirmed), .. }) => *confirmed,
+                        _ => mine,
+                    };
+                    return Ok(self.done(
+                        version,
+                        rank,
+                        participants,
+                        seen.mod_revision,
+                        members_from,
+                        seen.lease,
+                    ));
                 }
                 ConfirmAction::KeepWaiting => {}
                 ConfirmAction::Restart => return Ok(Flow::Restart(Some(seen))),

@@ -45,6 +45,11 @@ pub enum State {
         version: u64,
         /// The members, in rank order.
         participants: Vec<Participant>,
+        /// The revision of the last member's keep-alive key: every member was alive then,
+        /// so a member gone after it — even before `final` was written — is a death the
+        /// members must be told of. Absent in values written by older versions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        confirmed: Option<crate::kv::Revision>,
     },
     /// The run is over.
     Closed,
@@ -132,7 +137,7 @@ mod tests {
             State::Setup,
             State::Joinable { version: 3 },
             State::Frozen { version: 3, participants: vec![p("a"), p("b")] },
-            State::Final { version: 3, participants: vec![p("a")] },
+            State::Final { version: 3, participants: vec![p("a")], confirmed: Some(7) },
             State::Closed,
         ];
         for s in states {
