@@ -204,6 +204,58 @@ fn a_failed_cleanup_does_not_leak_a_round() {
     });
 }
 
+/// A member that is gone just before the round turns final (its keep-alive key vanishes
+/// after the last confirmer counted the keys and before its `final` write lands) is noticed:
+/// either the round never completes (and a later one does, within the calls' deadline), or
+/// its members are told at once that it broke — never do they run with a member that is not
+/// there. The last confirmer's link is slow (300 ms a call) to open the window;
+/// the key is deleted in the middle of it, as a lease expiry would.
+#[test]
+fn a_member_gone_just_before_final_is_noticed() {
+    paused(async {
+        let kv = mem();
+        let p = params(&run_id("gone-before-final"), 3, 3);
+        let ws = support::workers(&kv, &p, 3).await;
+        ws[2].link.set_latency(rdzv_mem::Latency::Fixed(Duration::from_millis(300)));
+        let calls: Vec<_> = ws
+            .iter()
+            .map(|w| {
+                let h = w.handler.clone();
+                tokio::spawn(async move { h.next_rendezvous().await })
+            })
+            .collect();
+        // Every member confirmed once the three keep-alive keys of round 1 are there; the slow
+        // worker, last, still has to count them (300 ms) and write `final` (300 ms more).
+        let keys = ws[0].handler.keys().clone();
+        let started = Instant::now();
+        while kv.count(&keys.ranks(1), None).await.unwrap() < 3 {
+            assert!(started.elapsed() < Duration::from_secs(10), "round 1 never got three confirmations");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let gone = kv.get(&keys.rank(1, 0)).await.unwrap().kv.expect("rank 0's key");
+        let gone = rdzv::core::Participant::parse(&gone.key, &gone.value).unwrap().node;
+        kv.delete(&keys.rank(1, 0), rdzv::core::DeleteMode::Any).await.unwrap();
+        for (w, call) in ws.iter().zip(calls) {
+            let h = &w.handler;
+            let node = h.participant().node.clone();
+            let r = timeout(Duration::from_secs(20), call).await.expect("a call hung").unwrap();
+            // Round 1 may also never complete (it then stalls until its frozen lease ends, and
+            // a later round forms): fine, as long as every call completes.
+            let info = r.unwrap_or_else(|e| panic!("{node}: {e}"));
+            if info.version != 1 || node == gone {
+                continue;
+            }
+            let told = timeout(Duration::from_secs(2), h.round_broken()).await;
+            assert!(
+                matches!(told, Ok(RoundBroken::MemberGone { .. } | RoundBroken::Ended)),
+                "{node}: holds round {} listing {gone}, whose key vanished before it turned final; told {told:?}",
+                info.version
+            );
+        }
+    });
+}
+
 /// `shutdown()` while the worker's own `next_rendezvous` is pending (waiting for a second
 /// worker): returns at once, the pending call fails with `Shutdown` at once, and the two
 /// workers that come next form a round without it that nobody breaks.
