@@ -224,15 +224,16 @@ fn a_member_gone_just_before_final_is_noticed() {
                 tokio::spawn(async move { h.next_rendezvous().await })
             })
             .collect();
-        // Every member confirmed once the three keep-alive keys of round 1 are there; the slow
-        // worker, last, still has to count them (300 ms) and write `final` (300 ms more).
+        // Every member confirmed once the three keep-alive keys of round 1 are there. The slow
+        // worker, last, then counts them (one or two calls, 300 ms each) and writes `final`
+        // (finding the run lease first: three calls more); 1 s later is in between.
         let keys = ws[0].handler.keys().clone();
         let started = Instant::now();
         while kv.count(&keys.ranks(1), None).await.unwrap() < 3 {
             assert!(started.elapsed() < Duration::from_secs(10), "round 1 never got three confirmations");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
         let gone = kv.get(&keys.rank(1, 0)).await.unwrap().kv.expect("rank 0's key");
         let gone = rdzv::core::Participant::parse(&gone.key, &gone.value).unwrap().node;
         kv.delete(&keys.rank(1, 0), rdzv::core::DeleteMode::Any).await.unwrap();
