@@ -9,7 +9,9 @@
 //! no false deaths, closed propagation and a bounded key count.
 //!
 //! Cases: `PROPTEST_CASES`, else 20000 with `RDZV_SOAK=1`, else 1000. A failing case prints
-//! its world, shrunk; proptest also prints the seed to reproduce it.
+//! its world, shrunk, the broken properties with the records that show it, and the
+//! `RDZV_PROPS_SEED` that generates the same worlds again. `RDZV_PROPS_SURVEY=<n>` tallies
+//! the broken properties over `n` worlds instead.
 #![allow(clippy::unwrap_used)]
 
 mod props;
@@ -62,17 +64,14 @@ fn run(world: &World) -> Vec<props::Record> {
     records
 }
 
-/// `RDZV_PROPS_SURVEY=<n>`: instead of stopping (and shrinking) at the first failing world,
-/// runs `n` worlds and reports how many broke each property, with the smallest such world —
-/// to see at a glance which guarantees a change breaks. Fails if any world broke any.
+/// `RDZV_PROPS_SURVEY=<n>` (worlds from `RDZV_PROPS_SEED`, default random): instead of
+/// stopping (and shrinking) at the first failing world, runs `n` worlds and reports how many
+/// broke each property, with the smallest such world — to see at a glance which guarantees a
+/// change breaks. Fails if any world broke any.
 fn survey(n: u32) {
     use proptest::strategy::ValueTree;
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let seed = std::env::var("RDZV_PROPS_SEED").ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(1);
-    let mut bytes = [0u8; 32];
-    bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
-    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let seed = seed();
+    let mut runner = runner(ProptestConfig::default(), seed);
     let strategy = props::worlds(shape());
     let mut tally: std::collections::BTreeMap<&str, (usize, World, String)> = Default::default();
     for _ in 0..n {
@@ -99,13 +98,31 @@ fn guarantees_hold() {
         return survey(n);
     }
     let config = ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() };
-    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let seed = seed();
+    let mut runner = runner(config, seed);
     let outcome = runner.run(&props::worlds(shape()), |world| {
         let records = run(&world);
         props::check(&world, &records);
         Ok(())
     });
     if let Err(e) = outcome {
-        panic!("{e}");
+        panic!("{e}\nTo generate the same worlds again: RDZV_PROPS_SEED={seed}");
     }
+}
+
+/// `RDZV_PROPS_SEED`, else a fresh random one (printed on failure). Worlds on the in-memory
+/// backend under a paused clock replay nearly identically from it (only the retry backoff's
+/// jitter is not seeded).
+fn seed() -> u64 {
+    std::env::var("RDZV_PROPS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new().build_hasher().finish()
+    })
+}
+
+fn runner(config: ProptestConfig, seed: u64) -> proptest::test_runner::TestRunner {
+    use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes))
 }
