@@ -38,6 +38,8 @@ struct Config {
     latency: Latency,
     /// The absolute call number (1-based) that fails.
     fail_at: Option<u64>,
+    /// The operation whose next call fails.
+    fail_op: Option<&'static str>,
     fail_probability: f64,
     drop_watch_after: Option<usize>,
     fail_after_applying: bool,
@@ -69,6 +71,7 @@ impl FaultyKv {
             config: Mutex::new(Config {
                 latency: Latency::None,
                 fail_at: None,
+                fail_op: None,
                 fail_probability: 0.0,
                 drop_watch_after: None,
                 fail_after_applying: false,
@@ -100,6 +103,28 @@ impl FaultyKv {
         self.config().fail_at = (n > 0).then(|| self.calls() + n);
     }
 
+    /// Makes the next call of `operation` fail with `Unavailable`, once. Operations are named
+    /// after the [`Kv`] methods: `"get"`, `"range"`, `"put"`, `"delete"`, `"delete_prefix"`,
+    /// `"lease_grant"`, `"lease_keep_alive"`, `"lease_revoke"`, `"watch"`, `"compact"`,
+    /// `"count_at_revision"`, `"increment"`; any other name never matches.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use rdzv_core::{Kv, PutOptions};
+    /// # use rdzv_mem::{FaultyKv, MemKv};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let faulty = FaultyKv::new(Arc::new(MemKv::new()), 1);
+    /// faulty.fail_next("delete_prefix");
+    /// assert!(faulty.put(b"a/1", b"x", PutOptions::OVERWRITE).await.is_ok());
+    /// assert!(faulty.delete_prefix(b"a/").await.is_err());
+    /// assert_eq!(faulty.delete_prefix(b"a/").await.unwrap().deleted, 1);
+    /// # }
+    /// ```
+    pub fn fail_next(&self, operation: &'static str) {
+        self.config().fail_op = Some(operation);
+    }
+
     /// Makes every call fail with `Unavailable` with probability `p` (clamped to 0..=1).
     pub fn set_failure_probability(&self, p: f64) {
         self.config().fail_probability = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
@@ -128,6 +153,7 @@ impl FaultyKv {
         let mut config = self.config();
         config.latency = Latency::None;
         config.fail_at = None;
+        config.fail_op = None;
         config.fail_probability = 0.0;
         config.drop_watch_after = None;
         config.fail_after_applying = false;
@@ -145,6 +171,10 @@ impl FaultyKv {
             let mut fail = config.fail_at == Some(number);
             if fail {
                 config.fail_at = None;
+            }
+            if config.fail_op == Some(operation) {
+                config.fail_op = None;
+                fail = true;
             }
             if config.fail_probability > 0.0 {
                 let p = config.fail_probability;
