@@ -24,6 +24,10 @@ use super::keys::RunKeys;
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
 use super::state::{Participant, State};
 
+/// How long the creator of a round keeps trying to delete the round before the previous
+/// one, when the backend fails it.
+pub(crate) const FORGET_RETRY_FOR: Duration = Duration::from_secs(60);
+
 /// How long a `frozen` state lives if confirmation stalls (the reference's 10 s).
 pub(crate) const FROZEN_TTL: Duration = Duration::from_secs(10);
 
@@ -718,15 +722,28 @@ impl<'a> Attempt<'a> {
     /// extra data and Store): no worker can be in it any more, since round `version - 1`
     /// was opened after it ended. One write per round keeps the number of keys under a run
     /// bounded however many rounds pass. In the background, off the round's critical path
-    /// (on etcd a range delete takes tens of milliseconds); best effort: a failure leaves the
-    /// keys to their leases.
+    /// (on etcd a range delete takes tens of milliseconds), retried with a backoff for up to
+    /// [`FORGET_RETRY_FOR`] (no later round deletes this one); if that is not enough, or this
+    /// worker dies first, the keys go with their workers' sessions and the run lease.
     fn forget_old_round(&self, version: u64) {
         let Some(old) = version.checked_sub(2).filter(|v| *v > 0) else { return };
         let prefix = self.ctx.keys.round(old).into_bytes();
         let kv = self.ctx.kv.clone();
+        let give_up = Instant::now() + FORGET_RETRY_FOR;
         tokio::spawn(async move {
-            if let Err(e) = kv.delete_prefix(&prefix).await {
-                tracing::debug!(error = %e, old, "could not delete an old round's keys");
+            let mut delays = backoff();
+            loop {
+                match kv.delete_prefix(&prefix).await {
+                    Ok(_) => return,
+                    Err(e) if Instant::now() < give_up => {
+                        tracing::debug!(error = %e, old, "could not delete an old round's keys yet");
+                        tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(2))).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, old, "gave up deleting an old round's keys");
+                        return;
+                    }
+                }
             }
         });
     }
