@@ -122,7 +122,10 @@ def test_blocking_call_releases_the_gil(run_id: str) -> None:
 
 def test_ctrl_c_interrupts_a_blocking_call(etcd: str, run_id: str) -> None:
     code = (
-        "import rdzv, sys\n"
+        "import rdzv, signal, sys\n"
+        # As on a terminal: a launcher started in the background (nohup, CI) hands its
+        # children SIGINT ignored, and then Python would never raise KeyboardInterrupt.
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"w = rdzv.connect('etcd://{etcd}/{run_id}?min_workers=2')\n"
         "print('waiting', flush=True)\n"
         "try:\n"
