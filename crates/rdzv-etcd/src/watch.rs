@@ -15,6 +15,9 @@
 //! (failing over between members) with every live watch re-created from its last delivered
 //! revision + 1, with bounded, growing pauses between attempts; then the watches end with
 //! an error.
+//!
+//! Each watch's events wait in its own unbounded queue until read, as in the Go client: a
+//! reader that falls behind costs memory but never stalls the other watches of the client.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
