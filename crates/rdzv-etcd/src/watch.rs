@@ -81,6 +81,7 @@ pub(crate) async fn open(target: Target, start: Revision) -> KvResult<WatchStrea
         reply: Some(reply),
         id: None,
         request_timeout: target.request_timeout,
+        token_renewed: false,
     };
     let ctx = target.shared.context(target.request_timeout, None);
     if commands.send(Command::Create { token, watch: Box::new(watch) }).is_err() {
@@ -161,6 +162,7 @@ impl Mux {
             backoff: None,
             retry_at: None,
             last_error: None,
+            renew_token: false,
         };
         tokio::spawn(driver.run());
         *commands = Some(sender.clone());
@@ -195,6 +197,9 @@ struct Watch {
     /// etcd's id for it on the current stream, once created.
     id: Option<i64>,
     request_timeout: Duration,
+    /// Being re-created on a fresh stream because etcd refused the last stream's token
+    /// (once: a second refusal fails the watch).
+    token_renewed: bool,
 }
 
 impl Watch {
@@ -278,6 +283,8 @@ struct Driver {
     /// When to try reopening the broken stream.
     retry_at: Option<Instant>,
     last_error: Option<String>,
+    /// Renew the client's auth token before reopening.
+    renew_token: bool,
 }
 
 enum Step {
@@ -365,6 +372,18 @@ impl Driver {
                 }
                 return;
             };
+            if response.canceled() && !watch.token_renewed && response.cancel_reason().contains("auth token")
+            {
+                // The stream carries the token it was opened with, which etcd may have
+                // dropped since (after its TTL unused, or a restart) while requests moved on
+                // to a new one: reopen with a fresh token, re-creating every watch.
+                watch.token_renewed = true;
+                tracing::debug!(endpoints = %self.endpoints, "etcd refused the watch stream's token; reopening");
+                self.detach();
+                self.renew_token = true;
+                self.retry_at = Some(Instant::now());
+                return;
+            }
             if response.canceled() {
                 let reason = response.cancel_reason();
                 let error = KvError::backend(
@@ -385,6 +404,8 @@ impl Driver {
                 return;
             }
             watch.id = Some(id);
+            // A later refusal (after another expiry) deserves another renewal.
+            watch.token_renewed = false;
             if let Some(reply) = watch.reply.take() {
                 let _ = reply.send(Ok(()));
             }
@@ -432,9 +453,7 @@ impl Driver {
     fn broken(&mut self, error: Option<KvError>, why: String) {
         let why = error.as_ref().map_or(why, |e| e.to_string());
         tracing::debug!(endpoints = %self.endpoints, %why, "etcd watch stream broken; resuming");
-        self.link = None;
-        self.ids.clear();
-        self.creating.clear();
+        self.detach();
         let unanswered: Vec<u64> =
             self.watches.iter().filter(|(_, w)| w.reply.is_some()).map(|(token, _)| *token).collect();
         for token in unanswered {
@@ -443,11 +462,18 @@ impl Driver {
                 watch.fail(e);
             }
         }
+        self.last_error = Some(why);
+        self.retry_at = if self.watches.is_empty() { None } else { Some(Instant::now()) };
+    }
+
+    /// Forgets the current stream; the watches stay, to be re-created on the next.
+    fn detach(&mut self) {
+        self.link = None;
+        self.ids.clear();
+        self.creating.clear();
         for watch in self.watches.values_mut() {
             watch.id = None;
         }
-        self.last_error = Some(why);
-        self.retry_at = if self.watches.is_empty() { None } else { Some(Instant::now()) };
     }
 
     fn unavailable(&self, message: String) -> KvError {
@@ -519,6 +545,19 @@ impl Driver {
         };
         let timeout = watch.request_timeout;
         let (key, options) = (watch.key.clone(), watch.options());
+        if std::mem::take(&mut self.renew_token) {
+            // If this fails, the create is refused again and the watch fails with the reason.
+            let renewal = async { shared.client().await?.refresh_token().await };
+            match tokio::time::timeout(timeout, renewal).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(endpoints = %self.endpoints, error = %e, "renewing the etcd auth token failed");
+                }
+                Err(_) => {
+                    tracing::debug!(endpoints = %self.endpoints, "renewing the etcd auth token timed out")
+                }
+            }
+        }
         let attempt = shared.run(|c| {
             let (mut client, key, options) = (c.watch.clone(), key.clone(), options.clone());
             async move { client.watch(key, Some(options)).await }

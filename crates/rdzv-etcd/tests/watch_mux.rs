@@ -293,3 +293,23 @@ async fn a_compacted_resume_or_start_fails_only_that_watch() {
     let third = put(&kv, b"a", b"3").await;
     assert_eq!(next_event(&mut live).await.kv.mod_revision, third);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_watch_works_after_the_shared_streams_token_expired() {
+    let server = EtcdServer::builder().auth("pw-Mux-1").arg("--auth-token-ttl=1").start().await.unwrap();
+    let kv = server.try_kv().await.unwrap();
+    let first = put(&kv, b"k", b"1").await;
+    // Opens the shared stream with the client's current token.
+    let mut old = kv.watch(b"k", WatchScope::Key, first).await.unwrap();
+    assert_eq!(next_event(&mut old).await.kv.mod_revision, first);
+    // etcd drops idle simple tokens after their TTL (checked every few seconds); the next
+    // request re-authenticates, but the open stream still carries the old token.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let second = put(&kv, b"k", b"2").await;
+    let mut new =
+        within("a watch after the token expired", kv.watch(b"k", WatchScope::Key, first)).await.unwrap();
+    assert_eq!(next_event(&mut new).await.kv.mod_revision, first);
+    assert_eq!(next_event(&mut new).await.kv.mod_revision, second);
+    // The watch opened before is still served, without a duplicate.
+    assert_eq!(next_event(&mut old).await.kv.mod_revision, second);
+}
