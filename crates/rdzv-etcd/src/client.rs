@@ -80,6 +80,8 @@ pub(crate) struct Shared {
     /// TTLs of the leases granted through this client, so that a keep-alive can return the
     /// TTL without a second round trip (etcd-client swallows the first answer's TTL).
     lease_ttls: Mutex<HashMap<LeaseId, i64>>,
+    /// The one watch stream all watches of this client share.
+    pub watches: crate::watch::Mux,
 }
 
 impl Shared {
@@ -95,6 +97,7 @@ impl Shared {
             endpoints,
             username: None,
             lease_ttls: Mutex::new(HashMap::new()),
+            watches: crate::watch::Mux::default(),
         }
     }
 
@@ -107,6 +110,7 @@ impl Shared {
             preferred: AtomicUsize::new(first),
             username,
             lease_ttls: Mutex::new(HashMap::new()),
+            watches: crate::watch::Mux::default(),
         }
     }
 

@@ -22,7 +22,9 @@
 //!   [`KvError::Compacted`](rdzv_core::KvError::Compacted) and ends. If the connection
 //!   breaks, the watch is reopened from the last delivered revision + 1 (never a gap, never
 //!   a duplicate), with pauses from 100 ms to 2 s between up to 8 further attempts; if
-//!   they all fail, the stream yields `Unavailable` and ends.
+//!   they all fail, the stream yields `Unavailable` and ends. All watches of one client
+//!   share one gRPC watch stream (as etcd's Go client does); dropping a watch sends a cancel
+//!   request on it, so thousands of watches ending at once cost the connection nothing.
 //!
 //! ## Connecting
 //! By URL, through the registry ([`EtcdFactory`] serves `etcd` and `etcds`):
