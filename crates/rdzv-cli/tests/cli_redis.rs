@@ -17,28 +17,6 @@ fn nowhere() -> String {
 
 cli_scenarios!(url_fn, nowhere());
 
-/// Runs `rdzv <args>` with extra environment variables (and no inherited `RDZV_URL` or
-/// `RDZV_PASSWORD`): exit code, stdout, stderr.
-async fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = tokio::process::Command::new(cli_support::RDZV)
-        .args(args)
-        .env_remove("RDZV_URL")
-        .env_remove("RDZV_PASSWORD")
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(30), out)
-        .await
-        .expect("rdzv finished in 30 s")
-        .expect("run rdzv");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Against a Redis that requires a password: the password reaches the server from
 /// `RDZV_PASSWORD` or `password_file=` without being written in the URL, and the command of
 /// `rdzv run` sees no password however it was given.
@@ -52,16 +30,19 @@ async fn passwords_reach_the_server_but_not_the_command() {
     };
 
     // Without a password the server refuses.
-    let (code, _, err) = run_with_env(&["join", &url("nopw", ""), "--hold", "0s"], &[]).await;
+    let (code, _, err) = cli_support::run_with_env(&["join", &url("nopw", ""), "--hold", "0s"], &[]).await;
     assert_ne!(code, 0, "joined without the password: {err}");
 
     // From the environment.
     let (code, out, err) =
-        run_with_env(&["join", &url("env", ""), "--hold", "0s"], &[("RDZV_PASSWORD", PW)]).await;
+        cli_support::run_with_env(&["join", &url("env", ""), "--hold", "0s"], &[("RDZV_PASSWORD", PW)]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"world_size\":1"), "{out}");
-    let (code, _, err) =
-        run_with_env(&["join", &url("envbad", ""), "--hold", "0s"], &[("RDZV_PASSWORD", "wrong")]).await;
+    let (code, _, err) = cli_support::run_with_env(
+        &["join", &url("envbad", ""), "--hold", "0s"],
+        &[("RDZV_PASSWORD", "wrong")],
+    )
+    .await;
     assert_ne!(code, 0, "a wrong RDZV_PASSWORD was accepted: {err}");
     assert!(!err.contains("wrong"), "the password was echoed: {err}");
 
@@ -70,13 +51,13 @@ async fn passwords_reach_the_server_but_not_the_command() {
     let file = dir.path().join("redis-password");
     std::fs::write(&file, format!("{PW}\n")).unwrap();
     let with_file = url("file", &format!("&password_file={}", file.display()));
-    let (code, _, err) = run_with_env(&["join", &with_file, "--hold", "0s"], &[]).await;
+    let (code, _, err) = cli_support::run_with_env(&["join", &with_file, "--hold", "0s"], &[]).await;
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains(PW), "{err}");
 
     // `rdzv run`, the password in RDZV_URL: the command's environment has none of it.
     let inline = url("run", "").replacen("redis://", &format!("redis://:{PW}@"), 1);
-    let (code, out, err) = run_with_env(&["run", "--", "env"], &[("RDZV_URL", &inline)]).await;
+    let (code, out, err) = cli_support::run_with_env(&["run", "--", "env"], &[("RDZV_URL", &inline)]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("RANK=0\n"), "the command ran: {out}");
     assert!(!out.contains(PW) && !err.contains(PW), "the password leaked:\n{out}\n{err}");
@@ -84,7 +65,7 @@ async fn passwords_reach_the_server_but_not_the_command() {
 
     // `rdzv run`, the password in RDZV_PASSWORD: the command does not inherit it.
     let (code, out, err) =
-        run_with_env(&["run", &url("run2", ""), "--", "env"], &[("RDZV_PASSWORD", PW)]).await;
+        cli_support::run_with_env(&["run", &url("run2", ""), "--", "env"], &[("RDZV_PASSWORD", PW)]).await;
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("RANK=0\n"), "the command ran: {out}");
     assert!(!out.contains(PW) && !out.contains("RDZV_PASSWORD"), "the password leaked:\n{out}");

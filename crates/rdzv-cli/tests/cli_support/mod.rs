@@ -155,8 +155,20 @@ fn kill_group(pgid: u32) {
 
 /// Runs `rdzv <args>` to completion (bounded by 30 s): exit code, stdout, stderr.
 pub async fn run_once(args: &[&str]) -> (i32, String, String) {
-    let out =
-        Command::new(RDZV).args(args).stdin(Stdio::null()).env_remove("RDZV_URL").kill_on_drop(true).output();
+    run_with_env(args, &[]).await
+}
+
+/// Runs `rdzv <args>` with extra environment variables (and no inherited `RDZV_URL` or
+/// `RDZV_PASSWORD`) to completion (bounded by 30 s): exit code, stdout, stderr.
+pub async fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(RDZV)
+        .args(args)
+        .env_remove("RDZV_URL")
+        .env_remove("RDZV_PASSWORD")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
     let out = tokio::time::timeout(Duration::from_secs(30), out)
         .await
         .expect("rdzv finished in 30 s")
