@@ -40,7 +40,7 @@ pub(crate) async fn exchange(
     let master_port = match master.port {
         Some(port) => port,
         // Rank 0 runs an older version that did not offer a port: it publishes one.
-        None if info.rank == 0 => free_port().map_err(|e| RendezvousError::State {
+        None if info.rank == 0 => rdzv_core::free_port().map_err(|e| RendezvousError::State {
             key: MASTER_PORT_KEY.into(),
             reason: format!("no free local port for MASTER_PORT: {e}"),
         })?,
@@ -94,10 +94,6 @@ async fn publish(store: &Store, bootstrap: &Bootstrap) -> Result<(), StoreError>
     store
         .multi_set([(MASTER_ADDR_KEY, bootstrap.master_addr.as_str()), (MASTER_PORT_KEY, port.as_str())])
         .await
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind(("0.0.0.0", 0))?.local_addr()?.port())
 }
 
 fn store_error(info: &RendezvousInfo, e: StoreError) -> RendezvousError {

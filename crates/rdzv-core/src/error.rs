@@ -35,6 +35,16 @@ pub enum KvError {
         /// How long was waited.
         after: Duration,
     },
+    /// A watch stopped delivering events without an error of its own (the connection
+    /// dropped, or the server cancelled it). Retryable: read again, then watch from the
+    /// read's revision + 1 ([`KvExt::watch_from`](crate::KvExt::watch_from) returns it).
+    #[error("{backend}: the watch of `{key}` ended; read again and watch from the read's revision")]
+    WatchEnded {
+        /// Backend name.
+        backend: &'static str,
+        /// The watched key or prefix, as text.
+        key: String,
+    },
     /// The lease does not exist (expired or revoked).
     #[error("lease {0:#x} not found: it expired or was revoked")]
     LeaseNotFound(LeaseId),
@@ -87,7 +97,14 @@ pub enum KvError {
 impl KvError {
     /// Whether retrying the same operation may succeed (server unreachable or slow).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, KvError::Unavailable { .. } | KvError::Timeout { .. })
+        matches!(self, KvError::Unavailable { .. } | KvError::Timeout { .. } | KvError::WatchEnded { .. })
+    }
+
+    /// Whether a watch failed in a way that a fresh read repairs: its start revision was
+    /// compacted away ([`KvError::Compacted`]) or it ended ([`KvError::WatchEnded`]). Read
+    /// again, then watch from the read's revision + 1.
+    pub fn needs_reread(&self) -> bool {
+        matches!(self, KvError::Compacted { .. } | KvError::WatchEnded { .. })
     }
 
     /// A [`KvError::Backend`] from a message alone.

@@ -1,5 +1,6 @@
-//! Conveniences written once against [`Kv`]: waiting for a key to appear or vanish by
-//! watching from a known revision (never polling), counting keys, and a compare-and-swap
+//! Conveniences written once against [`Kv`]: the one watch-from-a-revision recipe
+//! ([`KvExt::watch_from`]), waiting for a key to appear or vanish by watching from a known
+//! revision (never polling), counting keys, and a compare-and-swap
 //! loop that learns the winner's value from each lost swap.
 
 use async_trait::async_trait;
@@ -8,71 +9,96 @@ use tokio::time::Instant;
 
 use crate::error::KvError;
 use crate::kv::{
-    EventKind, KeyValue, Kv, KvResult, PutMode, PutOptions, PutOutcome, RangeOptions, Revision, WatchScope,
+    Event, EventKind, KeyValue, Kv, KvResult, PutMode, PutOptions, PutOutcome, RangeOptions, Revision,
+    WatchScope, WatchStream,
 };
 
 /// Conveniences for every [`Kv`] (blanket-implemented, also for `dyn Kv`).
 #[async_trait]
 pub trait KvExt: Kv {
-    /// Returns the key as soon as it exists: reads it, and if absent watches it from the
-    /// read's revision + 1. Fails with [`KvError::Timeout`] at `deadline`.
-    async fn wait_for_key(&self, key: &[u8], deadline: Instant) -> KvResult<KeyValue> {
-        let started = Instant::now();
-        let read = self.get(key).await?;
-        if let Some(kv) = read.kv {
-            return Ok(kv);
-        }
-        let mut events = self.watch(key, WatchScope::Key, read.revision + 1).await?;
+    /// Watches `key` (or the keys under it, with [`WatchScope::Prefix`]) from revision `from`
+    /// (at least 1): pass the revision of the read or write the caller's decision was based
+    /// on, plus one, so that no change is missed. The [`Watch`] turns the stream's end into
+    /// [`KvError::WatchEnded`]; a start revision compacted away arrives as
+    /// [`KvError::Compacted`]. Both are retryable the same way: read again, watch again from
+    /// the read's revision + 1.
+    async fn watch_from(&self, key: &[u8], scope: WatchScope, from: Revision) -> KvResult<Watch> {
+        let events = self.watch(key, scope, from.max(1)).await?;
+        Ok(Watch { events, backend: self.name(), key: key.to_vec() })
+    }
+
+    /// Returns `key` as soon as it exists: reads it, and if absent watches it from the read's
+    /// revision + 1; a compacted start or an ended watch reads again (neither can hide the
+    /// key from a fresh read). Unbounded: the caller applies its deadline by dropping it.
+    async fn key_exists(&self, key: &[u8]) -> KvResult<KeyValue> {
         loop {
-            match tokio::time::timeout_at(deadline, events.next()).await {
-                Err(_) => {
-                    return Err(timeout(
-                        self.name(),
-                        format!("waiting for key `{}`", show(key)),
-                        started,
-                        deadline,
-                    ));
-                }
-                Ok(None) => return Err(KvError::backend(self.name(), "watch ended unexpectedly")),
-                Ok(Some(event)) => {
-                    let event = event?;
-                    if event.kind == EventKind::Put {
-                        return Ok(event.kv);
+            let read = self.get(key).await?;
+            if let Some(kv) = read.kv {
+                return Ok(kv);
+            }
+            let mut events = self.watch_from(key, WatchScope::Key, read.revision + 1).await?;
+            loop {
+                match events.next().await {
+                    Ok(event) if event.kind == EventKind::Put => return Ok(event.kv),
+                    Ok(_) => {}
+                    Err(e) if e.needs_reread() => {
+                        tracing::debug!(error = %e, "waiting for `{}`: reading again", show(key));
+                        break;
                     }
+                    Err(e) => return Err(e),
                 }
             }
         }
     }
 
+    /// [`key_exists`](KvExt::key_exists) within `deadline` ([`KvError::Timeout`] after it).
+    async fn wait_for_key(&self, key: &[u8], deadline: Instant) -> KvResult<KeyValue> {
+        let started = Instant::now();
+        match tokio::time::timeout_at(deadline, self.key_exists(key)).await {
+            Ok(found) => found,
+            Err(_) => {
+                Err(timeout(self.name(), format!("waiting for key `{}`", show(key)), started, deadline))
+            }
+        }
+    }
+
     /// Returns once `key` does not exist, watching from `after` + 1 (pass the revision at
-    /// which it was last seen). Returns the revision of the delete (or of the read that found
-    /// it absent). Fails with [`KvError::Timeout`] at `deadline`.
+    /// which it was last seen); a compacted start or an ended watch reads again. Returns the
+    /// revision of the delete (or of the read that found it absent). Fails with
+    /// [`KvError::Timeout`] at `deadline`.
     async fn wait_for_delete(&self, key: &[u8], after: Revision, deadline: Instant) -> KvResult<Revision> {
         let started = Instant::now();
-        let mut events = self.watch(key, WatchScope::Key, after + 1).await?;
-        // The key may already be gone and its delete compacted away; a read settles that.
-        let read = self.get(key).await?;
-        if read.kv.is_none() {
-            return Ok(read.revision);
-        }
-        loop {
-            match tokio::time::timeout_at(deadline, events.next()).await {
-                Err(_) => {
-                    return Err(timeout(
-                        self.name(),
-                        format!("waiting for `{}` to be deleted", show(key)),
-                        started,
-                        deadline,
-                    ));
+        let wait = async {
+            let mut from = after + 1;
+            loop {
+                let mut events = self.watch_from(key, WatchScope::Key, from).await?;
+                // The key may already be gone and its delete compacted away; a read settles that.
+                let read = self.get(key).await?;
+                if read.kv.is_none() {
+                    return Ok(read.revision);
                 }
-                Ok(None) => return Err(KvError::backend(self.name(), "watch ended unexpectedly")),
-                Ok(Some(event)) => {
-                    let event = event?;
-                    if event.kind == EventKind::Delete {
-                        return Ok(event.revision());
+                loop {
+                    match events.next().await {
+                        Ok(event) if event.kind == EventKind::Delete => return Ok(event.revision()),
+                        Ok(_) => {}
+                        Err(e) if e.needs_reread() => {
+                            tracing::debug!(error = %e, "waiting for `{}` to go: reading again", show(key));
+                            from = read.revision + 1;
+                            break;
+                        }
+                        Err(e) => return Err(e),
                     }
                 }
             }
+        };
+        match tokio::time::timeout_at(deadline, wait).await {
+            Ok(result) => result,
+            Err(_) => Err(timeout(
+                self.name(),
+                format!("waiting for `{}` to be deleted", show(key)),
+                started,
+                deadline,
+            )),
         }
     }
 
@@ -114,6 +140,32 @@ pub trait KvExt: Kv {
 }
 
 impl<T: Kv + ?Sized> KvExt for T {}
+
+/// A watch opened by [`KvExt::watch_from`]: the events of one key or prefix, in revision
+/// order. Dropping it cancels the watch.
+pub struct Watch {
+    events: WatchStream,
+    backend: &'static str,
+    key: Vec<u8>,
+}
+
+impl Watch {
+    /// The next event. A stream that ends is [`KvError::WatchEnded`]; like
+    /// [`KvError::Compacted`] it means "read again, then watch again"
+    /// ([`KvError::needs_reread`]). Cancel-safe: dropping the future loses no event.
+    pub async fn next(&mut self) -> KvResult<Event> {
+        match self.events.next().await {
+            Some(event) => event,
+            None => Err(KvError::WatchEnded { backend: self.backend, key: show(&self.key) }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").field("backend", &self.backend).field("key", &show(&self.key)).finish()
+    }
+}
 
 fn timeout(backend: &'static str, operation: String, started: Instant, deadline: Instant) -> KvError {
     KvError::Timeout { backend, operation, after: deadline.saturating_duration_since(started) }

@@ -24,7 +24,9 @@ pub use registry::{BackendFactory, Registry};
 pub use url::{Endpoint, RendezvousUrl, Secret};
 pub mod rendezvous;
 
-pub use rendezvous::{Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, State};
+pub use rendezvous::{
+    Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, Sizing, State, free_port,
+};
 pub mod counting;
 pub use counting::{CountingKv, OpCounts};
 #[cfg(feature = "testing")]

@@ -6,12 +6,11 @@
 
 use std::time::Duration;
 
-use rdzv_core::{DeleteMode, PutMode};
+use rdzv_core::{DeleteMode, KvExt, PutMode};
 
 use crate::counter::add_at;
 use crate::error::StoreError;
 use crate::store::Store;
-use crate::wait::key_exists;
 
 impl Store {
     /// Returns once `world_size` calls (this one included) have reached the barrier `key`,
@@ -48,7 +47,7 @@ impl Store {
             let arrived = add_at(kv, &counter, key, 1, self.lease()).await?;
             let generation = (arrived - 1) / size;
             if arrived % size != 0 {
-                key_exists(kv, &done(generation)).await?;
+                kv.key_exists(&done(generation)).await?;
                 return Ok(());
             }
             kv.put(&done(generation), b"", self.write(PutMode::Overwrite)).await?;

@@ -8,7 +8,6 @@ use rdzv_core::{DeleteMode, DeleteOutcome, KvExt, PutMode, RangeOptions};
 
 use crate::error::StoreError;
 use crate::store::{Store, collect_keys, deadline_after};
-use crate::wait::key_exists;
 
 impl Store {
     /// Inserts or overwrites `key`, waking every call waiting for it.
@@ -133,7 +132,7 @@ impl Store {
         let waits = keys.iter().map(|key| {
             let full = self.user_key(key);
             async move {
-                match tokio::time::timeout_at(deadline, key_exists(self.kv().as_ref(), &full)).await {
+                match tokio::time::timeout_at(deadline, self.kv().key_exists(&full)).await {
                     Ok(found) => Ok(Some(found?.value)),
                     Err(_) => Ok::<_, StoreError>(None),
                 }

@@ -70,7 +70,6 @@ mod keys;
 mod layout;
 mod queue;
 mod store;
-mod wait;
 
 #[cfg(feature = "testing")]
 pub mod testing;

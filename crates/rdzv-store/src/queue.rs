@@ -9,7 +9,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use futures::StreamExt;
 use rdzv_core::{
     DeleteMode, DeleteOutcome, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOutcome, RangeOptions,
     RangeOrder, WatchScope,
@@ -17,7 +16,6 @@ use rdzv_core::{
 
 use crate::error::StoreError;
 use crate::store::Store;
-use crate::wait::watch_ended;
 
 impl Store {
     /// Appends `value` to the queue `key` (queues are apart from the other keys: `get`,
@@ -86,27 +84,21 @@ async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>,
         }
         // Empty at `read.revision`: every item pushed from now on shows up in this watch,
         // oldest first; try each in turn until one is ours.
-        let mut events = kv.watch(prefix, WatchScope::Prefix, read.revision + 1).await?;
+        let mut events = kv.watch_from(prefix, WatchScope::Prefix, read.revision + 1).await?;
         loop {
             match events.next().await {
-                Some(Ok(event)) if event.kind == EventKind::Put => {
+                Ok(event) if event.kind == EventKind::Put => {
                     if let Some(value) = take(kv, event.kv).await? {
                         return Ok(Some(value));
                     }
                 }
-                Some(Ok(_)) => {}
-                // The history we needed is gone: read the queue afresh.
-                Some(Err(KvError::Compacted { requested, oldest })) => {
-                    tracing::debug!(
-                        requested,
-                        oldest,
-                        "popping from `{}`: watch start compacted away; reading again",
-                        rdzv_core::ext::show(prefix)
-                    );
+                Ok(_) => {}
+                // The history we needed is gone, or the watch ended: read the queue afresh.
+                Err(e) if e.needs_reread() => {
+                    tracing::debug!(error = %e, "popping from `{}`: reading again", rdzv_core::ext::show(prefix));
                     break;
                 }
-                Some(Err(e)) => return Err(e),
-                None => return Err(watch_ended(kv, prefix)),
+                Err(e) => return Err(e),
             }
         }
     }

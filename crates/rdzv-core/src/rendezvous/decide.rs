@@ -5,6 +5,10 @@
 
 use std::time::Duration;
 
+use crate::kv::{KeyValue, LeaseId, PutOutcome, Revision};
+
+use super::machine::Sizing;
+use super::monitor::RoundBroken;
 use super::state::{Participant, State};
 
 /// Who is looking at the state, for [`on_state`]: what a worker knows of itself that the
@@ -115,10 +119,11 @@ pub enum JoinRole {
     Wait,
 }
 
-/// Phase 2: the joiner's role. `backup` is the extra delay of backups behind the one
-/// responsible (the keep-alive TTL: by then a dead worker's join key has vanished).
-pub fn join_role(position: u64, min: usize, max: usize, last_call: Duration, backup: Duration) -> JoinRole {
-    let (min, max) = (min as u64, max as u64);
+/// Phase 2: the joiner's role. Backups wait `sizing.backup` behind the one responsible
+/// (the keep-alive TTL: by then a dead worker's join key has vanished).
+pub fn join_role(position: u64, sizing: &Sizing) -> JoinRole {
+    let (min, max) = (sizing.min as u64, sizing.max as u64);
+    let (last_call, backup) = (sizing.last_call, sizing.backup);
     if position == max {
         JoinRole::FreezeNow
     } else if position > max {
@@ -139,44 +144,96 @@ pub fn join_role(position: u64, min: usize, max: usize, last_call: Duration, bac
 pub enum FreezeAction {
     /// Swap `joinable` → `frozen` with these participants, in rank order.
     Freeze(Vec<Participant>),
-    /// Too few live joiners: watch the join keys until `min` are there again, then retry
-    /// after `retry_after`.
+    /// Too few live joiners: watch the join keys until [`retry_delay`] says to try again.
     AwaitJoiners {
         /// Live joiners now.
         count: u64,
-        /// Delay before retrying once `min` are there.
-        retry_after: Duration,
     },
 }
 
 /// Phase 2, freeze: the first `max` joiners form the round, if there are at least `min`.
-pub fn freeze(
-    joiners: Vec<Participant>,
-    count: u64,
-    min: usize,
-    max: usize,
-    last_call: Duration,
-) -> FreezeAction {
-    if (joiners.len()) < min {
-        return FreezeAction::AwaitJoiners {
-            count,
-            retry_after: if count as usize >= max { Duration::ZERO } else { last_call },
-        };
+pub fn freeze(joiners: Vec<Participant>, count: u64, sizing: &Sizing) -> FreezeAction {
+    if joiners.len() < sizing.min {
+        return FreezeAction::AwaitJoiners { count };
     }
     let mut joiners = joiners;
-    joiners.truncate(max);
+    joiners.truncate(sizing.max);
     FreezeAction::Freeze(joiners)
 }
 
 /// When a watched join count reaches `min` again after a failed freeze: how long until the
-/// next attempt (at once when `max` are there).
-pub fn retry_delay(count: u64, min: usize, max: usize, last_call: Duration) -> Option<Duration> {
-    if count as usize >= max {
+/// next attempt (at once when `max` are there); `None` while there are too few.
+pub fn retry_delay(count: u64, sizing: &Sizing) -> Option<Duration> {
+    if count as usize >= sizing.max {
         Some(Duration::ZERO)
-    } else if count as usize >= min {
-        Some(last_call)
+    } else if count as usize >= sizing.min {
+        Some(sizing.last_call)
     } else {
         None
+    }
+}
+
+/// Whether a key this worker creates for itself is its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Owned {
+    /// Ours, created at this revision.
+    Mine(Revision),
+    /// Held by another live process (with this node id): never overwritten.
+    Taken(KeyValue),
+    /// Deleted between the attempt and the answer: try again from the start.
+    Vanished,
+}
+
+/// Who owns a key after a create-if-absent of it under `session`: written now, or already
+/// there under our own session (an earlier step wrote it and lost the answer), is ours.
+pub fn own_key(outcome: PutOutcome, session: LeaseId) -> Owned {
+    match outcome {
+        PutOutcome::Written { create_revision, .. } => Owned::Mine(create_revision),
+        PutOutcome::Conflict { current: Some(kv) } if kv.lease == Some(session) => {
+            Owned::Mine(kv.create_revision)
+        }
+        PutOutcome::Conflict { current: Some(kv) } => Owned::Taken(kv),
+        PutOutcome::Conflict { current: None } => Owned::Vanished,
+    }
+}
+
+/// Phase 1, resuming a `final` round that lists me: my keep-alive key (as read) is still
+/// mine only if it is bound to my current session; then its create revision.
+pub fn holds(key: Option<&KeyValue>, session: LeaseId) -> Option<Revision> {
+    key.filter(|kv| kv.lease == Some(session)).map(|kv| kv.create_revision)
+}
+
+/// Phase 3: whether the keep-alive keys counted up to mine (`confirmed`) complete a round
+/// of `world_size` — then I am the last to confirm and swap `frozen` → `final`.
+pub fn completes_round(confirmed: u64, world_size: usize) -> bool {
+    confirmed as usize >= world_size
+}
+
+/// Phase 1, creating a round: the version counter's next value after `current` (absent: 0),
+/// or why the current value is no counter.
+pub fn next_version(current: Option<&[u8]>) -> Result<u64, String> {
+    let last = match current {
+        None => 0,
+        Some(value) => match std::str::from_utf8(value).ok().and_then(|s| s.parse::<u64>().ok()) {
+            Some(last) => last,
+            None => {
+                return Err(format!(
+                    "the version counter is not a number: {:?}",
+                    String::from_utf8_lossy(value)
+                ));
+            }
+        },
+    };
+    last.checked_add(1).ok_or_else(|| "the version counter cannot grow any more".to_string())
+}
+
+/// Phase 4: whether running round `version` is intact in `state` (`None`) or over, and why.
+/// `state` is `None` when the state key is absent or unreadable.
+pub fn running_round(state: Option<&State>, version: u64) -> Option<RoundBroken> {
+    match state {
+        Some(State::Final { version: v, .. }) if *v == version => None,
+        Some(State::Closed) => Some(RoundBroken::Closed),
+        _ => Some(RoundBroken::Ended),
     }
 }
 
@@ -190,10 +247,9 @@ pub enum JoinedAction {
         /// All members.
         participants: Vec<Participant>,
     },
-    /// The round froze without this worker (it came too late): withdraw the join key and
-    /// start over (it will wait for the next round).
-    Withdraw,
-    /// Anything else: start over from Init.
+    /// Start over from Init. Also when the round froze without this worker (it came too
+    /// late): it will wait for the next round, and its join key in this one is left to its
+    /// session lease (harmless: the round's membership is fixed).
     Restart,
     /// The run was closed.
     Closed,
@@ -209,18 +265,11 @@ pub fn on_state_while_joined(state: Option<&State>, version: u64, me: &Participa
         Some(State::Frozen { version: v, participants }) if *v == version => {
             match participants.iter().position(|p| is_me(p, me)) {
                 Some(rank) => JoinedAction::Confirm { rank, participants: participants.clone() },
-                None => JoinedAction::Withdraw,
+                None => JoinedAction::Restart,
             }
         }
-        Some(State::Final { version: v, participants, .. }) if *v == version => {
-            // Final already (we missed frozen only if we were too slow to see it): a member
-            // would have been needed to confirm, so we are not one.
-            if participants.iter().any(|p| is_me(p, me)) {
-                JoinedAction::Restart
-            } else {
-                JoinedAction::Withdraw
-            }
-        }
+        // Final already (we missed frozen only if we were too slow to see it): a member
+        // would have been needed to confirm, so we are not one of this round.
         _ => JoinedAction::Restart,
     }
 }
@@ -288,6 +337,10 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    fn sz(min: usize, max: usize, last_call: Duration, backup: Duration) -> Sizing {
+        Sizing { min, max, last_call, backup }
+    }
+
     fn p(node: &str) -> Participant {
         Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
     }
@@ -345,38 +398,38 @@ mod tests {
         assert_eq!(on_state(Some(&fin), viewer), InitAction::AwaitNextRound { version: 2, world_size: 2 });
         let frozen = State::Frozen { version: 2, participants: vec![other, p("b")] };
         assert_eq!(on_state(Some(&frozen), viewer), InitAction::AwaitChange);
-        assert_eq!(on_state_while_joined(Some(&frozen), 2, &me), JoinedAction::Withdraw);
+        assert_eq!(on_state_while_joined(Some(&frozen), 2, &me), JoinedAction::Restart);
     }
 
     #[test]
     fn roles_when_min_equals_max() {
         let ttl = 10 * S;
-        assert_eq!(join_role(1, 3, 3, 30 * S, ttl), JoinRole::Wait);
-        assert_eq!(join_role(2, 3, 3, 30 * S, ttl), JoinRole::Wait);
-        assert_eq!(join_role(3, 3, 3, 30 * S, ttl), JoinRole::FreezeNow);
-        assert_eq!(join_role(4, 3, 3, 30 * S, ttl), JoinRole::FreezeAfter(ttl));
+        assert_eq!(join_role(1, &sz(3, 3, 30 * S, ttl)), JoinRole::Wait);
+        assert_eq!(join_role(2, &sz(3, 3, 30 * S, ttl)), JoinRole::Wait);
+        assert_eq!(join_role(3, &sz(3, 3, 30 * S, ttl)), JoinRole::FreezeNow);
+        assert_eq!(join_role(4, &sz(3, 3, 30 * S, ttl)), JoinRole::FreezeAfter(ttl));
     }
 
     #[test]
     fn roles_with_a_last_call() {
         let (lc, ttl) = (30 * S, 10 * S);
-        assert_eq!(join_role(1, 2, 4, lc, ttl), JoinRole::Wait);
-        assert_eq!(join_role(2, 2, 4, lc, ttl), JoinRole::FreezeAfter(lc));
-        assert_eq!(join_role(3, 2, 4, lc, ttl), JoinRole::FreezeAfter(lc + ttl));
-        assert_eq!(join_role(4, 2, 4, lc, ttl), JoinRole::FreezeNow);
-        assert_eq!(join_role(5, 2, 4, lc, ttl), JoinRole::FreezeAfter(lc + ttl));
-        assert_eq!(join_role(1, 1, 4, lc, ttl), JoinRole::FreezeAfter(lc));
+        assert_eq!(join_role(1, &sz(2, 4, lc, ttl)), JoinRole::Wait);
+        assert_eq!(join_role(2, &sz(2, 4, lc, ttl)), JoinRole::FreezeAfter(lc));
+        assert_eq!(join_role(3, &sz(2, 4, lc, ttl)), JoinRole::FreezeAfter(lc + ttl));
+        assert_eq!(join_role(4, &sz(2, 4, lc, ttl)), JoinRole::FreezeNow);
+        assert_eq!(join_role(5, &sz(2, 4, lc, ttl)), JoinRole::FreezeAfter(lc + ttl));
+        assert_eq!(join_role(1, &sz(1, 4, lc, ttl)), JoinRole::FreezeAfter(lc));
     }
 
     #[test]
     fn freeze_takes_the_first_max_or_waits_for_min() {
         let joiners = vec![p("a"), p("b"), p("c")];
-        assert_eq!(freeze(joiners.clone(), 3, 2, 2, S), FreezeAction::Freeze(vec![p("a"), p("b")]));
-        assert_eq!(freeze(joiners.clone(), 3, 3, 5, S), FreezeAction::Freeze(joiners));
-        assert_eq!(freeze(vec![p("a")], 1, 2, 4, S), FreezeAction::AwaitJoiners { count: 1, retry_after: S });
-        assert_eq!(retry_delay(1, 2, 4, S), None);
-        assert_eq!(retry_delay(2, 2, 4, S), Some(S));
-        assert_eq!(retry_delay(4, 2, 4, S), Some(Duration::ZERO));
+        assert_eq!(freeze(joiners.clone(), 3, &sz(2, 2, S, S)), FreezeAction::Freeze(vec![p("a"), p("b")]));
+        assert_eq!(freeze(joiners.clone(), 3, &sz(3, 5, S, S)), FreezeAction::Freeze(joiners));
+        assert_eq!(freeze(vec![p("a")], 1, &sz(2, 4, S, S)), FreezeAction::AwaitJoiners { count: 1 });
+        assert_eq!(retry_delay(1, &sz(2, 4, S, S)), None);
+        assert_eq!(retry_delay(2, &sz(2, 4, S, S)), Some(S));
+        assert_eq!(retry_delay(4, &sz(2, 4, S, S)), Some(Duration::ZERO));
     }
 
     #[test]
@@ -386,7 +439,7 @@ mod tests {
             on_state_while_joined(Some(&frozen), 1, &p("b")),
             JoinedAction::Confirm { rank: 1, participants: vec![p("a"), p("b")] }
         );
-        assert_eq!(on_state_while_joined(Some(&frozen), 1, &p("c")), JoinedAction::Withdraw);
+        assert_eq!(on_state_while_joined(Some(&frozen), 1, &p("c")), JoinedAction::Restart);
         assert_eq!(on_state_while_joined(Some(&frozen), 2, &p("a")), JoinedAction::Restart);
         assert_eq!(on_state_while_joined(None, 1, &p("a")), JoinedAction::Restart);
         assert_eq!(on_state_while_joined(Some(&State::Closed), 1, &p("a")), JoinedAction::Closed);
@@ -398,6 +451,37 @@ mod tests {
             on_state_while_joined(Some(&State::Joinable { version: 2 }), 1, &p("a")),
             JoinedAction::Restart
         );
+    }
+
+    #[test]
+    fn counters_keys_and_running_rounds() {
+        assert_eq!(next_version(None), Ok(1));
+        assert_eq!(next_version(Some(b"41")), Ok(42));
+        assert!(next_version(Some(b"x1")).expect_err("not a number").contains("\"x1\""));
+        assert!(next_version(Some(u64::MAX.to_string().as_bytes())).is_err());
+        assert!(completes_round(3, 3) && !completes_round(2, 3));
+        let kv = |lease| KeyValue {
+            key: b"k".to_vec(),
+            value: vec![],
+            create_revision: 5,
+            mod_revision: 6,
+            version: 1,
+            lease,
+        };
+        assert_eq!(holds(Some(&kv(Some(7))), 7), Some(5));
+        assert_eq!(holds(Some(&kv(Some(8))), 7), None);
+        assert_eq!(holds(None, 7), None);
+        assert_eq!(own_key(PutOutcome::Conflict { current: Some(kv(Some(7))) }, 7), Owned::Mine(5));
+        assert_eq!(
+            own_key(PutOutcome::Conflict { current: Some(kv(Some(8))) }, 7),
+            Owned::Taken(kv(Some(8)))
+        );
+        assert_eq!(own_key(PutOutcome::Conflict { current: None }, 7), Owned::Vanished);
+        let fin = State::Final { version: 2, participants: vec![p("a")], confirmed: None };
+        assert_eq!(running_round(Some(&fin), 2), None);
+        assert_eq!(running_round(Some(&fin), 3), Some(RoundBroken::Ended));
+        assert_eq!(running_round(None, 2), Some(RoundBroken::Ended));
+        assert_eq!(running_round(Some(&State::Closed), 2), Some(RoundBroken::Closed));
     }
 
     #[test]

@@ -14,8 +14,9 @@ use crate::params::RendezvousParams;
 use crate::session::Session;
 
 use super::keys::RunKeys;
+use super::machine::{Completed, RoundTimings, Sizing};
 use super::monitor::{Monitor, RoundBroken, RoundStatus, Watched};
-use super::round::{Attempt, Completed, Context, RoundTimings};
+use super::round::{Attempt, Context, clean};
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
 use super::state::{Participant, State};
 
@@ -83,7 +84,8 @@ impl RendezvousHandler {
         let me = Participant { node, addr, pid: std::process::id(), port: None };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
         let session = Session::start(kv.clone(), params.keep_alive_ttl).await?;
-        let ctx = Context { kv, params, keys, me, run_lease };
+        let sizing = Sizing::from_params(&params);
+        let ctx = Context { kv, params, sizing, keys, me, run_lease };
         let worker = Worker { session: Some(session), membership: None };
         Ok(RendezvousHandler {
             inner: Arc::new(Inner {
@@ -142,33 +144,32 @@ impl RendezvousHandler {
                 _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
             };
             let lost = session.lost();
-            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving);
             let leave = if std::mem::take(&mut first) { previous.as_ref() } else { None };
+            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving, leave);
             let outcome = tokio::select! {
-                r = tokio::time::timeout_at(deadline, attempt.run(leave)) => match r {
+                r = tokio::time::timeout_at(deadline, attempt.run()) => match r {
                     Ok(result) => result,
-                    Err(_elapsed) => Err(self.timed_out(attempt.phase)),
+                    Err(_elapsed) => Err(self.timed_out(attempt.doing())),
                 },
                 _ = lost.cancelled() => Err(RendezvousError::LeaseLost),
                 // The session is revoked by `shutdown`, and every key of this call with it.
                 _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
             };
-            phase = attempt.phase;
+            phase = attempt.doing();
             match outcome {
                 Ok(round) => {
-                    let _ = attempt.take_leftovers();
+                    attempt.disarm();
                     break round;
                 }
                 // Not a member of any round yet: nothing is lost with the session but this
                 // call's own keys. Start a new session and carry on.
                 Err(RendezvousError::LeaseLost) => {
                     tracing::info!(run_id = %ctx.params.run_id, "session lease lost while not in a round; starting a new one");
-                    let _ = attempt.take_leftovers();
+                    attempt.disarm();
                     worker.session = None;
                 }
                 Err(e) => {
-                    let leftovers = attempt.take_leftovers();
-                    if !leftovers.clean(&*ctx.kv).await {
+                    if !clean(attempt.take_leftovers(), &*ctx.kv).await {
                         // Something of this call may remain (a `setup` every other worker
                         // waits on): give up the session, so that it goes within its TTL.
                         tracing::debug!("could not withdraw this call's keys; abandoning the session");

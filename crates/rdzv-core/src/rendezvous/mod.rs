@@ -1,19 +1,25 @@
 //! The rendezvous protocol (docs/PROTOCOL.md), written once against [`Kv`](crate::Kv).
 //!
-//! - `decide.rs`: the decision table — pure functions, no I/O.
-//! - `round.rs`: the driver of one `next_rendezvous` call, phase by phase.
+//! - `decide.rs`: the decision tables — pure functions, no I/O.
+//! - `machine.rs`: one `next_rendezvous` call as a state machine over those tables: inputs
+//!   (values read, watch events, timer expiries, write outcomes) in, actions out, time
+//!   injected. No I/O.
+//! - `round.rs`: the small async executor that performs the machine's actions on a `Kv`.
+//! - `monitor.rs`: phase 4, watching a running round for its end.
 //! - `handler.rs`: the public [`RendezvousHandler`].
 //! - `state.rs`, `keys.rs`: the state value and the key layout.
 
 pub mod decide;
 mod handler;
 pub mod keys;
+pub mod machine;
 mod monitor;
 mod round;
 mod run_lease;
 pub mod state;
 
 pub use handler::{RendezvousHandler, RendezvousInfo};
+pub use machine::{RoundTimings, Sizing};
 pub use monitor::RoundBroken;
-pub use round::RoundTimings;
+pub use round::free_port;
 pub use state::{Participant, State};

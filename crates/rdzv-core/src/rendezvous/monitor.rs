@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::ext::KvExt;
 use crate::kv::{EventKind, Kv, KvResult, Revision, WatchScope};
 
+use super::decide;
 use super::keys::RunKeys;
 use super::state::State;
 
@@ -109,37 +109,30 @@ async fn watch_round(round: &Watched) -> RoundBroken {
 }
 
 async fn watch_from(round: &Watched, states_from: Revision, members_from: Revision) -> KvResult<RoundBroken> {
-    let mut states = round.kv.watch(&round.keys.state(), WatchScope::Key, states_from).await?;
+    let mut states = round.kv.watch_from(&round.keys.state(), WatchScope::Key, states_from).await?;
     let rank_prefix = round.keys.ranks(round.version);
-    let mut members = round.kv.watch(&rank_prefix, WatchScope::Prefix, members_from).await?;
+    let mut members = round.kv.watch_from(&rank_prefix, WatchScope::Prefix, members_from).await?;
     loop {
         tokio::select! {
-            event = states.next() => match event {
-                Some(Ok(event)) => {
-                    let state = match event.kind {
-                        EventKind::Put => State::parse(&event.kv.key, &event.kv.value).ok(),
-                        EventKind::Delete => None,
-                    };
-                    match state {
-                        Some(State::Final { version, .. }) if version == round.version => {}
-                        Some(State::Closed) => return Ok(RoundBroken::Closed),
-                        _ => return Ok(RoundBroken::Ended),
-                    }
+            event = states.next() => {
+                let event = event?;
+                let state = match event.kind {
+                    EventKind::Put => State::parse(&event.kv.key, &event.kv.value).ok(),
+                    EventKind::Delete => None,
+                };
+                if let Some(reason) = decide::running_round(state.as_ref(), round.version) {
+                    return Ok(reason);
                 }
-                Some(Err(e)) => return Err(e),
-                None => return Err(crate::KvError::backend(round.kv.name(), "watch ended")),
-            },
-            event = members.next() => match event {
-                Some(Ok(event)) if event.kind == EventKind::Delete => {
+            }
+            event = members.next() => {
+                let event = event?;
+                if event.kind == EventKind::Delete {
                     let rank = std::str::from_utf8(&event.kv.key[rank_prefix.len().min(event.kv.key.len())..])
                         .ok()
                         .and_then(|r| r.parse().ok());
                     return Ok(RoundBroken::MemberGone { rank });
                 }
-                Some(Ok(_)) => {}
-                Some(Err(e)) => return Err(e),
-                None => return Err(crate::KvError::backend(round.kv.name(), "watch ended")),
-            },
+            }
         }
     }
 }
@@ -149,13 +142,11 @@ async fn watch_from(round: &Watched, states_from: Revision, members_from: Revisi
 async fn recheck(round: &Watched) -> KvResult<Result<Revision, RoundBroken>> {
     let read = round.kv.get(&round.keys.state()).await?;
     let state = read.kv.as_ref().and_then(|kv| State::parse(&kv.key, &kv.value).ok());
-    match state {
-        Some(State::Final { version, .. }) if version == round.version => {}
-        Some(State::Closed) => return Ok(Err(RoundBroken::Closed)),
-        _ => return Ok(Err(RoundBroken::Ended)),
+    if let Some(reason) = decide::running_round(state.as_ref(), round.version) {
+        return Ok(Err(reason));
     }
     let alive = round.kv.count(&round.keys.ranks(round.version), None).await?;
-    if (alive as usize) < round.world_size {
+    if !decide::completes_round(alive, round.world_size) {
         return Ok(Err(RoundBroken::MemberGone { rank: None }));
     }
     Ok(Ok(read.revision))

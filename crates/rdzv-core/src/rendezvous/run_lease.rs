@@ -101,22 +101,23 @@ impl RunLease {
     }
 }
 
-/// Writes with the run lease, renewing it once if the server lost it.
+/// Writes with the run lease, renewing it once if the server lost it; returns the outcome
+/// and the lease the write was bound to.
 pub(crate) async fn put_with_run_lease(
     run_lease: &RunLease,
     kv: &dyn Kv,
     key: &[u8],
     value: &[u8],
     mode: PutMode,
-) -> KvResult<PutOutcome> {
+) -> KvResult<(PutOutcome, Option<LeaseId>)> {
     let lease = run_lease.id().await?;
     match kv.put(key, value, PutOptions { mode, lease: Some(lease) }).await {
         Err(KvError::LeaseNotFound(_)) => {
             run_lease.invalidate(lease);
             let lease = run_lease.id().await?;
-            kv.put(key, value, PutOptions { mode, lease: Some(lease) }).await
+            Ok((kv.put(key, value, PutOptions { mode, lease: Some(lease) }).await?, Some(lease)))
         }
-        other => other,
+        other => Ok((other?, Some(lease))),
     }
 }
 

@@ -1,0 +1,1107 @@
+//! The protocol of one `next_rendezvous` call as a state machine that does no I/O
+//! (docs/PROTOCOL.md "The phases"): what the worker observed goes in ([`Input`]), what it
+//! must do next comes out ([`Action`]), and the time is passed in. `round.rs` is the small
+//! async executor that performs the actions against a [`Kv`](crate::Kv) and feeds back their
+//! results; tests can drive the machine directly, without tokio or a backend.
+//!
+//! Every action except [`Action::Await`] and the final [`Action::Done`]/[`Action::Fail`] is
+//! answered by exactly one input: its result, or [`Input::Failed`]. [`Action::Await`] is
+//! answered by the first of: a change of the state key ([`Input::State`]), an event on the
+//! watched prefix ([`Input::KeyEvent`]), or the timer ([`Input::Timer`]).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{KvError, RendezvousError};
+use crate::kv::{DeleteMode, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
+
+use super::decide::{
+    self, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Viewer, WaitingAction,
+};
+use super::keys::RunKeys;
+use super::state::{Participant, State};
+
+/// How long a `frozen` state lives if confirmation stalls (the reference's 10 s).
+pub(crate) const FROZEN_TTL: Duration = Duration::from_secs(10);
+
+/// The sizing of a round, from the parameters: everything the freeze decisions depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizing {
+    /// The fewest workers a round forms with (`min_workers`).
+    pub min: usize,
+    /// The most workers a round takes (`max_workers`).
+    pub max: usize,
+    /// How long the round stays open for more joiners once `min` are there
+    /// (`last_call_timeout`).
+    pub last_call: Duration,
+    /// How long backups wait behind the worker responsible for freezing (the keep-alive
+    /// TTL: by then a dead worker's join key has vanished).
+    pub backup: Duration,
+}
+
+impl Sizing {
+    /// The sizing the parameters ask for.
+    pub fn from_params(params: &crate::params::RendezvousParams) -> Sizing {
+        Sizing {
+            min: params.min_workers,
+            max: params.max_workers,
+            last_call: params.last_call_timeout,
+            backup: params.keep_alive_ttl,
+        }
+    }
+}
+
+/// The state key as seen at a revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The state (`None`: no round exists).
+    pub state: Option<State>,
+    /// `mod_revision` of the state key (0 when absent).
+    pub mod_revision: Revision,
+    /// The store revision at which this was seen: watch from here + 1 to miss nothing.
+    pub seen: Revision,
+    /// The lease the state key is bound to (for `setup`: its writer's session; for `final`:
+    /// the run lease).
+    pub lease: Option<LeaseId>,
+}
+
+impl Observed {
+    /// The state key read (or written) as `kv`, seen at `seen` (default: its mod revision).
+    pub fn from_kv(kv: Option<KeyValue>, seen: Option<Revision>) -> Result<Observed, RendezvousError> {
+        match kv {
+            None => Ok(Observed::absent(seen.unwrap_or(0))),
+            Some(kv) => Ok(Observed {
+                state: Some(State::parse(&kv.key, &kv.value)?),
+                mod_revision: kv.mod_revision,
+                seen: seen.unwrap_or(kv.mod_revision),
+                lease: kv.lease,
+            }),
+        }
+    }
+
+    /// No state key, as of `seen`.
+    pub fn absent(seen: Revision) -> Observed {
+        Observed { state: None, mod_revision: 0, seen, lease: None }
+    }
+}
+
+/// Which lease a write is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// This worker's session: the key goes when the worker does.
+    Session,
+    /// The run lease: the key lives as long as the run.
+    RunLease,
+    /// A fresh lease of this TTL (the `frozen` value's).
+    Fresh(Duration),
+}
+
+/// What the executor must do next.
+#[derive(Debug)]
+pub enum Action {
+    /// Read the state key → [`Input::State`].
+    ReadState,
+    /// Watch the state key from revision `from` (replacing any earlier state watch) →
+    /// [`Input::Ack`].
+    WatchState {
+        /// First revision to deliver.
+        from: Revision,
+    },
+    /// Watch the keys under `prefix` from revision `from` (replacing any earlier prefix
+    /// watch) → [`Input::Ack`].
+    WatchPrefix {
+        /// The prefix.
+        prefix: Vec<u8>,
+        /// First revision to deliver.
+        from: Revision,
+    },
+    /// Wait for the first of: a change of the state key, an event under the watched prefix
+    /// (if `prefix`; without it the prefix watch is closed), or `until` (never, with `None`).
+    Await {
+        /// When to answer [`Input::Timer`].
+        until: Option<Instant>,
+        /// Whether to listen to the prefix watch.
+        prefix: bool,
+    },
+    /// Write `value` under `key` → [`Input::Put`].
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// The precondition.
+        mode: PutMode,
+        /// The lease to bind it to.
+        bind: Bind,
+    },
+    /// Increment the version counter by compare-and-swap, with [`next_version`], bound to
+    /// the run lease → [`Input::Counter`] with the value written.
+    BumpCounter,
+    /// Count the keys under `prefix` created at or before `revision` → [`Input::Count`].
+    CountUpTo {
+        /// The prefix.
+        prefix: Vec<u8>,
+        /// The create revision to count up to.
+        revision: Revision,
+    },
+    /// Count the live keys under `prefix` → [`Input::Count`].
+    Count {
+        /// The prefix.
+        prefix: Vec<u8>,
+    },
+    /// Read the first `limit` keys under `prefix` by create revision, parsed as
+    /// participants, with the total count → [`Input::Joiners`].
+    ReadJoiners {
+        /// The prefix.
+        prefix: Vec<u8>,
+        /// How many to read.
+        limit: usize,
+    },
+    /// Read `key` → [`Input::Key`].
+    Get {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// Delete `key` under `mode`; failures are ignored → [`Input::Ack`].
+    Delete {
+        /// The key.
+        key: Vec<u8>,
+        /// The precondition.
+        mode: DeleteMode,
+    },
+    /// Wait until `key` (last seen at revision `after`) is deleted → [`Input::Ack`].
+    AwaitDelete {
+        /// The key.
+        key: Vec<u8>,
+        /// The revision it was last seen at.
+        after: Revision,
+    },
+    /// In the background, delete everything of round `version` (retried a while, never
+    /// awaited) → [`Input::Ack`] at once.
+    ForgetRound {
+        /// The round whose keys go.
+        version: u64,
+    },
+    /// Sleep a backoff delay before starting over → [`Input::Timer`].
+    Backoff,
+    /// The call is over: this round was completed.
+    Done(Completed),
+    /// The call is over: it failed.
+    Fail(RendezvousError),
+}
+
+/// What the executor observed, in answer to an [`Action`].
+#[derive(Debug)]
+pub enum Input {
+    /// The state key, read or changed.
+    State(Observed),
+    /// A key under the watched prefix was created (its first version), updated, or deleted.
+    KeyEvent {
+        /// Put or delete.
+        kind: EventKind,
+        /// Whether a put created the key (version 1).
+        created: bool,
+    },
+    /// The timer ran out.
+    Timer,
+    /// A write's outcome, with the lease it was bound to.
+    Put(PutOutcome, Option<LeaseId>),
+    /// The version the counter was bumped to.
+    Counter(u64),
+    /// A count.
+    Count(u64),
+    /// The first joiners by creation order, the total count, and the read's revision.
+    Joiners(Vec<Participant>, u64, Revision),
+    /// A key read.
+    Key(Option<KeyValue>),
+    /// The action was carried out.
+    Ack,
+    /// The action failed.
+    Failed(RendezvousError),
+}
+
+/// A round this worker completed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completed {
+    /// The round.
+    pub version: u64,
+    /// This worker's rank.
+    pub rank: usize,
+    /// The members in rank order.
+    pub participants: Vec<Participant>,
+    /// Revision of the `final` state value (to destroy exactly this round, and to watch for
+    /// its end from here).
+    pub final_revision: Revision,
+    /// Watch the members' keep-alive keys for deaths after this revision: the last member's
+    /// keep-alive key (`confirmed` in the `final` value), or, from an older writer, this
+    /// worker's own. The last confirmer saw every keep-alive key alive as of its own, so this
+    /// misses no death, even one just before `final`; and as every keep-alive key was created
+    /// by then, the watch replays no creations (N monitors replaying N creations each would
+    /// cost O(N²) events per round).
+    pub members_from: Revision,
+    /// The run lease the `final` value is bound to, for this worker to help keep alive.
+    pub run_lease: Option<LeaseId>,
+    /// How long the phases took.
+    pub timings: RoundTimings,
+}
+
+/// How long the phases of a completed `next_rendezvous` took, from the call's start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundTimings {
+    /// Until this worker's join key was written (in the round it completed).
+    pub joined: Duration,
+    /// Until the round was frozen with this worker in it.
+    pub frozen: Duration,
+    /// Until the round was final: the whole call.
+    pub completed: Duration,
+}
+
+/// The round a call leaves before anything else (its worker's running round).
+#[derive(Clone, Debug)]
+pub struct Leaving {
+    /// The round.
+    pub version: u64,
+    /// This worker's rank in it.
+    pub rank: usize,
+    /// The revision of its `final` value.
+    pub final_revision: Revision,
+}
+
+/// Keys a call wrote for itself that must not outlive a failed call: a join key (it would
+/// be frozen into a round as a ghost), a waiting key (it would count in
+/// `num_nodes_waiting`), and a `setup` value (every other worker waits for it to turn
+/// `joinable`). All are bound to the session, so they also vanish with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Keys to delete.
+    pub keys: Vec<Vec<u8>>,
+    /// The state key and the revision of this call's `setup` value, to delete by revision.
+    pub setup: Option<(Vec<u8>, Revision)>,
+}
+
+impl Leftovers {
+    /// Whether nothing is left.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty() && self.setup.is_none()
+    }
+}
+
+/// The phases of docs/PROTOCOL.md, each with what it waits for.
+#[derive(Debug)]
+enum Phase {
+    /// Before the first action.
+    Start,
+    /// Phase 1, Init: waiting for the state ([`Action::ReadState`]).
+    Init,
+    /// Phase 1, Init: someone is creating or freezing a round; waiting for the state to change.
+    AwaitChange(Step),
+    /// Phase 1, Creating a round (or, in phases 5 and 6, ending a running one): `setup` written under `mode`.
+    Claim {
+        /// On failure, delete this keep-alive key (leaving: so the others notice anyway).
+        drop_on_failure: Option<Vec<u8>>,
+    },
+    /// Phase 1, Creating a round: the version counter is being bumped.
+    Counter { setup_revision: Revision },
+    /// Phase 1, Creating a round: `setup` → `joinable{version}`.
+    Open { version: u64 },
+    /// Phase 2, Join.
+    Join { version: u64, state_revision: Revision, step: JoinStep },
+    /// Phase 3, Confirm.
+    Confirm { round: Frozen, step: ConfirmStep },
+    /// Phase 1, Init found `final{N}` listing me: is my keep-alive key still mine?
+    Member { observed: Observed, version: u64, rank: usize, world_size: usize },
+    /// Phase 5, Late arrival: waiting for the running round `version` (as `observed`) to end.
+    Late { version: u64, world_size: usize, observed: Observed, step: LateStep },
+    /// Another live process holds a key of mine: waiting for it to go.
+    Release,
+    /// Phase 6, a failed leave: deleting my keep-alive key so that the others notice
+    /// anyway, before handling `error`.
+    Dropping { error: RendezvousError },
+    /// After a retryable failure: sleeping before starting over.
+    Backoff,
+    /// The call is over.
+    Over,
+}
+
+/// A two-step wait: open the watch, then wait.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Watching,
+    Waiting,
+}
+
+#[derive(Debug)]
+enum JoinStep {
+    /// Round N-2's delete handed to the background; then `then` (opening the state watch).
+    Forgetting { then: Box<Action> },
+    /// Opening the state watch (before the write: a watch from a future revision streams
+    /// live, one opened after the write would start in the past).
+    Watching,
+    /// Creating the join key.
+    Writing,
+    /// Counting my position.
+    Counting,
+    /// Waiting for the state to change, the freeze timer, or the join count.
+    Waiting { freeze_at: Option<Instant>, joiners: Option<u64> },
+    /// Reading the first `max` joiners to freeze.
+    Reading,
+    /// Too few to freeze: opening a watch of the join keys.
+    WatchingJoiners { count: u64 },
+    /// Swapping `joinable` → `frozen`.
+    Freezing,
+}
+
+/// A frozen round this worker is a member of.
+#[derive(Clone, Debug)]
+struct Frozen {
+    version: u64,
+    rank: usize,
+    participants: Vec<Participant>,
+    frozen_revision: Revision,
+}
+
+#[derive(Clone, Debug)]
+enum ConfirmStep {
+    /// Resuming: opening the state watch first.
+    Watching,
+    /// Creating the keep-alive key.
+    Writing,
+    /// Counting the keep-alive keys created up to mine.
+    Counting { mine: Revision },
+    /// The last to confirm: swapping `frozen` → `final`.
+    Finalizing { mine: Revision },
+    /// Waiting for `final`.
+    Waiting { mine: Revision },
+    /// Another process with my node id holds my rank: waiting for the state to change.
+    Taken,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum LateStep {
+    WatchingState,
+    WatchingMembers,
+    Registering,
+    Counting,
+    Waiting,
+}
+
+/// One `next_rendezvous` call, as a state machine.
+#[derive(Debug)]
+pub struct Machine {
+    me: Participant,
+    session: LeaseId,
+    keys: RunKeys,
+    sizing: Sizing,
+    run_id: String,
+    /// The round to leave first, until that is tried.
+    leave_first: Option<Leaving>,
+    /// The round this call is leaving: never handed back, whatever fails meanwhile.
+    leaving: Option<u64>,
+    phase: Phase,
+    leftovers: Leftovers,
+    started: Instant,
+    timings: RoundTimings,
+    /// What the worker is doing, in words, for the timeout error.
+    doing: &'static str,
+}
+
+impl Machine {
+    /// A call of worker `me` (with the port it offers) under `session`, started at `started`;
+    /// it first leaves `leave_first` if given, and never hands back round `leaving` (the
+    /// round the call left, also after a restart with a new session).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        me: Participant,
+        session: LeaseId,
+        keys: RunKeys,
+        sizing: Sizing,
+        run_id: String,
+        started: Instant,
+        leaving: Option<u64>,
+        leave_first: Option<Leaving>,
+    ) -> Machine {
+        Machine {
+            me,
+            session,
+            keys,
+            sizing,
+            run_id,
+            leaving: leave_first.as_ref().map(|l| l.version).or(leaving),
+            leave_first,
+            phase: Phase::Start,
+            leftovers: Leftovers::default(),
+            started,
+            timings: RoundTimings::default(),
+            doing: "starting",
+        }
+    }
+
+    /// What the worker is doing, in words (for a timeout error).
+    pub fn doing(&self) -> &'static str {
+        self.doing
+    }
+
+    /// The name of the current phase (for tracing).
+    pub fn phase_name(&self) -> &'static str {
+        match &self.phase {
+            Phase::Start | Phase::Init | Phase::AwaitChange(_) => "init",
+            Phase::Claim { .. } | Phase::Counter { .. } | Phase::Open { .. } => "create",
+            Phase::Join { .. } => "join",
+            Phase::Confirm { .. } => "confirm",
+            Phase::Member { .. } => "resume",
+            Phase::Late { .. } => "late",
+            Phase::Release => "release",
+            Phase::Dropping { .. } => "leave",
+            Phase::Backoff => "backoff",
+            Phase::Over => "over",
+        }
+    }
+
+    /// The round the current phase is about, if any (for tracing).
+    pub fn version(&self) -> Option<u64> {
+        match &self.phase {
+            Phase::Open { version }
+            | Phase::Join { version, .. }
+            | Phase::Member { version, .. }
+            | Phase::Late { version, .. } => Some(*version),
+            Phase::Confirm { round, .. } => Some(round.version),
+            _ => None,
+        }
+    }
+
+    /// What this call wrote that must not outlive it if it fails; the machine forgets it.
+    pub fn take_leftovers(&mut self) -> Leftovers {
+        std::mem::take(&mut self.leftovers)
+    }
+
+    /// The first action.
+    pub fn start(&mut self) -> Action {
+        match self.leave_first.take() {
+            Some(round) => {
+                tracing::debug!(version = round.version, "leaving the running round");
+                self.doing = "leaving the previous round";
+                self.claim(
+                    PutMode::Update(round.final_revision),
+                    Some(self.keys.rank(round.version, round.rank)),
+                )
+            }
+            None => self.read_state(),
+        }
+    }
+
+    /// Feeds the answer to the last action (observed at `now`); returns the next action.
+    pub fn on(&mut self, input: Input, now: Instant) -> Action {
+        if let Input::Failed(error) = input {
+            return self.failed(error);
+        }
+        match std::mem::replace(&mut self.phase, Phase::Over) {
+            Phase::Start => self.start(),
+            Phase::Init => match input {
+                Input::State(observed) => self.decide(observed),
+                other => self.unexpected(other),
+            },
+            Phase::AwaitChange(step) => match (step, input) {
+                (Step::Watching, Input::Ack) => {
+                    self.phase = Phase::AwaitChange(Step::Waiting);
+                    Action::Await { until: None, prefix: false }
+                }
+                (Step::Waiting, Input::State(seen)) => self.decide(seen),
+                (_, other) => self.unexpected(other),
+            },
+            Phase::Claim { drop_on_failure } => match input {
+                Input::Put(PutOutcome::Written { revision, .. }, _) => {
+                    self.leftovers.setup = Some((self.keys.state(), revision));
+                    self.open_round(revision)
+                }
+                Input::Put(PutOutcome::Conflict { current }, _) => self.restart_from(current),
+                other => {
+                    self.phase = Phase::Claim { drop_on_failure };
+                    self.unexpected(other)
+                }
+            },
+            Phase::Counter { setup_revision } => match input {
+                Input::Counter(version) => {
+                    // A lost answer leaves the version counter bumped: resuming bumps it
+                    // again, and that version is skipped, which is harmless (versions only
+                    // need to grow).
+                    self.phase = Phase::Open { version };
+                    Action::Put {
+                        key: self.keys.state(),
+                        value: State::Joinable { version }.to_bytes(),
+                        mode: PutMode::Update(setup_revision),
+                        bind: Bind::RunLease,
+                    }
+                }
+                other => self.unexpected(other),
+            },
+            Phase::Open { version } => match input {
+                Input::Put(PutOutcome::Written { revision, .. }, _) => {
+                    self.leftovers.setup = None;
+                    tracing::debug!(version, "created a round");
+                    let observed = Observed {
+                        state: Some(State::Joinable { version }),
+                        mod_revision: revision,
+                        seen: revision,
+                        lease: None,
+                    };
+                    // The creator of round N deletes round N-2 (see `forget`): first start
+                    // joining, then let the executor fire the delete.
+                    let join = self.join(version, &observed);
+                    match version.checked_sub(2).filter(|v| *v > 0) {
+                        Some(old) => {
+                            self.phase = Phase::Join {
+                                version,
+                                state_revision: revision,
+                                step: JoinStep::Forgetting { then: Box::new(join) },
+                            };
+                            Action::ForgetRound { version: old }
+                        }
+                        None => join,
+                    }
+                }
+                Input::Put(PutOutcome::Conflict { current }, _) => {
+                    self.leftovers.setup = None;
+                    self.restart_from(current)
+                }
+                other => self.unexpected(other),
+            },
+            Phase::Join { version, state_revision, step } => {
+                self.on_join(version, state_revision, step, input, now)
+            }
+            Phase::Confirm { round, step } => self.on_confirm(round, step, input, now),
+            Phase::Member { observed, version, rank, world_size } => match input {
+                Input::Key(key) => match (&observed.state, decide::holds(key.as_ref(), self.session)) {
+                    (Some(State::Final { participants, confirmed, .. }), Some(mine)) => {
+                        let participants = participants.clone();
+                        let members_from = confirmed.unwrap_or(mine);
+                        let done = Completed {
+                            version,
+                            rank,
+                            participants,
+                            final_revision: observed.mod_revision,
+                            members_from,
+                            run_lease: observed.lease,
+                            timings: self.timings,
+                        };
+                        self.done(done, now)
+                    }
+                    _ => self.late(version, world_size, observed),
+                },
+                other => self.unexpected(other),
+            },
+            Phase::Late { version, world_size, observed, step } => {
+                self.on_late(version, world_size, observed, step, input)
+            }
+            Phase::Release => match input {
+                Input::Ack => self.read_state(),
+                other => self.unexpected(other),
+            },
+            Phase::Dropping { error } => {
+                // Whether the delete worked or not, the leave's own error decides.
+                self.classify(error)
+            }
+            Phase::Backoff => match input {
+                Input::Timer => self.read_state(),
+                other => self.unexpected(other),
+            },
+            Phase::Over => self.unexpected(input),
+        }
+    }
+}
+
+impl Machine {
+    /// Phase 1: what the state says to do.
+    fn decide(&mut self, observed: Observed) -> Action {
+        let viewer = Viewer {
+            me: &self.me,
+            setup_is_mine: matches!(observed.state, Some(State::Setup))
+                && observed.lease == Some(self.session),
+            leaving: self.leaving,
+        };
+        match decide::on_state(observed.state.as_ref(), viewer) {
+            InitAction::Closed => self.fail(self.closed()),
+            InitAction::ResumeSetup => {
+                tracing::debug!("resuming the setup this call wrote before it failed");
+                self.doing = "creating a round";
+                self.leftovers.setup = Some((self.keys.state(), observed.mod_revision));
+                self.open_round(observed.mod_revision)
+            }
+            InitAction::Leave { version } => {
+                tracing::debug!(version, "ending the round this call is leaving, again");
+                self.doing = "leaving the previous round";
+                self.claim(PutMode::Update(observed.mod_revision), None)
+            }
+            InitAction::CreateRound => {
+                self.doing = "creating a round";
+                self.claim(PutMode::Create, None)
+            }
+            InitAction::Join { version } => self.join(version, &observed),
+            InitAction::AwaitNextRound { version, world_size } => self.late(version, world_size, observed),
+            InitAction::ResumeConfirm { version, rank } => {
+                let Some(State::Frozen { participants, .. }) = observed.state else {
+                    return self.read_state();
+                };
+                self.doing = "confirming membership";
+                let round = Frozen { version, rank, participants, frozen_revision: observed.mod_revision };
+                self.phase = Phase::Confirm { round, step: ConfirmStep::Watching };
+                Action::WatchState { from: observed.seen + 1 }
+            }
+            InitAction::ResumeMember { version, rank, world_size } => {
+                let key = self.keys.rank(version, rank);
+                self.phase = Phase::Member { observed, version, rank, world_size };
+                Action::Get { key }
+            }
+            InitAction::AwaitChange => {
+                self.doing = "waiting for another worker to finish setting up or freezing a round";
+                self.phase = Phase::AwaitChange(Step::Watching);
+                Action::WatchState { from: observed.seen + 1 }
+            }
+        }
+    }
+
+    /// Writes `setup` (bound to this worker's session: if it dies now, the value vanishes)
+    /// under `mode`: create-if-absent to start the first round, or a swap of the `final`
+    /// value to end a running one (the others learn at once, and the winner opens the next
+    /// round with no further contention). The winner opens the round; a loser acts on the
+    /// value that beat it.
+    fn claim(&mut self, mode: PutMode, drop_on_failure: Option<Vec<u8>>) -> Action {
+        self.phase = Phase::Claim { drop_on_failure };
+        Action::Put { key: self.keys.state(), value: State::Setup.to_bytes(), mode, bind: Bind::Session }
+    }
+
+    /// Bumps the version counter, then swaps `setup` → `joinable`.
+    fn open_round(&mut self, setup_revision: Revision) -> Action {
+        self.phase = Phase::Counter { setup_revision };
+        Action::BumpCounter
+    }
+
+    /// Phase 2: join round `version`, first watching the state from what was seen.
+    fn join(&mut self, version: u64, observed: &Observed) -> Action {
+        self.doing = "joining";
+        self.phase = Phase::Join { version, state_revision: observed.mod_revision, step: JoinStep::Watching };
+        Action::WatchState { from: observed.seen + 1 }
+    }
+
+    fn on_join(
+        &mut self,
+        version: u64,
+        state_revision: Revision,
+        step: JoinStep,
+        input: Input,
+        now: Instant,
+    ) -> Action {
+        let join_key = self.keys.join(version, &self.me.node);
+        let stay = |step| Phase::Join { version, state_revision, step };
+        match (step, input) {
+            (JoinStep::Forgetting { then }, Input::Ack) => {
+                self.phase = stay(JoinStep::Watching);
+                *then
+            }
+            (JoinStep::Watching, Input::Ack) => {
+                self.phase = stay(JoinStep::Writing);
+                self.put_own(join_key)
+            }
+            (JoinStep::Writing, Input::Put(outcome, _)) => match decide::own_key(outcome, self.session) {
+                decide::Owned::Mine(mine) => {
+                    if !self.leftovers.keys.contains(&join_key) {
+                        self.leftovers.keys.push(join_key);
+                    }
+                    self.timings.joined = now - self.started;
+                    self.phase = stay(JoinStep::Counting);
+                    Action::CountUpTo { prefix: self.keys.joins(version), revision: mine }
+                }
+                decide::Owned::Taken(holder) => self.await_release(join_key, holder),
+                decide::Owned::Vanished => self.failed(vanished()),
+            },
+            (JoinStep::Counting, Input::Count(position)) => {
+                tracing::debug!(position, "joined");
+                let freeze_at = match decide::join_role(position, &self.sizing) {
+                    JoinRole::FreezeNow => Some(now),
+                    JoinRole::FreezeAfter(delay) => Some(now + delay),
+                    JoinRole::Wait => None,
+                };
+                self.doing = "waiting for enough workers to join";
+                self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
+                Action::Await { until: freeze_at, prefix: false }
+            }
+            (JoinStep::Waiting { freeze_at, joiners }, Input::State(seen)) => {
+                match decide::on_state_while_joined(seen.state.as_ref(), version, &self.me) {
+                    JoinedAction::KeepWaiting => {
+                        self.phase = Phase::Join {
+                            version,
+                            state_revision: seen.mod_revision,
+                            step: JoinStep::Waiting { freeze_at, joiners },
+                        };
+                        Action::Await { until: freeze_at, prefix: joiners.is_some() }
+                    }
+                    JoinedAction::Confirm { rank, participants } => {
+                        // The round's membership is fixed: the join key is no ghost any more.
+                        self.leftovers.keys.retain(|k| *k != join_key);
+                        self.timings.frozen = now - self.started;
+                        self.doing = "confirming membership";
+                        let round =
+                            Frozen { version, rank, participants, frozen_revision: seen.mod_revision };
+                        let key = self.keys.rank(version, rank);
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+                        self.put_own(key)
+                    }
+                    JoinedAction::Restart => {
+                        self.leftovers.keys.retain(|k| *k != join_key);
+                        self.decide(seen)
+                    }
+                    JoinedAction::Closed => self.fail(self.closed()),
+                }
+            }
+            (JoinStep::Waiting { .. }, Input::Timer) => {
+                self.phase = stay(JoinStep::Reading);
+                Action::ReadJoiners { prefix: self.keys.joins(version), limit: self.sizing.max }
+            }
+            (JoinStep::Waiting { freeze_at, joiners: Some(count) }, Input::KeyEvent { kind, created }) => {
+                let count = match kind {
+                    EventKind::Put if created => count + 1,
+                    EventKind::Put => count,
+                    EventKind::Delete => count.saturating_sub(1),
+                };
+                match decide::retry_delay(count, &self.sizing) {
+                    Some(delay) => {
+                        let freeze_at = Some(now + delay);
+                        self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
+                        Action::Await { until: freeze_at, prefix: false }
+                    }
+                    None => {
+                        self.phase = stay(JoinStep::Waiting { freeze_at, joiners: Some(count) });
+                        Action::Await { until: freeze_at, prefix: true }
+                    }
+                }
+            }
+            (JoinStep::Reading, Input::Joiners(joiners, count, revision)) => {
+                match decide::freeze(joiners, count, &self.sizing) {
+                    FreezeAction::AwaitJoiners { count } => {
+                        tracing::debug!(count, "too few joiners to freeze; watching the join keys");
+                        self.phase = stay(JoinStep::WatchingJoiners { count });
+                        Action::WatchPrefix { prefix: self.keys.joins(version), from: revision + 1 }
+                    }
+                    FreezeAction::Freeze(participants) => {
+                        self.phase = stay(JoinStep::Freezing);
+                        Action::Put {
+                            key: self.keys.state(),
+                            value: State::Frozen { version, participants }.to_bytes(),
+                            mode: PutMode::Update(state_revision),
+                            bind: Bind::Fresh(FROZEN_TTL),
+                        }
+                    }
+                }
+            }
+            (JoinStep::WatchingJoiners { count }, Input::Ack) => {
+                self.phase = stay(JoinStep::Waiting { freeze_at: None, joiners: Some(count) });
+                Action::Await { until: None, prefix: true }
+            }
+            (JoinStep::Freezing, Input::Put(outcome, _)) => {
+                // Won or lost, the state watch tells what the round became.
+                tracing::debug!(won = outcome.is_written(), "freeze attempted");
+                self.phase = stay(JoinStep::Waiting { freeze_at: None, joiners: None });
+                Action::Await { until: None, prefix: false }
+            }
+            (step, other) => {
+                self.phase = stay(step);
+                self.unexpected(other)
+            }
+        }
+    }
+
+    /// Phase 3: confirm membership with a keep-alive key; the worker that sees all of them
+    /// swaps `frozen` → `final`.
+    fn on_confirm(&mut self, round: Frozen, step: ConfirmStep, input: Input, now: Instant) -> Action {
+        match (step, input) {
+            (ConfirmStep::Watching, Input::Ack) => {
+                let key = self.keys.rank(round.version, round.rank);
+                self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+                self.put_own(key)
+            }
+            (ConfirmStep::Writing, Input::Put(outcome, _)) => match decide::own_key(outcome, self.session) {
+                decide::Owned::Mine(mine) => {
+                    // Counting only the keys created up to ours, exactly one member (the last
+                    // to confirm) sees them all: one swap attempt per round, not a storm.
+                    let prefix = self.keys.ranks(round.version);
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine } };
+                    Action::CountUpTo { prefix, revision: mine }
+                }
+                // Another live process with this node id confirmed this rank: the round is
+                // not ours to take. Wait for it to end.
+                decide::Owned::Taken(_) => {
+                    self.doing = "waiting for a round that another process with this node id holds";
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Taken };
+                    Action::Await { until: None, prefix: false }
+                }
+                decide::Owned::Vanished => {
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+                    self.failed(vanished())
+                }
+            },
+            (ConfirmStep::Counting { mine }, Input::Count(confirmed)) => {
+                if decide::completes_round(confirmed, round.participants.len()) {
+                    // Ours is the last keep-alive key: every member was alive at its revision.
+                    let fin = State::Final {
+                        version: round.version,
+                        participants: round.participants.clone(),
+                        confirmed: Some(mine),
+                    };
+                    let put = Action::Put {
+                        key: self.keys.state(),
+                        value: fin.to_bytes(),
+                        mode: PutMode::Update(round.frozen_revision),
+                        bind: Bind::RunLease,
+                    };
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Finalizing { mine } };
+                    put
+                } else {
+                    self.doing = "waiting for every member to confirm";
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
+                    Action::Await { until: None, prefix: false }
+                }
+            }
+            (ConfirmStep::Finalizing { mine }, Input::Put(PutOutcome::Written { revision, .. }, lease)) => {
+                let done = Completed {
+                    version: round.version,
+                    rank: round.rank,
+                    participants: round.participants,
+                    final_revision: revision,
+                    members_from: mine,
+                    run_lease: lease,
+                    timings: self.timings,
+                };
+                self.done(done, now)
+            }
+            (ConfirmStep::Finalizing { mine }, Input::Put(PutOutcome::Conflict { .. }, _)) => {
+                self.doing = "waiting for every member to confirm";
+                self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
+                Action::Await { until: None, prefix: false }
+            }
+            (ConfirmStep::Waiting { mine }, Input::State(seen)) => {
+                match decide::on_state_while_confirming(seen.state.as_ref(), round.version) {
+                    ConfirmAction::Done => {
+                        let members_from = match &seen.state {
+                            Some(State::Final { confirmed: Some(confirmed), .. }) => *confirmed,
+                            _ => mine,
+                        };
+                        let done = Completed {
+                            version: round.version,
+                            rank: round.rank,
+                            participants: round.participants,
+                            final_revision: seen.mod_revision,
+                            members_from,
+                            run_lease: seen.lease,
+                            timings: self.timings,
+                        };
+                        self.done(done, now)
+                    }
+                    ConfirmAction::KeepWaiting => {
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
+                        Action::Await { until: None, prefix: false }
+                    }
+                    ConfirmAction::Restart => self.decide(seen),
+                    ConfirmAction::Closed => self.fail(self.closed()),
+                }
+            }
+            (ConfirmStep::Taken, Input::State(seen)) => self.decide(seen),
+            (step, other) => {
+                self.phase = Phase::Confirm { round, step };
+                self.unexpected(other)
+            }
+        }
+    }
+
+    /// Phase 5: round `version` is running without us. Register as waiting; end the round
+    /// when one of its members is gone; start over when the state changes.
+    fn late(&mut self, version: u64, world_size: usize, observed: Observed) -> Action {
+        self.doing = "waiting for the running round to end";
+        let from = observed.seen + 1;
+        self.phase = Phase::Late { version, world_size, observed, step: LateStep::WatchingState };
+        Action::WatchState { from }
+    }
+
+    fn on_late(
+        &mut self,
+        version: u64,
+        world_size: usize,
+        observed: Observed,
+        step: LateStep,
+        input: Input,
+    ) -> Action {
+        let ranks = self.keys.ranks(version);
+        let next = |step| Phase::Late { version, world_size, observed: observed.clone(), step };
+        match (step, input) {
+            (LateStep::WatchingState, Input::Ack) => {
+                let from = observed.seen + 1;
+                self.phase = next(LateStep::WatchingMembers);
+                Action::WatchPrefix { prefix: ranks, from }
+            }
+            (LateStep::WatchingMembers, Input::Ack) => {
+                let key = self.keys.waiter(version, &self.me.node);
+                if !self.leftovers.keys.contains(&key) {
+                    self.leftovers.keys.push(key.clone());
+                }
+                self.phase = next(LateStep::Registering);
+                Action::Put { key, value: self.me.to_bytes(), mode: PutMode::Overwrite, bind: Bind::Session }
+            }
+            (LateStep::Registering, Input::Put(..)) => {
+                // A member may have died before we started watching: the count settles that.
+                self.phase = next(LateStep::Counting);
+                Action::Count { prefix: ranks }
+            }
+            (LateStep::Counting, Input::Count(alive)) => {
+                let action =
+                    decide::on_change_while_waiting(observed.state.as_ref(), version, alive, world_size);
+                self.act_late(version, world_size, observed, action)
+            }
+            (LateStep::Waiting, Input::State(seen)) => {
+                let action = decide::on_change_while_waiting(
+                    seen.state.as_ref(),
+                    version,
+                    world_size as u64,
+                    world_size,
+                );
+                match action {
+                    WaitingAction::Restart => self.decide(seen),
+                    action => self.act_late(version, world_size, observed, action),
+                }
+            }
+            (LateStep::Waiting, Input::KeyEvent { kind, .. }) => {
+                let action = match kind {
+                    EventKind::Delete => decide::on_change_while_waiting(
+                        observed.state.as_ref(),
+                        version,
+                        world_size as u64 - 1,
+                        world_size,
+                    ),
+                    EventKind::Put => WaitingAction::KeepWaiting,
+                };
+                self.act_late(version, world_size, observed, action)
+            }
+            (step, other) => {
+                self.phase = next(step);
+                self.unexpected(other)
+            }
+        }
+    }
+
+    fn act_late(
+        &mut self,
+        version: u64,
+        world_size: usize,
+        observed: Observed,
+        action: WaitingAction,
+    ) -> Action {
+        match action {
+            WaitingAction::KeepWaiting => {
+                self.phase = Phase::Late { version, world_size, observed, step: LateStep::Waiting };
+                Action::Await { until: None, prefix: true }
+            }
+            WaitingAction::Closed => self.fail(self.closed()),
+            WaitingAction::Restart => self.read_state(),
+            WaitingAction::DestroyRound => {
+                tracing::debug!(version, "a member of the running round is gone; ending it");
+                self.claim(PutMode::Update(observed.mod_revision), None)
+            }
+        }
+    }
+
+    /// Creates `key` (this worker's descriptor, under its session), or finds it already ours
+    /// (an earlier step wrote it and lost the answer); see [`decide::own_key`].
+    fn put_own(&self, key: Vec<u8>) -> Action {
+        Action::Put { key, value: self.me.to_bytes(), mode: PutMode::Create, bind: Bind::Session }
+    }
+
+    /// Our key is held by another live process with this node id: wait until it is gone
+    /// (its process ended, or its session expired), then start over. If it never goes, the
+    /// call's deadline ends the wait with this phase in the error.
+    fn await_release(&mut self, key: Vec<u8>, holder: KeyValue) -> Action {
+        let other = Participant::parse(&holder.key, &holder.value).ok();
+        tracing::warn!(node = %self.me.node, other = ?other, "another live worker uses this node id; waiting for it to go away");
+        self.doing = "waiting for another live worker with the same node id to go away (give each worker its own node id)";
+        self.phase = Phase::Release;
+        Action::AwaitDelete { key, after: holder.mod_revision }
+    }
+
+    fn done(&mut self, mut done: Completed, now: Instant) -> Action {
+        self.timings.completed = now - self.started;
+        done.timings = self.timings;
+        tracing::debug!(
+            version = done.version,
+            rank = done.rank,
+            world_size = done.participants.len(),
+            "round complete"
+        );
+        self.phase = Phase::Over;
+        Action::Done(done)
+    }
+
+    fn fail(&mut self, error: RendezvousError) -> Action {
+        self.phase = Phase::Over;
+        Action::Fail(error)
+    }
+
+    /// A failed action: a failed leave first drops this worker's keep-alive key (so the
+    /// others notice even if the round cannot be ended now); then [`Machine::classify`].
+    fn failed(&mut self, error: RendezvousError) -> Action {
+        match std::mem::replace(&mut self.phase, Phase::Over) {
+            Phase::Claim { drop_on_failure: Some(key) } => {
+                self.phase = Phase::Dropping { error };
+                Action::Delete { key, mode: DeleteMode::Any }
+            }
+            _ => self.classify(error),
+        }
+    }
+
+    /// Retryable backend errors start over from Init after a backoff (the caller's deadline
+    /// bounds it all); the loss of this worker's session ends the call with `LeaseLost` (the
+    /// caller starts a new session); anything else ends the call.
+    fn classify(&mut self, error: RendezvousError) -> Action {
+        match error {
+            RendezvousError::Backend(KvError::LeaseNotFound(lease)) if lease == self.session => {
+                self.fail(RendezvousError::LeaseLost)
+            }
+            // A short-lived lease (a `frozen` value's, or the run lease) expired between its
+            // grant and its use: the round moved on; start over.
+            RendezvousError::Unavailable(e)
+            | RendezvousError::Backend(e @ (KvError::Compacted { .. } | KvError::LeaseNotFound(_))) => {
+                tracing::debug!(error = %e, "backend error; starting over");
+                self.doing = "retrying after a backend error";
+                self.phase = Phase::Backoff;
+                Action::Backoff
+            }
+            error => self.fail(error),
+        }
+    }
+
+    /// Start over from the value that beat a write (absent: deleted meanwhile).
+    fn restart_from(&mut self, current: Option<KeyValue>) -> Action {
+        match Observed::from_kv(current, None) {
+            Ok(observed) => self.decide(observed),
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn read_state(&mut self) -> Action {
+        self.phase = Phase::Init;
+        Action::ReadState
+    }
+
+    fn closed(&self) -> RendezvousError {
+        RendezvousError::Closed { run_id: self.run_id.clone() }
+    }
+
+    /// An input the current phase never asked for: a bug of the executor.
+    fn unexpected(&mut self, input: Input) -> Action {
+        let phase = self.phase_name();
+        self.fail(RendezvousError::Backend(KvError::backend(
+            "rdzv",
+            format!("internal error: the protocol got {input:?} in phase `{phase}`; please report it"),
+        )))
+    }
+}
+
+fn vanished() -> RendezvousError {
+    RendezvousError::Unavailable(KvError::backend("rdzv", "a key vanished while it was being created"))
+}
