@@ -260,7 +260,9 @@ pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
     assert!(started.elapsed() >= Duration::from_secs(9), "recovered after {:?}", started.elapsed());
 }
 
-/// Runs every scenario as its own `#[tokio::test]`, given an async builder of the backend.
+/// Runs every scenario as its own `#[tokio::test]` with the attribute given (the clock and
+/// runtime the backend needs), given an async builder of the backend evaluated once per
+/// case. Invoke it in a module of its own: the tests are named after the scenarios.
 #[macro_export]
 macro_rules! rendezvous_scenarios {
     (#[$attr:meta]; $builder:expr) => {
@@ -276,7 +278,7 @@ macro_rules! rendezvous_scenarios {
             #[$attr]
             async fn $case() {
                 let kv = $builder.await;
-                support::scenarios::$case(kv).await;
+                $crate::support::scenarios::$case(kv).await;
             }
         )*
     };

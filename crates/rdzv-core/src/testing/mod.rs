@@ -22,7 +22,7 @@
 //! });
 //! ```
 //!
-//! (This is `crates/rdzv-mem/tests/conformance.rs`.) The argument is an expression
+//! (The workspace's backend matrix, `tests/backends/`, runs it so for each backend.) The argument is an expression
 //! evaluating to a future of `Arc<dyn Kv>`. It is evaluated once per case, inside that case's tokio runtime (multi-threaded, two workers), so it may
 //! start a server or connect to one shared by all cases (e.g. through a `OnceLock` holding
 //! the server process; make a fresh client per case since each case has its own runtime).

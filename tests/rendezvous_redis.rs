@@ -1,6 +1,0 @@
-//! The rendezvous scenarios against a real redis-server started by the harness, in real time.
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
-rendezvous_scenarios!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]; rdzv_redis::testing::shared().kv());
