@@ -63,11 +63,9 @@ pub async fn connect(url: &str) -> Result<Rendezvous, RendezvousError> {
 }
 
 /// A [`Store`] on its own, without a rendezvous, under the run named by `url`
-/// (`<prefix>/run_<run_id>/store/`); rendezvous options like `min_workers` are not needed.
+/// (`<prefix>/run_<run_id>/store/`); rendezvous options like `min_workers` are not needed
+/// (the URL is read as a [`RunAddress`](rdzv_core::RunAddress)).
 pub async fn open_store(url: &str) -> Result<Store, RendezvousError> {
-    let (kv, url) = registry().connect_backend(url).await?;
-    let prefix =
-        url.rendezvous_options.get("prefix").map(String::as_str).unwrap_or(rdzv_core::params::DEFAULT_PREFIX);
-    let keys = rdzv_core::rendezvous::keys::RunKeys::new(prefix, &url.run_id);
-    Ok(Store::new(kv, format!("{}store/", keys.root()).into_bytes()))
+    let (kv, address) = registry().connect_backend(url).await?;
+    Ok(Store::new(kv, format!("{}store/", address.keys().root()).into_bytes()))
 }

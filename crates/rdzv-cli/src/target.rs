@@ -1,19 +1,18 @@
 //! From a URL on the command line to a connected worker or backend.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rdzv::core::params::DEFAULT_PREFIX;
 use rdzv::core::rendezvous::keys::RunKeys;
-use rdzv::core::{Kv, RendezvousUrl};
+use rdzv::core::{Kv, RunAddress};
 use rdzv::{Rendezvous, RendezvousError, RendezvousParams};
 
-/// A backend and the run a URL names, without rendezvous parameters (for `status`, `close`).
+/// A backend and the run a URL names, without rendezvous parameters (for `status`, `close`,
+/// and the in-process workers of `bench` and `demo`).
 pub struct RunTarget {
     /// The backend.
     pub kv: Arc<dyn Kv>,
-    /// The parsed URL (its `Display` hides the password).
-    pub url: RendezvousUrl,
+    /// The run's address (its URL's `Display` hides the password).
+    pub address: RunAddress,
     /// The run's key layout.
     pub keys: RunKeys,
 }
@@ -21,34 +20,26 @@ pub struct RunTarget {
 impl RunTarget {
     /// Connects the URL's backend; `min_workers` and the like are not needed.
     pub async fn connect(url: &str) -> Result<RunTarget, RendezvousError> {
-        let (kv, url) = rdzv::registry().connect_backend(url).await?;
-        let keys = RunKeys::new(prefix_of(&url), &url.run_id);
-        Ok(RunTarget { kv, url, keys })
+        let (kv, address) = rdzv::registry().connect_backend(url).await?;
+        let keys = address.keys();
+        Ok(RunTarget { kv, address, keys })
     }
 
-    /// The URL's rendezvous parameters, with `min_workers` (and `max_workers`, which
-    /// otherwise defaults to min) taken from `default_min`/`default_max` when the URL gives
-    /// none, and the run id replaced by `run_id` if given.
+    /// The URL's rendezvous parameters for the run `run_id` (default: the URL's), sized
+    /// `default_min ..= default_max` when the URL gives no `min_workers` (see
+    /// [`RunAddress::params_or`]).
     pub fn params(
         &self,
         default_min: usize,
         default_max: usize,
         run_id: Option<&str>,
     ) -> Result<RendezvousParams, RendezvousError> {
-        let mut options: BTreeMap<String, String> = self.url.rendezvous_options.clone();
-        if !options.contains_key("min_workers") {
-            options.insert("min_workers".into(), default_min.to_string());
-            if !options.contains_key("max_workers") {
-                options.insert("max_workers".into(), default_max.max(default_min).to_string());
-            }
+        let mut address = self.address.clone();
+        if let Some(run_id) = run_id {
+            address.run_id = run_id.to_string();
         }
-        Ok(RendezvousParams::from_options(run_id.unwrap_or(&self.url.run_id), &options)?)
+        Ok(address.params_or(default_min, default_max)?)
     }
-}
-
-/// The key prefix the URL names (option `prefix`), or the default.
-pub fn prefix_of(url: &RendezvousUrl) -> &str {
-    url.rendezvous_options.get("prefix").map(String::as_str).unwrap_or(DEFAULT_PREFIX)
 }
 
 /// Joins as one worker of the run `url` names, with a node id and advertised address of

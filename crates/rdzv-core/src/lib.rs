@@ -21,7 +21,7 @@ pub mod registry;
 pub mod url;
 
 pub use registry::{BackendFactory, Registry};
-pub use url::{Endpoint, RendezvousUrl, Secret};
+pub use url::{Endpoint, RendezvousUrl, RunAddress, Secret};
 pub mod rendezvous;
 
 pub use rendezvous::{

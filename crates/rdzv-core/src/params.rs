@@ -1,5 +1,6 @@
 //! The parameters of a rendezvous (docs/PROTOCOL.md "Parameters"), with defaults and validation.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -162,34 +163,57 @@ fn check_duration_bound(option: &str, shown: &str, d: Duration) -> Result<(), Co
     Ok(())
 }
 
-/// The rendezvous parameters' option names as they appear in a URL query, canonical
-/// spelling, in the order of docs/PROTOCOL.md.
-pub const OPTION_NAMES: &[&str] = &[
-    "min_workers",
-    "max_workers",
-    "timeout",
-    "last_call_timeout",
-    "prefix",
-    "keep_alive_ttl",
-    "run_ttl",
-    "node_id",
-    "local_addr",
+/// The rendezvous parameters' options as they appear in a URL query: the canonical name and
+/// the other spelling it is also accepted by (the reference's name), in the order of
+/// docs/PROTOCOL.md. The single source of the names and their aliases: the URL parser and
+/// [`RendezvousParams::from_options`] both map names through [`insert_option`].
+pub const OPTIONS: &[(&str, Option<&str>)] = &[
+    ("min_workers", Some("min_nodes")),
+    ("max_workers", Some("max_nodes")),
+    ("timeout", None),
+    ("last_call_timeout", None),
+    ("prefix", Some("etcd_prefix")),
+    ("keep_alive_ttl", None),
+    ("run_ttl", None),
+    ("node_id", None),
+    ("local_addr", None),
 ];
 
-/// Other spellings accepted for the options, as `(alias, canonical)` (the reference's names).
-pub const OPTION_ALIASES: &[(&str, &str)] =
-    &[("min_nodes", "min_workers"), ("max_nodes", "max_workers"), ("etcd_prefix", "prefix")];
+/// The canonical names of the rendezvous options, in the order of [`OPTIONS`].
+pub fn option_names() -> impl Iterator<Item = &'static str> {
+    OPTIONS.iter().map(|(name, _)| *name)
+}
 
 /// The canonical name of an option: an alias is mapped to the name it stands for; every
 /// other name (rendezvous parameter or not) is returned as it is.
 pub fn canonical_option_name(name: &str) -> &str {
-    OPTION_ALIASES.iter().find(|(alias, _)| *alias == name).map_or(name, |(_, canonical)| canonical)
+    OPTIONS.iter().find(|(_, alias)| *alias == Some(name)).map_or(name, |(canonical, _)| canonical)
 }
 
 /// Whether `name` (canonical or alias) is a rendezvous parameter rather than a backend's
 /// option.
 pub fn is_rendezvous_option(name: &str) -> bool {
-    OPTION_NAMES.contains(&canonical_option_name(name))
+    let canonical = canonical_option_name(name);
+    option_names().any(|n| n == canonical)
+}
+
+/// Adds the option `name=value` to `options` under its canonical name (an alias is mapped
+/// by [`canonical_option_name`]). Fails with [`ConfigError::InvalidUrl`] if the option is
+/// already there, under either spelling: the one rule for options given twice, for URLs and
+/// for maps handed to [`RendezvousParams::from_options`].
+pub fn insert_option(
+    options: &mut BTreeMap<String, String>,
+    name: &str,
+    value: String,
+) -> Result<(), ConfigError> {
+    let canonical = canonical_option_name(name);
+    if options.contains_key(canonical) {
+        return Err(ConfigError::InvalidUrl(format!(
+            "the option `{canonical}` is given more than once (counting its aliases); give it once"
+        )));
+    }
+    options.insert(canonical.to_string(), value);
+    Ok(())
 }
 
 /// Parses a duration option: plain seconds (`30`, `0.5`) or a humane form (`30s`, `2m`,
@@ -250,28 +274,50 @@ impl RendezvousParams {
     where
         I: IntoIterator<Item = (&'a String, &'a String)>,
     {
-        let mut given: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+        Self::build(run_id, options, None)
+    }
+
+    /// As [`RendezvousParams::from_options`], except that options without `min_workers`
+    /// size the rendezvous `default_min ..= max(default_min, default_max)` instead of failing
+    /// (a `max_workers` among the options still sets the largest size). For tools that
+    /// choose the size themselves when the URL does not, like `rdzv bench`.
+    pub fn from_options_or<'a, I>(
+        run_id: &str,
+        options: I,
+        default_min: usize,
+        default_max: usize,
+    ) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (&'a String, &'a String)>,
+    {
+        Self::build(run_id, options, Some((default_min, default_max.max(default_min))))
+    }
+
+    /// The parameters from `options`; `default_sizing` is `(min, max)` for options that give
+    /// no `min_workers` (`None`: then `min_workers` is required).
+    fn build<'a, I>(
+        run_id: &str,
+        options: I,
+        default_sizing: Option<(usize, usize)>,
+    ) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = (&'a String, &'a String)>,
+    {
+        let mut given = BTreeMap::new();
         for (name, value) in options {
-            let canonical = canonical_option_name(name);
-            if !OPTION_NAMES.contains(&canonical) {
+            if !is_rendezvous_option(name) {
                 return Err(ConfigError::UnknownOption {
                     option: name.clone(),
-                    known: OPTION_NAMES.join(", "),
+                    known: option_names().collect::<Vec<_>>().join(", "),
                 });
             }
-            if given.insert(canonical, value.as_str()).is_some() {
-                return Err(ConfigError::InvalidUrl(format!(
-                    "the option `{canonical}` is given more than once (counting its alias); give it once"
-                )));
-            }
+            insert_option(&mut given, name, value.clone())?;
         }
-        let min_workers = match given.get("min_workers") {
-            Some(v) => parse_count("min_workers", v)?,
-            None => return Err(ConfigError::MissingOption("min_workers".to_string())),
-        };
-        let max_workers = match given.get("max_workers") {
-            Some(v) => parse_count("max_workers", v)?,
-            None => min_workers,
+        let given_count = |name: &str| given.get(name).map(|v| parse_count(name, v)).transpose();
+        let (min_workers, max_workers) = match (given_count("min_workers")?, default_sizing) {
+            (Some(min), _) => (min, given_count("max_workers")?.unwrap_or(min)),
+            (None, Some((min, max))) => (min, given_count("max_workers")?.unwrap_or(max)),
+            (None, None) => return Err(ConfigError::MissingOption("min_workers".to_string())),
         };
         let mut params = RendezvousParams {
             run_id: run_id.to_string(),

@@ -9,10 +9,11 @@ use async_trait::async_trait;
 
 use crate::error::{ConfigError, RendezvousError};
 use crate::kv::Kv;
-use crate::params::{OPTION_NAMES, RendezvousParams};
-use crate::url::{RendezvousUrl, URL_OPTIONS, scheme_of};
+use crate::params::{RendezvousParams, option_names};
+use crate::url::{RendezvousUrl, RunAddress, URL_OPTIONS, scheme_of};
 
-/// Builds a backend from a parsed URL.
+/// Builds a backend from a parsed URL, and says what the URL's generic parts mean for this
+/// backend (its default port, its own rules), which the URL parser does not know.
 #[async_trait]
 pub trait BackendFactory: Send + Sync + 'static {
     /// The query options this backend understands (besides the rendezvous parameters);
@@ -22,6 +23,26 @@ pub trait BackendFactory: Send + Sync + 'static {
     /// Default port when the URL names none (`None`: the URL must name one, or the scheme
     /// has no ports, like `mem`).
     fn default_port(&self) -> Option<u16>;
+
+    /// Applies this backend's own rules to a URL its scheme names, once the URL parser has
+    /// read its generic structure and before the options are checked against
+    /// [`BackendFactory::options`]. It may consume options that are about the URL rather
+    /// than the connection, change the scheme (etcd's `protocol=https` turns `etcd` into
+    /// `etcds`; the registry then hands the URL to the factory of the new scheme, without
+    /// interpreting it again) or refuse the URL with a [`ConfigError`] naming what to write
+    /// instead (Redis refuses database-like run ids). The default accepts every URL as it is.
+    fn interpret(&self, url: &mut RendezvousUrl) -> Result<(), ConfigError> {
+        let _ = url;
+        Ok(())
+    }
+
+    /// Whether this backend's servers take a password without a user name (Redis's
+    /// `AUTH <password>`), so that `RDZV_PASSWORD` gives the password of a URL that names no
+    /// user (see [`crate::url`]). Default: `false` (the variable applies only to URLs with a
+    /// user).
+    fn accepts_password_alone(&self) -> bool {
+        false
+    }
 
     /// Connects (or attaches to a shared client) and returns the backend. Errors:
     /// [`RendezvousError::Config`] for bad options, [`RendezvousError::Unavailable`] when the
@@ -125,13 +146,40 @@ impl Registry {
         })
     }
 
-    /// Parses `url` for the backend its scheme names: the backend's default port applies,
-    /// every option must be a rendezvous parameter or one of the backend's
-    /// ([`ConfigError::UnknownOption`] lists the known ones), and the rendezvous parameters
-    /// must be valid. Returns the URL and its parameters.
+    /// Parses `url` for the backend its scheme names: the backend's default port and rules
+    /// ([`BackendFactory::interpret`]) apply, every option must be a rendezvous parameter or
+    /// one of the backend's ([`ConfigError::UnknownOption`] lists the known ones), and the
+    /// rendezvous parameters must be valid. Returns the URL and its parameters.
     pub fn parse(&self, url: &str) -> Result<(RendezvousUrl, RendezvousParams), RendezvousError> {
         let (url, params, _) = self.resolve(url)?;
         Ok((url, params))
+    }
+
+    /// Parses `url` for the backend its scheme names, as [`Registry::parse`] does, without
+    /// requiring the rendezvous parameters (`min_workers` and the like): the run's address,
+    /// for opening a Store or inspecting or closing a run.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// # use rdzv_core::{BackendFactory, Kv, RendezvousError, RendezvousUrl};
+    /// # struct Db;
+    /// # #[async_trait::async_trait]
+    /// # impl BackendFactory for Db {
+    /// #     fn options(&self) -> &'static [&'static str] { &[] }
+    /// #     fn default_port(&self) -> Option<u16> { Some(7000) }
+    /// #     async fn connect(&self, _: &RendezvousUrl) -> Result<Arc<dyn Kv>, RendezvousError> { unimplemented!() }
+    /// # }
+    /// let registry = rdzv_core::Registry::new();
+    /// registry.register("db", Arc::new(Db))?;
+    /// let address = registry.parse_address("db://h/job7?prefix=/jobs")?;
+    /// assert_eq!(address.url.endpoints[0].port, 7000);
+    /// assert_eq!((address.prefix.as_str(), address.run_id.as_str()), ("/jobs", "job7"));
+    /// assert_eq!(address.params_or(2, 4)?.max_workers, 4);
+    /// # Ok::<(), RendezvousError>(())
+    /// ```
+    pub fn parse_address(&self, url: &str) -> Result<RunAddress, RendezvousError> {
+        let (url, _) = self.resolve_backend(url)?;
+        Ok(RunAddress::new(url))
     }
 
     /// Parses `url` as [`Registry::parse`] does, then connects its backend.
@@ -141,13 +189,13 @@ impl Registry {
         Ok((kv, params))
     }
 
-    /// Parses `url` and connects its backend without requiring the rendezvous parameters
-    /// (for tools that only inspect a run, like `rdzv status`, and for a Store on its own).
-    /// Options are still checked; the URL is returned for its run id and options.
-    pub async fn connect_backend(&self, url: &str) -> Result<(Arc<dyn Kv>, RendezvousUrl), RendezvousError> {
+    /// Parses `url` as [`Registry::parse_address`] does (no rendezvous parameters needed)
+    /// and connects its backend: for tools that only inspect or close a run, like
+    /// `rdzv status`, and for a Store on its own.
+    pub async fn connect_backend(&self, url: &str) -> Result<(Arc<dyn Kv>, RunAddress), RendezvousError> {
         let (url, factory) = self.resolve_backend(url)?;
         let kv = factory.connect(&url).await?;
-        Ok((kv, url))
+        Ok((kv, RunAddress::new(url)))
     }
 
     fn resolve(
@@ -162,13 +210,18 @@ impl Registry {
     fn resolve_backend(&self, input: &str) -> Result<(RendezvousUrl, Arc<dyn BackendFactory>), ConfigError> {
         let scheme = scheme_of(input)?;
         let factory = self.factory(&scheme)?;
-        let url = RendezvousUrl::parse_with_default_port(input, factory.default_port())?;
-        // `protocol=https` may have turned `etcd` into `etcds`: that scheme's backend serves.
+        let mut url = RendezvousUrl::parse_with_default_port(input, factory.default_port())?;
+        factory.interpret(&mut url)?;
+        // The factory may have changed the scheme (etcd's `protocol=https`): that scheme's
+        // backend serves.
         let factory = if url.scheme == scheme { factory } else { self.factory(&url.scheme)? };
+        url.take_password_from_process_env(factory.accepts_password_alone());
         let backend_options = factory.options();
         if let Some(unknown) = url.options.keys().find(|name| !backend_options.contains(&name.as_str())) {
-            let known: Vec<&str> =
-                OPTION_NAMES.iter().chain(URL_OPTIONS).chain(backend_options).copied().collect();
+            let known: Vec<&str> = option_names()
+                .chain(URL_OPTIONS.iter().copied())
+                .chain(backend_options.iter().copied())
+                .collect();
             return Err(ConfigError::UnknownOption { option: unknown.clone(), known: known.join(", ") });
         }
         Ok((url, factory))

@@ -1,17 +1,17 @@
 //! Parsing of rendezvous URLs (docs/OPTIONS.md): `scheme://[user:pass@]host:port[,host:port…]/<run_id>?options`.
 //!
+//! This module knows the generic structure only: scheme, user info, hosts, the path (the
+//! run id) and the query options. What a scheme means — its default port, options that
+//! change the scheme (etcd's `protocol=https`), run ids it refuses (Redis's database-like
+//! paths), whether its servers take a password without a user name — is its backend's
+//! [`BackendFactory`](crate::BackendFactory)'s to say; the [`Registry`](crate::Registry)
+//! applies it when it parses a URL for a backend.
+//!
 //! # The run id
 //!
 //! The URL's path is the run id: one segment, percent-decoded, following the identifier
 //! rule of [`crate::ids`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
-//! characters). On `redis://` and `rediss://` a path of **one or two digits** (`/0`,
-//! `/15`) is refused unless the URL also gives the database with `db=`: every other Redis
-//! tool reads that path as the database number, so two jobs sharing
-//! `REDIS_URL=redis://host:6379/0` would silently join the same run `0`. Write the run id
-//! as the path and the database as an option, `redis://host:6379/<run_id>?db=0`; a
-//! numeric run id such as a Slurm job id (`redis://host/12345678`) needs nothing more, and
-//! a one- or two-digit one is accepted with an explicit database
-//! (`redis://host/42?db=0`).
+//! characters). A backend may refuse more (see [`BackendFactory::interpret`](crate::BackendFactory::interpret)).
 //!
 //! # The password
 //!
@@ -24,10 +24,11 @@
 //!    trailing line breaks are dropped, and it must not be empty; it may not be combined
 //!    with a password in the URL. Errors name the path, never the contents;
 //! 3. the environment variable `RDZV_PASSWORD` ([`PASSWORD_ENV`]), when the URL gives no
-//!    password and names a user (`etcd://user@host/…`) or is `redis`/`rediss` (whose
-//!    servers take a password alone). An empty value counts as unset. URLs without a user
-//!    on other schemes ignore it, so a stray `RDZV_PASSWORD` cannot break an `etcd://` or
-//!    `mem://` URL that asks for no login.
+//!    password and names a user (`etcd://user@host/…`), or, through the registry, when its
+//!    backend's servers take a password alone (`redis`/`rediss`; see
+//!    [`BackendFactory::accepts_password_alone`](crate::BackendFactory::accepts_password_alone)).
+//!    An empty value counts as unset. URLs without a user on other schemes ignore it, so a
+//!    stray `RDZV_PASSWORD` cannot break an `etcd://` or `mem://` URL that asks for no login.
 //!
 //! The password never appears in `Display`, `Debug` or any error; [`redact_url_text`]
 //! hides it in a URL's original text (as `rdzv run` does for its command's environment).
@@ -35,7 +36,8 @@
 use std::collections::BTreeMap;
 
 use crate::error::ConfigError;
-use crate::params::RendezvousParams;
+use crate::params::{DEFAULT_PREFIX, RendezvousParams, insert_option, is_rendezvous_option};
+use crate::rendezvous::keys::RunKeys;
 
 /// A host and port of a backend server.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,8 +86,9 @@ impl std::fmt::Debug for Secret {
 pub struct RendezvousUrl {
     /// The scheme, lower-case (`etcd`, `etcds`, `redis`, `rediss`, `mem`, or a user's).
     pub scheme: String,
-    /// The servers: the URL's host plus any `endpoints=` option (default port per scheme;
-    /// for `mem://<name>/…`, one endpoint whose host is the name and port 0).
+    /// The servers: the URL's host plus any `endpoints=` option. A host without a port gets
+    /// the default port the URL was parsed with (its backend's, when parsed by the
+    /// [`Registry`](crate::Registry)), else port 0, "no port" (as in `mem://<name>/…`).
     pub endpoints: Vec<Endpoint>,
     /// User name, if given.
     pub username: Option<String>,
@@ -99,20 +102,9 @@ pub struct RendezvousUrl {
     pub rendezvous_options: BTreeMap<String, String>,
 }
 
-/// The default port of a built-in scheme (`etcd`/`etcds` 2379, `redis`/`rediss` 6379);
-/// `None` for `mem` (which has no ports) and for every other scheme (whose backend's
-/// factory says, through the registry).
-pub fn default_port_for_scheme(scheme: &str) -> Option<u16> {
-    match scheme {
-        "etcd" | "etcds" => Some(2379),
-        "redis" | "rediss" => Some(6379),
-        _ => None,
-    }
-}
-
 /// Options that the URL parser itself consumes (they end up in [`RendezvousUrl::endpoints`]
-/// or [`RendezvousUrl::scheme`]), so a backend never sees them.
-pub const URL_OPTIONS: &[&str] = &["endpoints", "protocol", "password_file"];
+/// or [`RendezvousUrl::password`]), so a backend never sees them.
+pub const URL_OPTIONS: &[&str] = &["endpoints", "password_file"];
 
 /// The environment variable that gives the password when the URL does not (see the
 /// module's documentation for when it applies).
@@ -128,20 +120,23 @@ const MAYBE_SECRET: &str = "the URL does not parse and has an `@` after its host
      no password is shown); percent-encode those characters (`%2F`, `%3F`, `%23`)";
 
 impl RendezvousUrl {
-    /// Parses a rendezvous URL, taking the default port from the built-in table
-    /// ([`default_port_for_scheme`]). See [`RendezvousUrl::parse_with_default_port`] for
-    /// the rules.
+    /// Parses a rendezvous URL's generic structure, without any backend's knowledge: a host
+    /// without a port gets port 0 ("no port"). See
+    /// [`RendezvousUrl::parse_with_default_port`] for the rules; to parse a URL for the
+    /// backend its scheme names (its default port, its own rules), use
+    /// [`Registry::parse_address`](crate::Registry::parse_address) or
+    /// [`Registry::parse`](crate::Registry::parse).
     ///
     /// ```
     /// use rdzv_core::RendezvousUrl;
-    /// let url = RendezvousUrl::parse("etcd://localhost/job1?min_workers=2").expect("valid");
+    /// let url = RendezvousUrl::parse("etcd://localhost:2379/job1?min_workers=2").expect("valid");
     /// assert_eq!(url.endpoints[0].port, 2379);
     /// assert_eq!(url.run_id, "job1");
     /// assert_eq!(url.rendezvous_options["min_workers"], "2");
+    /// assert_eq!(RendezvousUrl::parse("mem://store/job1").expect("valid").endpoints[0].port, 0);
     /// ```
     pub fn parse(input: &str) -> Result<Self, ConfigError> {
-        let scheme = scheme_of(input)?;
-        Self::parse_with_default_port(input, default_port_for_scheme(&scheme))
+        Self::parse_with_default_port(input, None)
     }
 
     /// Parses `scheme://[user:password@]host[:port][,host[:port]…]/<run_id>?options`, with
@@ -153,12 +148,10 @@ impl RendezvousUrl {
     /// comma-separated, or in the option `endpoints=h2:2379,h3:2379`; user name and password
     /// are percent-decoded; the run id is the path, one non-empty percent-decoded segment;
     /// options are `name=value`, percent-decoded (`+` is a plain plus), each at most once,
-    /// aliases mapped to canonical names (`min_nodes`, `max_nodes`, `etcd_prefix`); on
-    /// `etcd`, `protocol=https` turns the scheme into `etcds`; the run id follows
-    /// [`crate::ids`] and, on `redis`/`rediss`, is not one or two digits unless `db=` is
-    /// given; the password comes from the URL, `password_file=` or `RDZV_PASSWORD` (read
-    /// here; see the module's documentation). Every error is one [`ConfigError`] that never
-    /// contains the password.
+    /// aliases mapped to canonical names by [`crate::params::insert_option`]; the run id
+    /// follows [`crate::ids`]; the password comes from the URL, `password_file=` or, for a URL
+    /// naming a user, `RDZV_PASSWORD` (read here; see the module's documentation). Every
+    /// error is one [`ConfigError`] that never contains the password.
     pub fn parse_with_default_port(input: &str, default_port: Option<u16>) -> Result<Self, ConfigError> {
         let env_password = std::env::var(PASSWORD_ENV).ok();
         parse_with_password_env(input, default_port, env_password.as_deref())
@@ -177,9 +170,61 @@ impl RendezvousUrl {
     }
 }
 
+/// Where a run lives, parsed from a URL that need not size a rendezvous: the backend to
+/// connect (the URL's scheme, endpoints, credentials and backend options), the key prefix
+/// and the run id. What opens a run without joining a round — a Store on its own,
+/// `rdzv status`, `rdzv close` — needs only this; [`RendezvousParams`] are built from it,
+/// with [`RunAddress::params`] or [`RunAddress::params_or`], only where a rendezvous is
+/// joined. Get one from [`Registry::parse_address`](crate::Registry::parse_address) (which
+/// applies the backend's rules) or [`RunAddress::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAddress {
+    /// The parsed URL, as its backend's factory connects to it (its `Display` hides the
+    /// password). Its rendezvous options are read only when parameters are built.
+    pub url: RendezvousUrl,
+    /// The key prefix under which all runs live: the option `prefix`, else
+    /// [`DEFAULT_PREFIX`].
+    pub prefix: String,
+    /// The run: the URL's path, unless changed (as `rdzv bench` does to get a fresh run).
+    pub run_id: String,
+}
+
+impl RunAddress {
+    /// The address `url` names: its prefix option (or the default) and its run id.
+    pub fn new(url: RendezvousUrl) -> Self {
+        let prefix = url.rendezvous_options.get("prefix").map_or(DEFAULT_PREFIX, String::as_str).to_string();
+        let run_id = url.run_id.clone();
+        RunAddress { url, prefix, run_id }
+    }
+
+    /// The run's key layout (docs/PROTOCOL.md "Keys").
+    pub fn keys(&self) -> RunKeys {
+        RunKeys::new(&self.prefix, &self.run_id)
+    }
+
+    /// The parameters to join this run with: the URL's rendezvous options (which must give
+    /// `min_workers`) and this address's run id. Errors as
+    /// [`RendezvousParams::from_options`].
+    pub fn params(&self) -> Result<RendezvousParams, ConfigError> {
+        RendezvousParams::from_options(&self.run_id, &self.url.rendezvous_options)
+    }
+
+    /// As [`RunAddress::params`], but a URL without `min_workers` gives a rendezvous of
+    /// `default_min ..= max(default_min, default_max)` workers (see
+    /// [`RendezvousParams::from_options_or`]): for tools that size it themselves.
+    pub fn params_or(&self, default_min: usize, default_max: usize) -> Result<RendezvousParams, ConfigError> {
+        RendezvousParams::from_options_or(
+            &self.run_id,
+            &self.url.rendezvous_options,
+            default_min,
+            default_max,
+        )
+    }
+}
+
 /// Writes the URL so that parsing it again gives the same URL, except that the password is
-/// shown as `***`. Ports are left out only where they are 0 on a scheme without a default
-/// port (like `mem://name/run`). All options appear in name order.
+/// shown as `***`. A port is left out only where it is 0, "no port" (like `mem://name/run`).
+/// All options appear in name order.
 impl std::fmt::Display for RendezvousUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}://", self.scheme)?;
@@ -192,12 +237,11 @@ impl std::fmt::Display for RendezvousUrl {
             }
             f.write_str("@")?;
         }
-        let omit_zero_port = default_port_for_scheme(&self.scheme).is_none();
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }
-            if omit_zero_port && endpoint.port == 0 {
+            if endpoint.port == 0 {
                 if endpoint.host.contains(':') {
                     write!(f, "[{}]", endpoint.host)?;
                 } else {
@@ -271,12 +315,28 @@ fn parse_with_password_env(
             ));
         }
         url.password = Some(read_password_file(&path)?);
-    } else if url.password.is_none()
-        && (url.username.is_some() || matches!(url.scheme.as_str(), "redis" | "rediss"))
-    {
-        url.password = env_password.filter(|p| !p.is_empty()).map(Secret::new);
+    } else {
+        url.take_password_from_env(env_password, false);
     }
     Ok(url)
+}
+
+impl RendezvousUrl {
+    /// Fills in a missing password from `env_password` (the value of `RDZV_PASSWORD`; empty
+    /// counts as unset) when the URL names a user, or when `password_alone` says the
+    /// backend's servers take a password without a user name.
+    fn take_password_from_env(&mut self, env_password: Option<&str>, password_alone: bool) {
+        if self.password.is_none() && (self.username.is_some() || password_alone) {
+            self.password = env_password.filter(|p| !p.is_empty()).map(Secret::new);
+        }
+    }
+
+    /// [`RendezvousUrl::take_password_from_env`] with the process's `RDZV_PASSWORD`, for the
+    /// registry once it knows the backend.
+    pub(crate) fn take_password_from_process_env(&mut self, password_alone: bool) {
+        let env_password = std::env::var(PASSWORD_ENV).ok();
+        self.take_password_from_env(env_password.as_deref(), password_alone);
+    }
 }
 
 /// The password in the file at `path`, without its trailing line breaks. Errors name the
@@ -335,7 +395,7 @@ pub fn redact_url_text(input: &str) -> Option<String> {
 /// by the caller).
 fn parse_url(input: &str, default_port: Option<u16>) -> Result<(RendezvousUrl, Option<String>), ConfigError> {
     let input = input.trim();
-    let mut scheme = scheme_of(input)?;
+    let scheme = scheme_of(input)?;
     let rest = input.split_once("://").map_or("", |(_, rest)| rest);
     if rest.contains('#') {
         return Err(ConfigError::InvalidUrl(
@@ -364,9 +424,7 @@ fn parse_url(input: &str, default_port: Option<u16>) -> Result<(RendezvousUrl, O
 
     let mut options = BTreeMap::new();
     let mut rendezvous_options = BTreeMap::new();
-    let mut seen_endpoints = false;
-    let mut seen_protocol = false;
-    let mut password_file = None;
+    let mut url_options = BTreeMap::new();
     for item in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
         let Some((raw_name, raw_value)) = item.split_once('=') else {
             return Err(ConfigError::InvalidUrl(format!(
@@ -393,79 +451,21 @@ fn parse_url(input: &str, default_port: Option<u16>) -> Result<(RendezvousUrl, O
                 reason: "an option needs a value; leave it out for the default".into(),
             });
         }
-        let canonical = crate::params::canonical_option_name(&name).to_string();
-        let duplicate = || {
-            ConfigError::InvalidUrl(format!(
-                "the option `{canonical}` is given more than once (counting its aliases); give it once"
-            ))
+        let target = if URL_OPTIONS.contains(&name.as_str()) {
+            &mut url_options
+        } else if is_rendezvous_option(&name) {
+            &mut rendezvous_options
+        } else {
+            &mut options
         };
-        match canonical.as_str() {
-            "endpoints" => {
-                if std::mem::replace(&mut seen_endpoints, true) {
-                    return Err(duplicate());
-                }
-                for item in value.split(',') {
-                    push_unique(&mut endpoints, parse_endpoint(item, default_port)?);
-                }
-            }
-            "password_file" => {
-                if password_file.replace(value).is_some() {
-                    return Err(duplicate());
-                }
-            }
-            "protocol" if scheme == "etcd" || scheme == "etcds" => {
-                if std::mem::replace(&mut seen_protocol, true) {
-                    return Err(duplicate());
-                }
-                match (value.to_ascii_lowercase().as_str(), scheme.as_str()) {
-                    ("https", _) => scheme = "etcds".to_string(),
-                    ("http", "etcd") => {}
-                    _ => {
-                        return Err(ConfigError::InvalidValue {
-                            option: canonical,
-                            value,
-                            reason: format!(
-                                "expected `http` or `https`{}",
-                                if scheme == "etcds" {
-                                    " (`etcds` is always TLS, so only `https`)"
-                                } else {
-                                    ""
-                                }
-                            ),
-                        });
-                    }
-                }
-            }
-            _ => {
-                let target = if crate::params::is_rendezvous_option(&canonical) {
-                    &mut rendezvous_options
-                } else {
-                    &mut options
-                };
-                if target.contains_key(&canonical) {
-                    return Err(duplicate());
-                }
-                target.insert(canonical, value);
-            }
+        insert_option(target, &name, value)?;
+    }
+    if let Some(value) = url_options.remove("endpoints") {
+        for item in value.split(',') {
+            push_unique(&mut endpoints, parse_endpoint(item, default_port)?);
         }
     }
-
-    if matches!(scheme.as_str(), "redis" | "rediss")
-        && run_id.len() <= 2
-        && run_id.chars().all(|c| c.is_ascii_digit())
-        && !options.contains_key("db")
-    {
-        return Err(ConfigError::InvalidValue {
-            option: "run_id".into(),
-            value: run_id,
-            reason: format!(
-                "on {scheme}:// the path is the run id, not the database number as in other Redis \
-                 tools, so every job using this URL would join the same run; write \
-                 {scheme}://host:6379/<run_id>?db=0 (a run id of one or two digits needs an \
-                 explicit `db=`, e.g. {scheme}://host:6379/42?db=0)"
-            ),
-        });
-    }
+    let password_file = url_options.remove("password_file");
     let url = RendezvousUrl { scheme, endpoints, username, password, run_id, options, rendezvous_options };
     Ok((url, password_file))
 }
@@ -671,9 +671,7 @@ mod tests {
     use super::*;
 
     fn with_env(url: &str, env: Option<&str>) -> RendezvousUrl {
-        let scheme = scheme_of(url).expect("scheme");
-        parse_with_password_env(url, default_port_for_scheme(&scheme), env)
-            .unwrap_or_else(|e| panic!("`{url}` should parse: {e}"))
+        parse_with_password_env(url, None, env).unwrap_or_else(|e| panic!("`{url}` should parse: {e}"))
     }
 
     fn password(url: &RendezvousUrl) -> Option<&str> {
@@ -682,11 +680,14 @@ mod tests {
 
     #[test]
     fn rdzv_password_fills_in_a_missing_password() {
-        // A user without a password, or a Redis URL (whose servers take a password alone).
         assert_eq!(password(&with_env("etcd://root@h/job", Some("s3cret"))), Some("s3cret"));
-        assert_eq!(password(&with_env("redis://h/job", Some("s3cret"))), Some("s3cret"));
-        assert_eq!(password(&with_env("rediss://h/job", Some("s3cret"))), Some("s3cret"));
         assert_eq!(password(&with_env("mem://m@x/job", Some("s3cret"))), Some("s3cret"));
+        // Without a user, only for a backend whose servers take a password alone (the
+        // registry asks the factory; Redis says yes).
+        let mut url = with_env("redis://h/job", Some("s3cret"));
+        assert_eq!(password(&url), None, "the parser alone does not know Redis");
+        url.take_password_from_env(Some("s3cret"), true);
+        assert_eq!(password(&url), Some("s3cret"));
     }
 
     #[test]
@@ -694,16 +695,24 @@ mod tests {
         assert_eq!(password(&with_env("etcd://root:inline@h/job", Some("env"))), Some("inline"));
         assert_eq!(password(&with_env("etcd://h/job", Some("env"))), None, "no user: no login asked for");
         assert_eq!(password(&with_env("mem://x/job", Some("env"))), None);
-        assert_eq!(password(&with_env("redis://h/job", Some(""))), None, "empty counts as unset");
-        assert_eq!(password(&with_env("redis://h/job", None)), None);
+        for env in [Some(""), None] {
+            let mut url = with_env("redis://h/job", env);
+            url.take_password_from_env(env, true);
+            assert_eq!(password(&url), None, "empty counts as unset: {env:?}");
+        }
+        let mut url = with_env("redis://:inline@h/job", None);
+        url.take_password_from_env(Some("env"), true);
+        assert_eq!(password(&url), Some("inline"));
     }
 
     #[test]
     fn password_file_wins_over_rdzv_password() {
         let path = std::env::temp_dir().join(format!("rdzv-url-unit-{}", std::process::id()));
         std::fs::write(&path, "from-file\n").expect("write");
-        let url = format!("redis://h/job?password_file={}", path.display());
-        assert_eq!(password(&with_env(&url, Some("from-env"))), Some("from-file"));
+        let mut url =
+            with_env(&format!("redis://u@h/job?password_file={}", path.display()), Some("from-env"));
+        url.take_password_from_env(Some("from-env"), true);
+        assert_eq!(password(&url), Some("from-file"));
         let _ = std::fs::remove_file(&path);
     }
 }

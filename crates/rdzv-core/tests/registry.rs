@@ -1,5 +1,5 @@
 //! The backend registry: registration rules, scheme lookup, option validation against the
-//! factory, default ports, and connecting.
+//! factory, the factory's default port and URL rules, run addresses, and connecting.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -230,16 +230,74 @@ fn parameter_and_url_errors_come_through() {
     assert!(matches!(config_err(registry.parse("no scheme")), ConfigError::InvalidUrl(_)));
 }
 
+/// A factory with URL rules of its own: `tls=yes` moves the URL to the scheme `<scheme>s`
+/// (consuming the option), and a run id `forbidden` is refused.
+struct RulesFactory;
+
+#[async_trait]
+impl BackendFactory for RulesFactory {
+    fn options(&self) -> &'static [&'static str] {
+        &["tls"]
+    }
+    fn default_port(&self) -> Option<u16> {
+        Some(99)
+    }
+    fn interpret(&self, url: &mut RendezvousUrl) -> Result<(), ConfigError> {
+        if url.run_id == "forbidden" {
+            return Err(ConfigError::InvalidValue {
+                option: "run_id".into(),
+                value: url.run_id.clone(),
+                reason: "this backend refuses it".into(),
+            });
+        }
+        if url.options.remove("tls").is_some() {
+            url.scheme.push('s');
+        }
+        Ok(())
+    }
+    async fn connect(&self, _: &RendezvousUrl) -> Result<Arc<dyn Kv>, RendezvousError> {
+        Ok(Arc::new(NullKv))
+    }
+}
+
 #[test]
-fn protocol_https_switches_to_the_tls_backend() {
+fn the_factory_interprets_its_urls_and_may_switch_scheme() {
     let registry = Registry::new();
-    let plain = Arc::new(TestFactory::default());
-    registry.register("etcd", plain.clone()).expect("free scheme");
-    let err = config_err(registry.parse("etcd://h/r?min_workers=1&protocol=https"));
-    assert!(matches!(err, ConfigError::UnknownScheme { ref scheme, .. } if scheme == "etcds"), "{err:?}");
-    registry.register("etcds", Arc::new(OtherFactory)).expect("free scheme");
-    let (url, _) = registry.parse("etcd://h/r?min_workers=1&protocol=https").expect("valid");
-    assert_eq!(url.scheme, "etcds");
+    registry.register("rules", Arc::new(RulesFactory)).expect("free scheme");
+    let err = config_err(registry.parse("rules://h/r?min_workers=1&tls=yes"));
+    assert!(matches!(err, ConfigError::UnknownScheme { ref scheme, .. } if scheme == "ruless"), "{err:?}");
+    // The new scheme's factory serves (its options are checked), with the first one's port.
+    registry.register("ruless", Arc::new(TestFactory::default())).expect("free scheme");
+    let (url, _) = registry.parse("rules://h/r?min_workers=1&tls=yes&db=1").expect("valid");
+    assert_eq!((url.scheme.as_str(), url.endpoints[0].port), ("ruless", 99));
+    assert!(!url.options.contains_key("tls"), "consumed: {:?}", url.options);
+    let err = config_err(registry.parse("rules://h/r?min_workers=1&db=1"));
+    assert!(matches!(err, ConfigError::UnknownOption { ref option, .. } if option == "db"), "{err:?}");
+    // Its refusals are the registry's errors, for parameters and addresses alike.
+    for err in [
+        config_err(registry.parse("rules://h/forbidden?min_workers=1")),
+        config_err(registry.parse_address("rules://h/forbidden")),
+    ] {
+        assert!(matches!(err, ConfigError::InvalidValue { ref option, .. } if option == "run_id"), "{err:?}");
+    }
+    // The parser alone knows none of this.
+    let url = RendezvousUrl::parse("rules://h/forbidden?tls=yes").expect("generic structure");
+    assert_eq!((url.scheme.as_str(), url.endpoints[0].port), ("rules", 0));
+}
+
+#[test]
+fn a_run_address_needs_no_rendezvous_parameters() {
+    let registry = Registry::new();
+    registry.register("test", Arc::new(TestFactory::default())).expect("free scheme");
+    let address = registry.parse_address("test://h/job?db=2&prefix=/p").expect("valid");
+    assert_eq!(address.url.endpoints[0].port, 1234);
+    assert_eq!(address.url.options["db"], "2");
+    assert_eq!((address.prefix.as_str(), address.run_id.as_str()), ("/p", "job"));
+    assert_eq!(address.params(), Err(ConfigError::MissingOption("min_workers".into())));
+    assert_eq!(address.params_or(2, 3).expect("sized").max_workers, 3);
+    // Options are still checked.
+    let err = config_err(registry.parse_address("test://h/job?colour=blue"));
+    assert!(matches!(err, ConfigError::UnknownOption { ref option, .. } if option == "colour"), "{err:?}");
 }
 
 #[tokio::test]
@@ -265,6 +323,12 @@ async fn connect_hands_over_the_backend_and_parameters() {
     let err = registry.connect("test://h/job?min_workers=2&colour=1").await.map(|_| ());
     assert!(matches!(err, Err(RendezvousError::Config(ConfigError::UnknownOption { .. }))));
     assert_eq!(factory.connects.load(Ordering::SeqCst), 1);
+
+    // Without rendezvous parameters: the backend and the run's address.
+    let (kv, address) = registry.connect_backend("test://h/job2?db=1").await.expect("connects");
+    assert_eq!(kv.name(), "null");
+    assert_eq!(address.run_id, "job2");
+    assert_eq!(factory.connects.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]

@@ -1,6 +1,9 @@
 //! The rules of rendezvous URLs (docs/OPTIONS.md) and of the parameters they carry
 //! (docs/PROTOCOL.md "Parameters"): each rule holds, and each kind of bad input is one clear
-//! error, never a panic.
+//! error, never a panic. The URL parser knows no backend: hosts without a port get port 0
+//! here, or the port given to `parse_with_default_port`; the built-in backends' own rules
+//! (default ports, etcd's `protocol`, Redis's database-like paths) are tested next to their
+//! factories, the registry's applying them in `tests/registry.rs`.
 
 use std::time::Duration;
 
@@ -40,16 +43,9 @@ fn reference_url() {
 }
 
 #[test]
-fn default_ports_per_scheme() {
-    for (url, port) in [
-        ("etcd://h/r", 2379),
-        ("etcds://h/r", 2379),
-        ("redis://h/r", 6379),
-        ("rediss://h/r", 6379),
-        ("mem://h/r", 0),
-        ("custom://h/r", 0),
-    ] {
-        assert_eq!(parse(url).endpoints, vec![ep("h", port)], "{url}");
+fn no_scheme_has_a_default_port_of_its_own() {
+    for url in ["etcd://h/r", "etcds://h/r", "redis://h/r?db=0", "mem://h/r", "custom://h/r"] {
+        assert_eq!(parse(url).endpoints, vec![ep("h", 0)], "{url}");
     }
 }
 
@@ -59,6 +55,9 @@ fn default_port_from_argument() {
     assert_eq!(url.endpoints, vec![ep("h", 4242)]);
     let url = RendezvousUrl::parse_with_default_port("custom://h:1/r", Some(4242)).expect("valid");
     assert_eq!(url.endpoints, vec![ep("h", 1)]);
+    let url =
+        RendezvousUrl::parse_with_default_port("etcd://h1:1,h2/r?endpoints=h3", Some(2379)).expect("valid");
+    assert_eq!(url.endpoints, vec![ep("h1", 1), ep("h2", 2379), ep("h3", 2379)], "`endpoints=` too");
 }
 
 #[test]
@@ -98,7 +97,7 @@ fn password_only_and_user_only() {
 #[test]
 fn several_endpoints() {
     let url = parse("etcd://h1:1,h2,[::1]:3/r?endpoints=h4:4,h5,h1:1");
-    assert_eq!(url.endpoints, vec![ep("h1", 1), ep("h2", 2379), ep("::1", 3), ep("h4", 4), ep("h5", 2379)]);
+    assert_eq!(url.endpoints, vec![ep("h1", 1), ep("h2", 0), ep("::1", 3), ep("h4", 4), ep("h5", 0)]);
     assert!(!url.options.contains_key("endpoints"), "endpoints is consumed");
 }
 
@@ -107,7 +106,7 @@ fn ipv6_in_brackets() {
     let url = parse("etcd://[::1]:2380/r");
     assert_eq!(url.endpoints, vec![ep("::1", 2380)]);
     let url = parse("etcd://[2001:db8::1]/r");
-    assert_eq!(url.endpoints, vec![ep("2001:db8::1", 2379)]);
+    assert_eq!(url.endpoints, vec![ep("2001:db8::1", 0)]);
 }
 
 #[test]
@@ -166,22 +165,14 @@ fn empty_query_segments_are_skipped() {
 }
 
 #[test]
-fn protocol_https_means_tls() {
-    let url = parse("etcd://h/r?protocol=https");
-    assert_eq!(url.scheme, "etcds");
-    assert!(!url.options.contains_key("protocol"));
-    assert_eq!(parse("etcd://h/r?protocol=HTTP").scheme, "etcd");
-    assert_eq!(parse("etcds://h/r?protocol=https").scheme, "etcds");
-    assert!(matches!(
-        parse_err("etcd://h/r?protocol=ftp"),
-        ConfigError::InvalidValue { option, .. } if option == "protocol"
-    ));
-    assert!(matches!(
-        parse_err("etcds://h/r?protocol=http"),
-        ConfigError::InvalidValue { option, .. } if option == "protocol"
-    ));
-    // Elsewhere `protocol` is an ordinary option, for the backend to accept or not.
-    assert_eq!(parse("redis://h/r?protocol=https").options["protocol"], "https");
+fn scheme_specific_options_are_left_to_the_backend() {
+    // etcd's `protocol` is the etcd factory's to interpret (crates/rdzv-etcd/src/factory.rs):
+    // the parser keeps it as an ordinary option, on every scheme.
+    for url in ["etcd://h/r?protocol=https", "etcds://h/r?protocol=ftp", "redis://h/r?protocol=https"] {
+        let parsed = parse(url);
+        assert_eq!(parsed.scheme, url.split_once(':').expect("a scheme").0, "{url}");
+        assert!(parsed.options.contains_key("protocol"), "{url}");
+    }
 }
 
 #[test]
@@ -336,6 +327,7 @@ fn option_errors() {
         "etcd://h/r?db=1&db=1",
         "etcd://h/r?endpoints=a&endpoints=b",
         "etcd://h/r?protocol=https&protocol=https",
+        "etcd://h/r?password_file=a&password_file=b",
     ] {
         let err = parse_err(url);
         assert!(
@@ -500,14 +492,16 @@ fn display_hides_the_password_and_round_trips() {
             .as_str(),
     );
     let shown = url.to_string();
-    assert_eq!(shown, "etcd://al%20ice:***@h1:1,[::1]:2,h3:2379/jobx?db=0&min_workers=2");
+    assert_eq!(shown, "etcd://al%20ice:***@h1:1,[::1]:2,h3/jobx?db=0&min_workers=2");
     assert_eq!(url.redacted(), shown);
     let again = parse(&shown);
     assert_eq!(again.password.as_ref().map(|p| p.expose()), Some("***"));
     assert_eq!(RendezvousUrl { password: url.password.clone(), ..again }, url);
     assert_eq!(parse("mem://local/r").to_string(), "mem://local/r");
-    assert_eq!(parse("etcd://h/r").to_string(), "etcd://h:2379/r");
-    assert_eq!(parse("redis://:pw@h/r").to_string(), "redis://:***@h:6379/r");
+    // Port 0 means "none given": left out, so a backend's default applies again.
+    assert_eq!(parse("etcd://h:0,[::1]/r").to_string(), "etcd://h,[::1]/r");
+    let with_default = RendezvousUrl::parse_with_default_port("redis://:pw@h/r", Some(6379)).expect("valid");
+    assert_eq!(with_default.to_string(), "redis://:***@h:6379/r");
 }
 
 #[test]
@@ -718,6 +712,68 @@ fn password_file_is_offered_by_every_backend() {
     assert!(rdzv_core::url::URL_OPTIONS.contains(&"password_file"));
 }
 
+/// A run's address needs no rendezvous sizing; parameters are built from it only where a
+/// rendezvous is joined, with the URL's sizing or the caller's default.
+#[test]
+fn run_address_needs_no_sizing() {
+    use rdzv_core::RunAddress;
+    let address = RunAddress::new(parse("mem://m/job?etcd_prefix=/p&timeout=5"));
+    assert_eq!((address.prefix.as_str(), address.run_id.as_str()), ("/p", "job"));
+    assert_eq!(address.keys(), rdzv_core::rendezvous::keys::RunKeys::new("/p", "job"));
+    assert_eq!(address.params(), Err(ConfigError::MissingOption("min_workers".into())));
+    let p = address.params_or(3, 5).expect("sized by the caller");
+    assert_eq!((p.min_workers, p.max_workers, p.timeout), (3, 5, Duration::from_secs(5)));
+    assert_eq!(p.prefix, "/p");
+    assert_eq!(address.params_or(3, 1).expect("max raised to min").max_workers, 3);
+
+    let address = RunAddress::new(parse("mem://m/job"));
+    assert_eq!(address.prefix, DEFAULT_PREFIX);
+    // The URL's sizing wins over the caller's default, in part or in whole.
+    for (url, sizing) in [
+        ("mem://m/job?min_workers=2", (2, 2)),
+        ("mem://m/job?min_nodes=2&max_nodes=6", (2, 6)),
+        ("mem://m/job?max_workers=9", (3, 9)),
+    ] {
+        let p = RunAddress::new(parse(url)).params_or(3, 4).expect("valid");
+        assert_eq!((p.min_workers, p.max_workers), sizing, "{url}");
+    }
+    let mut address = RunAddress::new(parse("mem://m/job?min_workers=1"));
+    address.run_id = "job-2".into();
+    assert_eq!(address.params().expect("valid").run_id, "job-2");
+    assert_eq!(address.keys(), rdzv_core::rendezvous::keys::RunKeys::new(DEFAULT_PREFIX, "job-2"));
+    assert!(matches!(
+        RunAddress::new(parse("mem://m/job?max_workers=2")).params_or(3, 4),
+        Err(ConfigError::InvalidValue { option, .. }) if option == "max_workers"
+    ));
+}
+
+/// Every rendezvous option's alias is accepted wherever options are read, and counts as
+/// the option itself.
+#[test]
+fn aliases_come_from_one_table() {
+    use std::collections::BTreeMap;
+    let aliased: Vec<(&str, &str)> =
+        rdzv_core::params::OPTIONS.iter().filter_map(|(name, alias)| alias.map(|a| (a, *name))).collect();
+    assert_eq!(
+        aliased,
+        [("min_nodes", "min_workers"), ("max_nodes", "max_workers"), ("etcd_prefix", "prefix")]
+    );
+    for (alias, name) in aliased {
+        assert_eq!(rdzv_core::params::canonical_option_name(alias), name);
+        let url = parse(&format!("mem://m/r?{alias}=1"));
+        assert_eq!(url.rendezvous_options.keys().collect::<Vec<_>>(), [name], "{alias}");
+        let err = parse_err(&format!("mem://m/r?{alias}=1&{name}=1"));
+        assert!(
+            matches!(err, ConfigError::InvalidUrl(ref m) if m.contains("more than once")),
+            "{alias}: {err}"
+        );
+        let mut map = BTreeMap::new();
+        map.insert(alias.to_string(), "1".to_string());
+        map.insert(name.to_string(), "1".to_string());
+        assert_eq!(rdzv_core::RendezvousParams::from_options("r", &map), Err(err), "{alias}: the same error");
+    }
+}
+
 #[test]
 fn redacting_a_url_text_hides_only_the_password() {
     use rdzv_core::url::redact_url_text;
@@ -737,27 +793,11 @@ fn redacting_a_url_text_hides_only_the_password() {
     }
 }
 
-/// On `redis://`, a path of one or two digits is what other tools read as the database:
-/// refused unless `db=` says which database is meant; longer numeric run ids work.
+/// The parser knows no Redis: a database-like path is refused by the Redis factory
+/// (crates/rdzv-redis/src/factory.rs), not here.
 #[test]
-fn redis_paths_that_look_like_a_database_are_refused() {
-    for url in
-        ["redis://h:6379/0", "redis://h/15", "rediss://h/7?min_workers=1", "redis://h/00", "redis://h/99"]
-    {
-        match parse_err(url) {
-            ConfigError::InvalidValue { option, reason, .. } => {
-                assert_eq!(option, "run_id", "{url}");
-                assert!(reason.contains("/<run_id>?db=0"), "{url}: {reason}");
-            }
-            other => panic!("{url}: {other:?}"),
-        }
+fn run_ids_of_digits_are_run_ids() {
+    for url in ["redis://h/0", "etcd://h/0", "mem://m/15"] {
+        assert!(parse(url).run_id.chars().all(|c| c.is_ascii_digit()), "{url}");
     }
-    assert_eq!(parse("redis://h/12345678").run_id, "12345678", "a Slurm job id");
-    assert_eq!(parse("redis://h/100").run_id, "100");
-    assert_eq!(parse("redis://h/0?db=0").run_id, "0", "explicit database: the path is a run id");
-    assert_eq!(parse("redis://h/job?db=0").options["db"], "0");
-    assert_eq!(parse("redis://h/0a").run_id, "0a");
-    // Other schemes have no database in the path.
-    assert_eq!(parse("etcd://h/0").run_id, "0");
-    assert_eq!(parse("mem://m/0").run_id, "0");
 }

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
-use rdzv_core::url::default_port_for_scheme;
 use rdzv_core::{Endpoint, RendezvousUrl};
 
 /// Percent-encodes everything but ASCII letters and digits, independently of the crate's
@@ -37,6 +36,7 @@ fn check_any(input: &str) -> Result<(), TestCaseError> {
         if let Ok(url) = RendezvousUrl::parse_with_default_port(input, default_port) {
             assert_round_trip(&url)?;
             let _ = url.params();
+            let _ = rdzv_core::RunAddress::new(url).params_or(1, 1);
         }
     }
     let _ = RendezvousUrl::parse(input);
@@ -102,6 +102,8 @@ struct Parts {
     rendezvous: BTreeMap<String, String>,
     backend: BTreeMap<String, String>,
     use_aliases: bool,
+    /// The port a host without one gets (what a backend's factory would give).
+    default_port: Option<u16>,
 }
 
 impl Parts {
@@ -126,9 +128,9 @@ impl Parts {
             query.push(format!("endpoints={}", enc(&list)));
         }
         for (name, value) in &self.rendezvous {
-            let alias = rdzv_core::params::OPTION_ALIASES.iter().find(|(_, c)| c == name);
+            let alias = rdzv_core::params::OPTIONS.iter().find(|(c, _)| c == name).and_then(|(_, a)| *a);
             let written = match alias {
-                Some((alias, _)) if self.use_aliases => alias,
+                Some(alias) if self.use_aliases => alias,
                 _ => name.as_str(),
             };
             query.push(format!("{written}={}", enc(value)));
@@ -144,7 +146,7 @@ impl Parts {
     }
 
     fn expected_endpoints(&self) -> Vec<Endpoint> {
-        let default = default_port_for_scheme(&self.scheme).unwrap_or(0);
+        let default = self.default_port.unwrap_or(0);
         let mut out: Vec<Endpoint> = Vec::new();
         for (host, port) in self.hosts.iter().chain(&self.extra) {
             let e = Endpoint { host: host.parsed(), port: port.unwrap_or(default) };
@@ -166,7 +168,7 @@ fn parts() -> impl Strategy<Value = Parts> {
         "[a-z][a-z0-9+.-]{0,8}",
     ];
     let rendezvous_name =
-        prop::sample::select(rdzv_core::params::OPTION_NAMES.to_vec()).prop_map(String::from);
+        prop::sample::select(rdzv_core::params::option_names().collect::<Vec<_>>()).prop_map(String::from);
     let backend_name =
         prop::sample::select(vec!["db", "cacert", "cert", "key", "user-opt", "x.y"]).prop_map(String::from);
     (
@@ -178,23 +180,34 @@ fn parts() -> impl Strategy<Value = Parts> {
         "[A-Za-z0-9_.:@+-]{1,12}",
         prop::collection::btree_map(rendezvous_name, "\\PC{1,8}", 0..5),
         prop::collection::btree_map(backend_name, "\\PC{1,8}", 0..3),
-        any::<bool>(),
+        (any::<bool>(), proptest::option::of(1..=u16::MAX)),
     )
-        .prop_map(|(scheme, user, password, hosts, extra, run_id, rendezvous, backend, use_aliases)| Parts {
-            scheme,
-            user,
-            password,
-            hosts,
-            extra,
-            run_id,
-            rendezvous,
-            backend,
-            use_aliases,
-        })
-        .prop_filter("a one- or two-digit Redis path needs db=", |p| {
-            let database_like = p.run_id.len() <= 2 && p.run_id.chars().all(|c| c.is_ascii_digit());
-            !(p.scheme.starts_with("redis") && database_like && !p.backend.contains_key("db"))
-        })
+        .prop_map(
+            |(
+                scheme,
+                user,
+                password,
+                hosts,
+                extra,
+                run_id,
+                rendezvous,
+                backend,
+                (use_aliases, default_port),
+            )| {
+                Parts {
+                    scheme,
+                    user,
+                    password,
+                    hosts,
+                    extra,
+                    run_id,
+                    rendezvous,
+                    backend,
+                    use_aliases,
+                    default_port,
+                }
+            },
+        )
 }
 
 /// One change to a URL's text.
@@ -270,7 +283,7 @@ proptest! {
     #[test]
     fn valid_urls_parse_to_their_parts_and_round_trip(p in parts()) {
         let text = p.url();
-        let url = RendezvousUrl::parse(&text)
+        let url = RendezvousUrl::parse_with_default_port(&text, p.default_port)
             .map_err(|e| TestCaseError::fail(format!("`{text}` should parse: {e}")))?;
         prop_assert_eq!(&url.scheme, &p.scheme);
         prop_assert_eq!(url.endpoints.clone(), p.expected_endpoints());

@@ -63,7 +63,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let n = args.workers as usize;
     let target = RunTarget::connect(&args.url).await?;
     let run_id =
-        args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.url.run_id, unique_suffix()));
+        args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.address.run_id, unique_suffix()));
     let params = target.params(n, n, Some(&run_id))?;
     let kv = CountingKv::new(target.kv.clone());
     let shared: Arc<dyn Kv> = kv.clone();

@@ -27,13 +27,15 @@ pub struct CloseArgs {
 /// swaps the state to closed, bound to the run's lease like any other close, and leaves.
 pub async fn run(args: CloseArgs) -> Result<ExitCode, CliError> {
     let target = RunTarget::connect(&args.url).await?;
-    let params = target.params(1, 1, None)?;
+    // The closer joins no round, so any size does; the URL's other options (prefix, TTLs)
+    // still apply.
+    let params = target.address.params_or(1, 1).map_err(rdzv::RendezvousError::from)?;
     let closer = rdzv::Rendezvous::new(target.kv.clone(), params).await?;
     let closed = closer.set_closed().await;
     if let Err(e) = closer.shutdown().await {
         tracing::warn!("leaving after close: {e}");
     }
     closed?;
-    print_flush(&format!("closed run {}\n", target.url.run_id));
+    print_flush(&format!("closed run {}\n", target.address.run_id));
     Ok(ExitCode::SUCCESS)
 }

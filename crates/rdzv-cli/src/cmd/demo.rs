@@ -57,7 +57,7 @@ pub async fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
     let n = args.workers as usize;
     let url = args.url.as_deref().unwrap_or(DEFAULT_URL);
     let target = RunTarget::connect(url).await?;
-    let run_id = format!("{}-{}", target.url.run_id, std::process::id());
+    let run_id = format!("{}-{}", target.address.run_id, std::process::id());
     let params = target.params(n - 1, n, Some(&run_id))?;
     let bounded = tokio::time::timeout(Duration::from_secs(60), demo(&target, params, n)).await;
     bounded.unwrap_or_else(|_| {
@@ -68,7 +68,7 @@ pub async fn run(args: DemoArgs) -> Result<ExitCode, CliError> {
 async fn demo(target: &RunTarget, params: RendezvousParams, n: usize) -> Result<ExitCode, CliError> {
     print_flush(&format!(
         "rdzv demo: {n} workers on {} (run {}), min_workers {}, max_workers {}, keep-alive TTL {}\n\n",
-        target.url,
+        target.address.url,
         params.run_id,
         params.min_workers,
         params.max_workers,

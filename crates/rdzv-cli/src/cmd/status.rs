@@ -72,7 +72,7 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
     let read = kv.get(&state_key).await.map_err(rdzv::RendezvousError::from)?;
     let state = read.kv.map(|kv| State::parse(&kv.key, &kv.value)).transpose()?;
     let mut snap = Snapshot {
-        run_id: target.url.run_id.clone(),
+        run_id: target.address.run_id.clone(),
         status: state.as_ref().map_or("none", State::status).to_string(),
         version: state.as_ref().and_then(State::version),
         ..Snapshot::default()
