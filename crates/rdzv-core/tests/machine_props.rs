@@ -1,0 +1,336 @@
+//! Property tests of the protocol's state machine driven directly — no tokio runtime, no
+//! backend: a small synchronous model of the store answers each machine's actions, and
+//! proptest chooses the interleaving of the workers, the sizing, and which write answers
+//! are lost (the write happens, the worker is told it failed). Whatever the schedule: the
+//! round forms with `min(N, max)` members, all agree on it, ranks are `0..W`, nobody returns
+//! a round it is not in, and every worker beyond `max` is left waiting as a late arrival.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use rdzv_core::rendezvous::keys::RunKeys;
+use rdzv_core::rendezvous::machine::{Action, Bind, Completed, Input, Machine, Observed};
+use rdzv_core::{
+    DeleteMode, EventKind, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RendezvousError, Revision,
+    Sizing,
+};
+use tokio::time::Instant;
+
+/// The run lease of the model: never expires.
+const RUN_LEASE: LeaseId = 1;
+
+/// A synchronous store with revisions, leases (as ids only) and a full event history.
+#[derive(Default)]
+struct Model {
+    revision: Revision,
+    keys: BTreeMap<Vec<u8>, KeyValue>,
+    history: Vec<(Revision, EventKind, KeyValue)>,
+    next_lease: LeaseId,
+}
+
+impl Model {
+    fn put(&mut self, key: &[u8], value: &[u8], mode: PutMode, lease: Option<LeaseId>) -> PutOutcome {
+        let current = self.keys.get(key).cloned();
+        let ok = match (mode, &current) {
+            (PutMode::Overwrite, _) => true,
+            (PutMode::Create, current) => current.is_none(),
+            (PutMode::Update(revision), Some(kv)) => kv.mod_revision == revision,
+            (PutMode::Update(_), None) => false,
+        };
+        if !ok {
+            return PutOutcome::Conflict { current };
+        }
+        self.revision += 1;
+        let kv = KeyValue {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            create_revision: current.as_ref().map_or(self.revision, |kv| kv.create_revision),
+            mod_revision: self.revision,
+            version: current.as_ref().map_or(1, |kv| kv.version + 1),
+            lease,
+        };
+        self.keys.insert(key.to_vec(), kv.clone());
+        self.history.push((self.revision, EventKind::Put, kv.clone()));
+        PutOutcome::Written { revision: self.revision, create_revision: kv.create_revision }
+    }
+
+    fn delete(&mut self, key: &[u8], mode: DeleteMode) {
+        let Some(kv) = self.keys.get(key) else { return };
+        if let DeleteMode::IfRevision(revision) = mode
+            && kv.mod_revision != revision
+        {
+            return;
+        }
+        let mut gone = self.keys.remove(key).expect("present");
+        self.revision += 1;
+        gone.mod_revision = self.revision;
+        gone.version = 0;
+        self.history.push((self.revision, EventKind::Delete, gone));
+    }
+
+    fn under(&self, prefix: &[u8]) -> impl Iterator<Item = &KeyValue> {
+        self.keys.values().filter(move |kv| kv.key.starts_with(prefix))
+    }
+
+    /// The first event at or after `from` on `key` (or under it, as a prefix).
+    fn event(&self, key: &[u8], prefix: bool, from: Revision) -> Option<(Revision, EventKind, KeyValue)> {
+        self.history
+            .iter()
+            .find(|(revision, _, kv)| {
+                *revision >= from && if prefix { kv.key.starts_with(key) } else { kv.key == key }
+            })
+            .cloned()
+    }
+}
+
+/// One worker: its machine, the action it is to perform, and its watches (as cursors).
+struct Worker {
+    machine: Machine,
+    session: LeaseId,
+    action: Option<Action>,
+    states_from: Option<Revision>,
+    prefix: Option<(Vec<u8>, Revision)>,
+    outcome: Option<Result<Completed, String>>,
+}
+
+struct World {
+    model: Model,
+    keys: RunKeys,
+    workers: Vec<Worker>,
+    base: Instant,
+    now: Duration,
+}
+
+impl World {
+    fn new(n: usize, sizing: Sizing) -> World {
+        let keys = RunKeys::new("/t", "job");
+        let base = Instant::now();
+        let mut model = Model { next_lease: 100, ..Model::default() };
+        let workers = (0..n)
+            .map(|i| {
+                model.next_lease += 1;
+                let me = Participant { node: format!("n{i}"), addr: "h".into(), pid: i as u32, port: Some(1000) };
+                let session = model.next_lease;
+                let mut machine =
+                    Machine::new(me, session, keys.clone(), sizing, "job".into(), base, None, None);
+                let action = Some(machine.start());
+                Worker { machine, session, action, states_from: None, prefix: None, outcome: None }
+            })
+            .collect();
+        World { model, keys, workers, base, now: Duration::ZERO }
+    }
+
+    /// The input answering worker `i`'s pending action now, or `None` if it must wait.
+    /// `lose` makes a write happen but answer as failed (a lost answer).
+    fn answer(&mut self, i: usize, lose: bool) -> Option<Input> {
+        let now = self.base + self.now;
+        let state_key = self.keys.state();
+        let w = &mut self.workers[i];
+        let model = &mut self.model;
+        let action = w.action.as_ref()?;
+        let input = match action {
+            Action::ReadState => Input::State(
+                Observed::from_kv(model.keys.get(&state_key).cloned(), Some(model.revision)).expect("valid state"),
+            ),
+            Action::WatchState { from } => {
+                w.states_from = Some(*from);
+                Input::Ack
+            }
+            Action::WatchPrefix { prefix, from } => {
+                w.prefix = Some((prefix.clone(), *from));
+                Input::Ack
+            }
+            Action::Await { until, prefix } => {
+                if !prefix {
+                    w.prefix = None;
+                }
+                let state = w.states_from.and_then(|from| model.event(&state_key, false, from));
+                let under = w.prefix.as_ref().and_then(|(p, from)| model.event(p, true, *from));
+                let state_first = match (&state, &under) {
+                    (Some(s), Some(u)) => s.0 <= u.0,
+                    (Some(_), None) => true,
+                    _ => false,
+                };
+                match (state, under) {
+                    (Some(s), _) if state_first => {
+                        w.states_from = Some(s.0 + 1);
+                        Input::State(match s.1 {
+                            EventKind::Put => Observed::from_kv(Some(s.2), Some(s.0)).expect("valid state"),
+                            EventKind::Delete => Observed::absent(s.0),
+                        })
+                    }
+                    (_, Some(u)) if !state_first => {
+                        if let Some((_, from)) = w.prefix.as_mut() {
+                            *from = u.0 + 1;
+                        }
+                        Input::KeyEvent { kind: u.1, created: u.2.version == 1 }
+                    }
+                    _ => match until {
+                        Some(at) if *at <= now => Input::Timer,
+                        _ => return None,
+                    },
+                }
+            }
+            Action::Put { key, value, mode, bind } => {
+                let lease = match bind {
+                    Bind::Session => w.session,
+                    Bind::RunLease => RUN_LEASE,
+                    Bind::Fresh(_) => {
+                        model.next_lease += 1;
+                        model.next_lease
+                    }
+                };
+                let outcome = model.put(key, value, *mode, Some(lease));
+                if lose {
+                    Input::Failed(lost())
+                } else {
+                    Input::Put(outcome, Some(lease))
+                }
+            }
+            Action::BumpCounter => {
+                let counter = self.keys.version_counter();
+                let current = model.keys.get(&counter).map(|kv| kv.value.clone());
+                let version = rdzv_core::rendezvous::decide::next_version(current.as_deref()).expect("a number");
+                model.put(&counter, version.to_string().as_bytes(), PutMode::Overwrite, Some(RUN_LEASE));
+                if lose { Input::Failed(lost()) } else { Input::Counter(version) }
+            }
+            Action::CountUpTo { prefix, revision } => {
+                Input::Count(model.under(prefix).filter(|kv| kv.create_revision <= *revision).count() as u64)
+            }
+            Action::Count { prefix } => Input::Count(model.under(prefix).count() as u64),
+            Action::ReadJoiners { prefix, limit } => {
+                let mut all: Vec<&KeyValue> = model.under(prefix).collect();
+                all.sort_by_key(|kv| kv.create_revision);
+                let joiners = all
+                    .iter()
+                    .take(*limit)
+                    .map(|kv| Participant::parse(&kv.key, &kv.value).expect("valid descriptor"))
+                    .collect();
+                Input::Joiners(joiners, all.len() as u64, model.revision)
+            }
+            Action::Get { key } => Input::Key(model.keys.get(key).cloned()),
+            Action::Delete { key, mode } => {
+                model.delete(key, *mode);
+                Input::Ack
+            }
+            Action::AwaitDelete { key, .. } => {
+                if model.keys.contains_key(key) {
+                    return None;
+                }
+                Input::Ack
+            }
+            Action::ForgetRound { version } => {
+                let prefix = self.keys.round(*version).into_bytes();
+                let doomed: Vec<Vec<u8>> = model.under(&prefix).map(|kv| kv.key.clone()).collect();
+                for key in doomed {
+                    model.delete(&key, DeleteMode::Any);
+                }
+                Input::Ack
+            }
+            Action::Backoff => Input::Timer,
+            Action::Done(_) | Action::Fail(_) => return None,
+        };
+        Some(input)
+    }
+
+    /// Performs worker `i`'s action if it can; `true` if it did.
+    fn step(&mut self, i: usize, lose: bool) -> bool {
+        let Some(input) = self.answer(i, lose) else { return false };
+        let now = self.base + self.now;
+        let w = &mut self.workers[i];
+        match w.machine.on(input, now) {
+            Action::Done(done) => {
+                w.outcome = Some(Ok(done));
+                w.action = None;
+            }
+            Action::Fail(e) => {
+                w.outcome = Some(Err(e.to_string()));
+                w.action = None;
+            }
+            next => w.action = Some(next),
+        }
+        true
+    }
+
+    /// The earliest timer any waiting worker has.
+    fn next_timer(&self) -> Option<Instant> {
+        self.workers
+            .iter()
+            .filter_map(|w| match &w.action {
+                Some(Action::Await { until: Some(at), .. }) => Some(*at),
+                _ => None,
+            })
+            .min()
+    }
+}
+
+fn lost() -> RendezvousError {
+    RendezvousError::Unavailable(KvError::Timeout {
+        backend: "model",
+        operation: "a write whose answer was lost".into(),
+        after: Duration::from_secs(1),
+    })
+}
+
+/// Runs the world until nobody can move and no timer is left: `schedule` picks who moves
+/// (indices modulo the number of workers), `losses` which of the first moves lose their
+/// answer (after them the world has healed: no answer is lost any more).
+fn run(world: &mut World, schedule: &[usize], losses: &[bool]) {
+    let n = world.workers.len();
+    let mut picks = schedule.iter().cycle();
+    let mut lose = losses.iter();
+    for _ in 0..20_000 {
+        // Try the scheduled worker first, then anyone who can move.
+        let first = picks.next().copied().unwrap_or(0) % n;
+        let lose_now = lose.next().copied().unwrap_or(false);
+        let moved = (0..n).map(|k| (first + k) % n).any(|i| world.step(i, lose_now));
+        if moved {
+            continue;
+        }
+        match world.next_timer() {
+            Some(at) => world.now = at.duration_since(world.base),
+            None => return,
+        }
+    }
+    panic!("the world did not settle in 20000 steps: a livelock");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn a_round_forms_whatever_the_schedule(
+        n in 1usize..9,
+        min in 1usize..5,
+        extra in 0usize..4,
+        schedule in proptest::collection::vec(0usize..64, 1..64),
+        losses in proptest::collection::vec(proptest::bool::weighted(0.1), 1..32),
+    ) {
+        let max = min + extra;
+        prop_assume!(n >= min);
+        let sizing = Sizing { min, max, last_call: Duration::from_secs(30), backup: Duration::from_secs(10) };
+        let mut world = World::new(n, sizing);
+        run(&mut world, &schedule, &losses);
+        let done: Vec<&Completed> =
+            world.workers.iter().filter_map(|w| w.outcome.as_ref().and_then(|o| o.as_ref().ok())).collect();
+        let failed: Vec<&String> =
+            world.workers.iter().filter_map(|w| w.outcome.as_ref().and_then(|o| o.as_ref().err())).collect();
+        prop_assert!(failed.is_empty(), "calls failed: {failed:?}");
+        let w = n.min(max);
+        prop_assert_eq!(done.len(), w, "expected {} members of {} workers", w, n);
+        let version = done[0].version;
+        let mut ranks: Vec<usize> = done.iter().map(|d| d.rank).collect();
+        ranks.sort_unstable();
+        prop_assert_eq!(ranks, (0..w).collect::<Vec<_>>());
+        for d in &done {
+            prop_assert_eq!(d.version, version);
+            prop_assert_eq!(&d.participants, &done[0].participants);
+            prop_assert_eq!(d.participants.len(), w);
+        }
+        for worker in world.workers.iter().filter(|w| w.outcome.is_none()) {
+            // Beyond `max`: waiting for the running round to end, as a late arrival.
+            prop_assert_eq!(worker.machine.phase_name(), "late");
+        }
+    }
+}
