@@ -53,14 +53,14 @@
 
 mod factory;
 mod faults;
+mod kv;
 mod named;
 mod reaper;
 mod state;
-mod store;
 mod watch;
 
 pub use factory::MemFactory;
 pub use faults::{FaultyKv, Latency};
-pub use store::{
+pub use kv::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE, MIN_LEASE_TTL, MemKv, MemKvBuilder,
 };
