@@ -56,6 +56,7 @@ mod faults;
 mod kv;
 mod named;
 mod reaper;
+mod shared;
 mod state;
 mod watch;
 

@@ -10,7 +10,7 @@ use futures::Stream;
 use rdzv_core::{Event, KvResult, Revision, WatchScope, WatchStream};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::kv::Shared;
+use crate::shared::Shared;
 use crate::state::State;
 
 /// Opens a watch; `state` is the locked state of `shared`.
