@@ -25,7 +25,5 @@ pub use url::{Endpoint, RendezvousUrl, Secret};
 pub mod rendezvous;
 
 pub use rendezvous::{Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, State};
-pub mod counting;
-pub use counting::{CountingKv, OpCounts};
 #[cfg(feature = "testing")]
 pub mod testing;

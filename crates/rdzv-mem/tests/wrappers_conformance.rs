@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::{CountingKv, Kv};
-use rdzv_mem::{FaultyKv, Latency, MemKv};
+use rdzv_core::Kv;
+use rdzv_core::testing::{CountingKv, FaultyKv, Latency};
+use rdzv_mem::MemKv;
 
 fn wrapped(latency: Latency) -> Arc<dyn Kv> {
     let faulty = FaultyKv::new(Arc::new(MemKv::new()), 1);
@@ -14,7 +15,7 @@ fn wrapped(latency: Latency) -> Arc<dyn Kv> {
 }
 
 mod idle {
-    rdzv_core::conformance_suite!(async { super::wrapped(rdzv_mem::Latency::None) });
+    rdzv_core::conformance_suite!(async { super::wrapped(super::Latency::None) });
 }
 
 mod slow {

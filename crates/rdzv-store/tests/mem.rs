@@ -15,7 +15,8 @@ mod with_latency {
     use std::time::Duration;
 
     use rdzv_core::Kv;
-    use rdzv_mem::{FaultyKv, Latency, MemKv};
+    use rdzv_core::testing::{FaultyKv, Latency};
+    use rdzv_mem::MemKv;
 
     rdzv_store::store_suite!(async {
         let kv = FaultyKv::new(Arc::new(MemKv::new()), 7);
