@@ -16,7 +16,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdzv::core::{CountingKv, Kv, OpCounts, RendezvousHandler, RendezvousInfo, RendezvousParams};
+use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
+use rdzv_core::testing::{CountingKv, OpCounts};
 
 const SIZES: [usize; 5] = [16, 64, 128, 512, 1024];
 

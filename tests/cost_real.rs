@@ -7,7 +7,8 @@ mod support;
 
 use std::sync::Arc;
 
-use rdzv::core::{CountingKv, Kv, RendezvousHandler};
+use rdzv::core::{Kv, RendezvousHandler};
+use rdzv_core::testing::CountingKv;
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 

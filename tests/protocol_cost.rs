@@ -8,7 +8,8 @@ mod support;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use rdzv::core::{CountingKv, Kv, OpCounts, RendezvousHandler, WatchScope};
+use rdzv::core::{Kv, RendezvousHandler, WatchScope};
+use rdzv_core::testing::{CountingKv, OpCounts};
 use rdzv_mem::MemKv;
 
 async fn state_changes_since(kv: &Arc<dyn Kv>, key: &[u8], from: i64, upto: i64) -> usize {

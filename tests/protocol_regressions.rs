@@ -15,7 +15,8 @@ use rdzv::core::{
     PutOptions, PutOutcome, RangeOptions, RangeResponse, RendezvousError, RendezvousHandler,
     RendezvousParams, Revision, RoundBroken, State, WatchScope, WatchStream,
 };
-use rdzv_mem::{FaultyKv, MemKv};
+use rdzv_core::testing::FaultyKv;
+use rdzv_mem::MemKv;
 use tokio::time::Instant;
 
 const PREFIX: &str = "/regress";

@@ -41,8 +41,9 @@ mod kv_wrapped {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use rdzv_core::{CountingKv, Kv};
-    use rdzv_mem::{FaultyKv, Latency, MemKv};
+    use rdzv_core::Kv;
+    use rdzv_core::testing::{CountingKv, FaultyKv, Latency};
+    use rdzv_mem::MemKv;
 
     fn wrapped(latency: Latency) -> Arc<dyn Kv> {
         let faulty = FaultyKv::new(Arc::new(MemKv::new()), 1);
@@ -51,7 +52,7 @@ mod kv_wrapped {
     }
 
     mod idle {
-        rdzv_core::conformance_suite!(async { super::wrapped(rdzv_mem::Latency::None) });
+        rdzv_core::conformance_suite!(async { super::wrapped(rdzv_core::testing::Latency::None) });
     }
 
     mod slow {
@@ -68,7 +69,8 @@ mod store_with_latency {
     use std::time::Duration;
 
     use rdzv_core::Kv;
-    use rdzv_mem::{FaultyKv, Latency, MemKv};
+    use rdzv_core::testing::{FaultyKv, Latency};
+    use rdzv_mem::MemKv;
 
     rdzv_store::store_suite!(async {
         let kv = FaultyKv::new(Arc::new(MemKv::new()), 7);

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rdzv::core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
-use rdzv_mem::{FaultyKv, Latency};
+use rdzv_core::testing::{FaultyKv, Latency};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

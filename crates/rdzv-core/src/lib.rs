@@ -27,7 +27,5 @@ pub mod rendezvous;
 pub use rendezvous::{
     Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, Sizing, State, free_port,
 };
-pub mod counting;
-pub use counting::{CountingKv, OpCounts};
 #[cfg(feature = "testing")]
 pub mod testing;

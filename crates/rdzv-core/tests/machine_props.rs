@@ -12,8 +12,8 @@ use proptest::prelude::*;
 use rdzv_core::rendezvous::keys::RunKeys;
 use rdzv_core::rendezvous::machine::{Action, Bind, Completed, Input, Machine, Observed};
 use rdzv_core::{
-    DeleteMode, EventKind, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RendezvousError, Revision,
-    Sizing,
+    DeleteMode, EventKind, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RendezvousError,
+    Revision, Sizing,
 };
 use tokio::time::Instant;
 
@@ -110,7 +110,8 @@ impl World {
         let workers = (0..n)
             .map(|i| {
                 model.next_lease += 1;
-                let me = Participant { node: format!("n{i}"), addr: "h".into(), pid: i as u32, port: Some(1000) };
+                let me =
+                    Participant { node: format!("n{i}"), addr: "h".into(), pid: i as u32, port: Some(1000) };
                 let session = model.next_lease;
                 let mut machine =
                     Machine::new(me, session, keys.clone(), sizing, "job".into(), base, None, None);
@@ -131,7 +132,8 @@ impl World {
         let action = w.action.as_ref()?;
         let input = match action {
             Action::ReadState => Input::State(
-                Observed::from_kv(model.keys.get(&state_key).cloned(), Some(model.revision)).expect("valid state"),
+                Observed::from_kv(model.keys.get(&state_key).cloned(), Some(model.revision))
+                    .expect("valid state"),
             ),
             Action::WatchState { from } => {
                 w.states_from = Some(*from);
@@ -182,16 +184,13 @@ impl World {
                     }
                 };
                 let outcome = model.put(key, value, *mode, Some(lease));
-                if lose {
-                    Input::Failed(lost())
-                } else {
-                    Input::Put(outcome, Some(lease))
-                }
+                if lose { Input::Failed(lost()) } else { Input::Put(outcome, Some(lease)) }
             }
             Action::BumpCounter => {
                 let counter = self.keys.version_counter();
                 let current = model.keys.get(&counter).map(|kv| kv.value.clone());
-                let version = rdzv_core::rendezvous::decide::next_version(current.as_deref()).expect("a number");
+                let version =
+                    rdzv_core::rendezvous::decide::next_version(current.as_deref()).expect("a number");
                 model.put(&counter, version.to_string().as_bytes(), PutMode::Overwrite, Some(RUN_LEASE));
                 if lose { Input::Failed(lost()) } else { Input::Counter(version) }
             }

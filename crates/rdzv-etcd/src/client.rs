@@ -18,8 +18,8 @@ use etcd_client::{
 use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId};
 use tokio::sync::OnceCell;
 
-use crate::errors::{self, BACKEND, Context};
-use crate::options::{EtcdOptions, TlsFiles};
+use crate::config::{EtcdOptions, TlsFiles};
+use crate::error::{self, BACKEND, Context};
 
 /// etcd's own Go client accepts responses up to 2 GiB; tonic's default of 4 MiB would make
 /// a watch that replays a few 1 MiB values fail to decode.
@@ -126,7 +126,7 @@ impl Shared {
                 // With credentials, connecting logs in, and the login is the only request
                 // it makes: a final answer to it means the credentials were refused.
                 let client = match client {
-                    Err(e) if self.username.is_some() => Err(errors::login_refused(e)),
+                    Err(e) if self.username.is_some() => Err(error::login_refused(e)),
                     other => other,
                 }?;
                 Ok(Clients::new(client))
@@ -163,11 +163,11 @@ impl Shared {
             };
             tried += 1;
             match result {
-                Err(e) if errors::is_unreachable(&e) => {
+                Err(e) if error::is_unreachable(&e) => {
                     let next = (index + 1) % count;
                     let _ =
                         self.preferred.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
-                    if tried < count && errors::never_sent(&e) {
+                    if tried < count && error::never_sent(&e) {
                         continue;
                     }
                     return Err(e);
@@ -302,8 +302,8 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     }
     let operation = "connect";
     let classify = |e: etcd_client::Error, ctx: Context<'_>| {
-        let tls_failure = errors::is_tls_failure(&e);
-        let error = errors::classify(operation, e, ctx);
+        let tls_failure = error::is_tls_failure(&e);
+        let error = error::classify(operation, e, ctx);
         ConnectError::Kv(if tls_failure { error } else { with_tls_hint(error, options) })
     };
     let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };

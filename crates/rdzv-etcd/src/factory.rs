@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use rdzv_core::{BackendFactory, ConfigError, Kv, RendezvousError, RendezvousUrl};
 
-use crate::backend::EtcdKv;
 use crate::client::ConnectError;
-use crate::options::{DEFAULT_PORT, EtcdOptions, OPTIONS};
+use crate::config::{DEFAULT_PORT, EtcdOptions, OPTIONS};
+use crate::kv::EtcdKv;
 
 /// The [`BackendFactory`] of the schemes `etcd` and `etcds`: options `cacert`, `cert`,
 /// `key`, `tls_server_name`, `connect_timeout`, `request_timeout`, `max_request_bytes`, and

@@ -124,20 +124,20 @@
 //! (plain, TLS, with auth, or a cluster of several members; stop, kill, restart;
 //! `/metrics` and the proposal counter).
 
-mod backend;
 mod client;
-mod errors;
+mod config;
+mod error;
 mod factory;
 mod keys;
-mod options;
+mod kv;
 mod watch;
 
-pub use backend::{EtcdKv, MIN_LEASE_TTL};
-pub use factory::EtcdFactory;
-pub use options::{
+pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_PORT, DEFAULT_REQUEST_TIMEOUT, EtcdOptions,
     MAX_KEY_BYTES, MIN_MAX_REQUEST_BYTES, OPTIONS, REQUEST_RESERVE_BYTES, TlsFiles,
 };
+pub use factory::EtcdFactory;
+pub use kv::{EtcdKv, MIN_LEASE_TTL};
 
 #[cfg(feature = "testing")]
 pub mod testing;

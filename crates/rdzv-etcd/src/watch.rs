@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::client::Shared;
-use crate::errors::{self, BACKEND, Context};
+use crate::error::{self, BACKEND, Context};
 use crate::keys::Namespace;
 
 /// Attempts to reopen a broken stream before giving up, with pauses from 100 ms doubling up
@@ -91,7 +91,7 @@ pub(crate) async fn open(target: Target, start: Revision) -> KvResult<WatchStrea
         Ok(Ok(Ok(()))) => Ok(subscription.boxed()),
         Ok(Ok(Err(e))) => Err(e),
         Ok(Err(_)) => Err(driver_gone(&target.shared.endpoints)),
-        Err(_) => Err(errors::timeout("watch", ctx)),
+        Err(_) => Err(error::timeout("watch", ctx)),
     }
 }
 
@@ -110,7 +110,7 @@ fn driver_gone(endpoints: &str) -> KvError {
 /// not `Clone`: its source, if any, is folded into the message).
 fn replicate(error: &KvError) -> KvError {
     let with_source = |message: &str, source: &Option<rdzv_core::BoxError>| match source {
-        Some(source) => format!("{message}: {}", errors::chain(source.as_ref())),
+        Some(source) => format!("{message}: {}", error::chain(source.as_ref())),
         None => message.to_string(),
     };
     match error {
@@ -313,7 +313,7 @@ impl Driver {
                 Step::Message(Err(e)) => {
                     let timeout = self.watches.values().next().map_or(Duration::ZERO, |w| w.request_timeout);
                     let ctx = Context { endpoints: &self.endpoints, lease: None, timeout };
-                    let error = errors::classify("watch", e, ctx);
+                    let error = error::classify("watch", e, ctx);
                     if error.is_retryable() {
                         self.broken(Some(error), String::new());
                     } else {
@@ -565,8 +565,8 @@ impl Driver {
         let ctx = Context { endpoints: &self.endpoints, lease: None, timeout };
         let stream = match tokio::time::timeout(timeout, attempt).await {
             Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return Err(errors::classify("watch", e, ctx)),
-            Err(_) => return Err(errors::timeout("watch", ctx)),
+            Ok(Err(e)) => return Err(error::classify("watch", e, ctx)),
+            Err(_) => return Err(error::timeout("watch", ctx)),
         };
         let (mut sender, responses) = stream.split();
         let (requests, mut outgoing) = mpsc::unbounded_channel::<Outgoing>();

@@ -1,7 +1,6 @@
 //! # rdzv-mem
 //!
-//! The in-memory backend of rdzv, [`MemKv`], and a fault-injection wrapper for any backend,
-//! [`FaultyKv`].
+//! The in-memory backend of rdzv, [`MemKv`].
 //!
 //! [`MemKv`] implements the whole [`Kv`](rdzv_core::Kv) contract (docs/KV.md) in one process:
 //! revisions, preconditions, leases on tokio time (deterministic under
@@ -9,16 +8,15 @@
 //! compaction. [`MemKv::named`] returns process-wide shared instances, which
 //! [`MemFactory`] serves for `mem://<name>/…` URLs.
 //!
-//! [`FaultyKv`] wraps any `Arc<dyn Kv>` and injects latency, `Unavailable` errors (on the
-//! n-th call or with a probability) and dropped watch connections, switchable at run time
-//! and reproducible from a seed.
+//! To test how callers cope with a slow or failing store, wrap it in
+//! `rdzv_core::testing::FaultyKv` (feature `testing` of rdzv-core).
 //!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use futures::StreamExt;
 //! use rdzv_core::{EventKind, Kv, PutMode, PutOptions, PutOutcome, WatchScope};
-//! use rdzv_mem::{FaultyKv, MemKv};
+//! use rdzv_mem::MemKv;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), rdzv_core::KvError> {
@@ -41,26 +39,19 @@
 //! let deleted = events.next().await.expect("the expiry")?;
 //! assert_eq!(deleted.kind, EventKind::Delete);
 //! assert!(kv.get(b"job/worker").await?.kv.is_none());
-//!
-//! // The same store, failing its next call as if the server were gone.
-//! let faulty = FaultyKv::new(kv.clone(), 42);
-//! faulty.fail_nth_call(1);
-//! assert!(faulty.get(b"job/leader").await.is_err());
-//! assert!(faulty.get(b"job/leader").await?.kv.is_some());
 //! # Ok(())
 //! # }
 //! ```
 
 mod factory;
-mod faults;
+mod kv;
 mod named;
 mod reaper;
+mod shared;
 mod state;
-mod store;
 mod watch;
 
 pub use factory::MemFactory;
-pub use faults::{FaultyKv, Latency};
-pub use store::{
+pub use kv::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_MAX_KEY_SIZE, DEFAULT_MAX_VALUE_SIZE, MIN_LEASE_TTL, MemKv, MemKvBuilder,
 };

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::Shared;
+use crate::shared::Shared;
 
 /// How the store talks to its reaper.
 #[derive(Debug, Default)]

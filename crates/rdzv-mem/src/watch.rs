@@ -10,8 +10,8 @@ use futures::Stream;
 use rdzv_core::{Event, KvResult, Revision, WatchScope, WatchStream};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use crate::shared::Shared;
 use crate::state::State;
-use crate::store::Shared;
 
 /// Opens a watch; `state` is the locked state of `shared`.
 pub(crate) fn open(

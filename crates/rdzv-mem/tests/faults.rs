@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use rdzv_core::testing::{FaultyKv, Latency};
 use rdzv_core::{Kv, KvError, PutOptions, WatchScope};
-use rdzv_mem::{FaultyKv, Latency, MemKv};
+use rdzv_mem::MemKv;
 use tokio::time::Instant;
 
 fn mem() -> Arc<dyn Kv> {

@@ -1,17 +1,18 @@
 //! The connection state every operation shares, and the one way to run our script:
 //! bounded by a timeout, retried only when the operation is idempotent.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::{KvError, KvResult, LeaseId, Revision};
+use rdzv_core::{KvError, KvResult};
 use redis::aio::ConnectionManager;
 use redis::{Client, Script, Value};
 
 use crate::config::RedisConfig;
 use crate::error::{NAME, from_redis};
+use crate::feed::{FeedGate, FeedSlot, Log};
 use crate::reply::{Context, Reply};
+use crate::shared::HighWater;
 
 /// The script: helpers, then the operations and their dispatcher.
 const SOURCE: &str = concat!(include_str!("lua/prelude.lua"), "\n", include_str!("lua/ops.lua"));
@@ -23,56 +24,6 @@ pub(crate) enum Retry {
     Idempotent,
     /// Writes: a lost reply may hide an applied write, so it is never resent.
     Once,
-}
-
-/// What this client has seen of its namespace: the highest revision and lease id that any
-/// reply or log entry showed. The server's counters only grow, so finding them lower later
-/// means the server went back in time (restored from an older snapshot, or a lagging
-/// replica promoted). Once that is found, every later call fails with the same error.
-#[derive(Debug, Default)]
-pub(crate) struct HighWater {
-    revision: AtomicI64,
-    lease: AtomicI64,
-    failure: OnceLock<String>,
-    /// Whether the other clients were told (see [`Shared::announce_rollback`]).
-    announced: std::sync::atomic::AtomicBool,
-}
-
-impl HighWater {
-    /// Records a revision the server reported.
-    pub fn saw_revision(&self, revision: Revision) {
-        self.revision.fetch_max(revision, Ordering::Relaxed);
-    }
-
-    /// Records a lease id the server handed out.
-    pub fn saw_lease(&self, lease: LeaseId) {
-        self.lease.fetch_max(lease, Ordering::Relaxed);
-    }
-
-    /// The highest revision seen.
-    pub fn revision(&self) -> Revision {
-        self.revision.load(Ordering::Relaxed)
-    }
-
-    /// The highest lease id seen.
-    pub fn lease(&self) -> LeaseId {
-        self.lease.load(Ordering::Relaxed)
-    }
-
-    /// Records that the server rolled back (the first message wins) and returns the error.
-    pub fn fail(&self, message: String) -> KvError {
-        KvError::backend(NAME, self.failure.get_or_init(|| message).clone())
-    }
-
-    /// Whether a rollback was found and the namespace not yet marked (true once).
-    pub fn should_announce(&self) -> bool {
-        self.failure.get().is_some() && !self.announced.swap(true, Ordering::Relaxed)
-    }
-
-    /// The rollback error, once one was found.
-    pub fn failed(&self) -> Option<KvError> {
-        self.failure.get().map(|m| KvError::backend(NAME, m.clone()))
-    }
 }
 
 /// One namespace on one server, attached to the namespace's current epoch.
@@ -88,8 +39,8 @@ pub(crate) struct Shared {
     /// The epoch this client attached to; a different one means the server lost our data.
     pub epoch: String,
     /// The log reader shared by this client's watches, while any runs.
-    pub feed: crate::feed::FeedSlot,
-    pub feed_gate: crate::feed::FeedGate,
+    pub feed: FeedSlot,
+    pub feed_gate: FeedGate,
     /// What this client has seen, shared with its feed.
     pub high: Arc<HighWater>,
 }
@@ -116,6 +67,21 @@ impl Shared {
         let epoch = reply.bytes()?;
         shared.epoch = String::from_utf8_lossy(&epoch).into_owned();
         Ok(shared)
+    }
+
+    /// How this client reads its namespace's event log (for a watch).
+    pub fn log(&self) -> Log {
+        Log {
+            client: self.client.clone(),
+            config: self.config.clone(),
+            endpoint: self.endpoint.clone(),
+            epoch: self.epoch.clone(),
+            epoch_key: format!("{}epoch", self.base),
+            compacted_key: format!("{}compacted", self.base),
+            log_key: self.log_key(),
+            rev_key: self.rev_key(),
+            high: self.high.clone(),
+        }
     }
 
     /// Redis key of the revision counter (routes every call to the namespace's slot).

@@ -17,9 +17,9 @@ use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 use redis::{Client, Value};
 
-use crate::client::{HighWater, Shared};
 use crate::config::RedisConfig;
 use crate::error::{NAME, corrupt, from_redis, lost, rolled_back};
+use crate::shared::HighWater;
 
 /// Longest blocking read; between two, the feed checks that the namespace is still ours.
 const BLOCK: Duration = Duration::from_millis(1000);
@@ -128,20 +128,6 @@ pub(crate) struct Log {
 }
 
 impl Log {
-    pub fn new(shared: &Shared) -> Log {
-        Log {
-            client: shared.client.clone(),
-            config: shared.config.clone(),
-            endpoint: shared.endpoint.clone(),
-            epoch: shared.epoch.clone(),
-            epoch_key: format!("{}epoch", shared.base),
-            compacted_key: format!("{}compacted", shared.base),
-            log_key: shared.log_key(),
-            rev_key: shared.rev_key(),
-            high: shared.high.clone(),
-        }
-    }
-
     pub fn err(&self, e: redis::RedisError, what: &str) -> KvError {
         if e.code() == Some("WRONGTYPE") {
             return corrupt(self.log_key.as_bytes(), &e.to_string());

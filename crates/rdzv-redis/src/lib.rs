@@ -142,6 +142,7 @@ mod kv;
 mod limits;
 mod reaper;
 mod reply;
+mod shared;
 mod watch;
 
 #[cfg(feature = "testing")]

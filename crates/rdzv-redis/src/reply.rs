@@ -5,8 +5,8 @@
 use rdzv_core::{KeyValue, KvError, KvResult};
 use redis::Value;
 
-use crate::client::HighWater;
 use crate::error::{bad_reply, corrupt, lost, rolled_back};
+use crate::shared::HighWater;
 
 /// What a script call returned, once the errors every operation can produce are handled.
 pub(crate) struct Reply {

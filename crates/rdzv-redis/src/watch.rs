@@ -41,7 +41,7 @@ pub(crate) async fn start(
     scope: WatchScope,
     start_revision: Revision,
 ) -> KvResult<WatchStream> {
-    let log = Log::new(shared);
+    let log = shared.log();
     // As etcd: 0 means "from the first revision", which may itself be compacted.
     let first = start_revision.max(1);
     let cursor = (first - 1, u64::MAX);

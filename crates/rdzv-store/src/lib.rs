@@ -66,7 +66,7 @@
 mod barrier;
 mod counter;
 mod error;
-mod keys;
+mod key_ops;
 mod layout;
 mod queue;
 mod store;

@@ -1,6 +1,6 @@
 //! The [`Store`] handle: a backend, a root prefix, a scope and a default timeout, and the
 //! plumbing every operation shares (key layout, deadlines). The operations themselves are
-//! in their own files (`keys.rs`, `counter.rs`, `queue.rs`, `barrier.rs`).
+//! in their own files (`key_ops.rs`, `counter.rs`, `queue.rs`, `barrier.rs`).
 
 use std::future::Future;
 use std::sync::Arc;

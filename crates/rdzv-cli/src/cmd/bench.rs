@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdzv::Rendezvous;
-use rdzv::core::{CountingKv, Kv, OpCounts};
+use rdzv::core::Kv;
+use rdzv_core::testing::{CountingKv, OpCounts};
 use serde_json::json;
 use tokio::task::JoinSet;
 use tokio::time::Instant;

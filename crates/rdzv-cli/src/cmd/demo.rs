@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::mem::FaultyKv;
 use rdzv::{Rendezvous, RendezvousParams, Round};
+use rdzv_core::testing::FaultyKv;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 

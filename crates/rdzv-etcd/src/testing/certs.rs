@@ -10,7 +10,7 @@ use rcgen::{
 };
 
 use super::HarnessError;
-use crate::options::TlsFiles;
+use crate::config::TlsFiles;
 
 /// The PEM files of a TLS test setup, all in one directory.
 #[derive(Clone, Debug)]

@@ -7,8 +7,8 @@ use rdzv_core::Kv;
 
 use super::server::free_port_list;
 use super::{EtcdServer, HarnessError};
-use crate::backend::EtcdKv;
-use crate::options::EtcdOptions;
+use crate::config::EtcdOptions;
+use crate::kv::EtcdKv;
 
 /// How long a starting cluster may take to elect a leader and answer.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

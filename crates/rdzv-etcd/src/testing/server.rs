@@ -14,9 +14,9 @@ use tempfile::TempDir;
 use super::HarnessError;
 use super::certs::TlsMaterial;
 use super::metrics::{self, PROPOSALS_COMMITTED, metric_value};
-use crate::backend::EtcdKv;
 use crate::client::{ConnectError, tls_options};
-use crate::options::EtcdOptions;
+use crate::config::EtcdOptions;
+use crate::kv::EtcdKv;
 
 /// How long a starting server may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(30);

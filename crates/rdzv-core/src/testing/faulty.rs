@@ -11,9 +11,11 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use rdzv_core::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvError, KvResult,
-    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+
+use crate::error::KvError;
+use crate::kv::{
+    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvResult, LeaseId,
+    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// Latency added before each call reaches the wrapped backend.
@@ -111,14 +113,14 @@ impl FaultyKv {
     /// ```
     /// # use std::sync::Arc;
     /// # use rdzv_core::{Kv, PutOptions};
-    /// # use rdzv_mem::{FaultyKv, MemKv};
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let faulty = FaultyKv::new(Arc::new(MemKv::new()), 1);
+    /// # use rdzv_core::testing::FaultyKv;
+    /// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
+    /// let faulty = FaultyKv::new(backend, 1);
     /// faulty.fail_next("delete_prefix");
-    /// assert!(faulty.put(b"a/1", b"x", PutOptions::OVERWRITE).await.is_ok());
+    /// faulty.put(b"a/1", b"x", PutOptions::OVERWRITE).await?;
     /// assert!(faulty.delete_prefix(b"a/").await.is_err());
-    /// assert_eq!(faulty.delete_prefix(b"a/").await.unwrap().deleted, 1);
+    /// assert_eq!(faulty.delete_prefix(b"a/").await?.deleted, 1);
+    /// # Ok(())
     /// # }
     /// ```
     pub fn fail_next(&self, operation: &'static str) {

@@ -1,7 +1,7 @@
 //! [`MemKv`]: the in-memory backend. One lock around [`State`]; leases on tokio time.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,6 +12,7 @@ use rdzv_core::{
 use tokio::time::Instant;
 
 use crate::reaper::{self, ReaperSignal};
+use crate::shared::Shared;
 use crate::state::State;
 use crate::watch;
 
@@ -72,20 +73,6 @@ impl Limits {
     }
 }
 
-/// What the reaper and watch streams reach through a `Weak`.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    state: Mutex<State>,
-}
-
-impl Shared {
-    /// Locks the state. A panic while holding the lock cannot leave the state torn (every
-    /// mutation completes before anything can panic), so a poisoned lock is taken over.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 /// Builder of a [`MemKv`] with non-default settings.
 #[derive(Debug, Clone)]
 pub struct MemKvBuilder {
@@ -118,7 +105,7 @@ impl MemKvBuilder {
     /// Builds the store. Needs no runtime; the lease reaper starts with the first lease.
     pub fn build(self) -> MemKv {
         MemKv {
-            shared: Arc::new(Shared { state: Mutex::new(State::new(self.history_limit)) }),
+            shared: Arc::new(Shared::new(State::new(self.history_limit))),
             signal: Arc::new(ReaperSignal::default()),
             limits: self.limits,
         }

@@ -105,7 +105,8 @@ struct Counters {
 ///
 /// ```
 /// # use std::sync::Arc;
-/// # use rdzv_core::{CountingKv, Kv};
+/// # use rdzv_core::Kv;
+/// # use rdzv_core::testing::CountingKv;
 /// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
 /// let kv = CountingKv::new(backend);
 /// let before = kv.snapshot();

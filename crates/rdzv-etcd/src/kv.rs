@@ -18,12 +18,12 @@ use rdzv_core::{
 };
 
 use crate::client::{self, Clients, ConnectError, Shared};
-use crate::errors::{self, BACKEND};
-use crate::keys::Namespace;
-use crate::options::{
+use crate::config::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_TIMEOUT, EtcdOptions, MAX_KEY_BYTES, MIN_MAX_REQUEST_BYTES,
     REQUEST_RESERVE_BYTES,
 };
+use crate::error::{self, BACKEND};
+use crate::keys::Namespace;
 use crate::watch;
 
 /// The smallest lease TTL etcd honours with its default timing flags: it grants at least
@@ -110,7 +110,7 @@ impl EtcdKv {
 
     /// The same backend (sharing the client), for a server whose `--max-request-bytes` is
     /// `bytes` (see [`EtcdOptions::max_request_bytes`]; at least
-    /// [`MIN_MAX_REQUEST_BYTES`](crate::MIN_MAX_REQUEST_BYTES)).
+    /// [`MIN_MAX_REQUEST_BYTES`]).
     pub fn with_max_request_bytes(mut self, bytes: usize) -> EtcdKv {
         self.max_request_bytes = bytes.max(MIN_MAX_REQUEST_BYTES);
         self
@@ -121,14 +121,14 @@ impl EtcdKv {
         self.max_request_bytes.saturating_sub(REQUEST_RESERVE_BYTES)
     }
 
-    /// The etcd key of `key`, if it is within [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
+    /// The etcd key of `key`, if it is within [`MAX_KEY_BYTES`].
     fn key(&self, key: &[u8]) -> KvResult<Vec<u8>> {
         let full = self.namespace.key(key);
         check_key(&full)?;
         Ok(full)
     }
 
-    /// The etcd range of `prefix`, if it is within [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES).
+    /// The etcd range of `prefix`, if it is within [`MAX_KEY_BYTES`].
     fn prefix_range(&self, prefix: &[u8]) -> KvResult<(Vec<u8>, Vec<u8>)> {
         let (start, end) = self.namespace.prefix_range(prefix);
         check_key(&start)?;
@@ -151,8 +151,8 @@ impl EtcdKv {
         let ctx = self.shared.context(self.request_timeout, None);
         match tokio::time::timeout(self.request_timeout, request).await {
             Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => Err(errors::classify("connect", e, ctx)),
-            Err(_) => Err(errors::timeout("connect", ctx)),
+            Ok(Err(e)) => Err(error::classify("connect", e, ctx)),
+            Err(_) => Err(error::timeout("connect", ctx)),
         }
     }
 
@@ -183,8 +183,8 @@ impl EtcdKv {
         let run = self.shared.run(request);
         match tokio::time::timeout(self.request_timeout, run).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(errors::classify(operation, e, ctx)),
-            Err(_) => Err(errors::timeout(operation, ctx)),
+            Ok(Err(e)) => Err(error::classify(operation, e, ctx)),
+            Err(_) => Err(error::timeout(operation, ctx)),
         }
     }
 
@@ -491,7 +491,7 @@ impl Kv for EtcdKv {
                     // etcd-client's only `LeaseKeepAliveError` here is its own answer to TTL
                     // 0 (the request channel it sends on cannot be closed yet).
                     let (mut keeper, mut responses) = match lease.keep_alive(id).await {
-                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(errors::lease_not_found()),
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(error::lease_not_found()),
                         other => other,
                     }?;
                     if let Some(ttl) = known_ttl {
@@ -501,7 +501,7 @@ impl Kv for EtcdKv {
                     keeper.keep_alive().await?;
                     match responses.message().await? {
                         Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-                        Some(_) => Err(errors::lease_not_found()),
+                        Some(_) => Err(error::lease_not_found()),
                         None => Err(etcd_client::Error::LeaseKeepAliveError(
                             "keep-alive stream closed".to_string(),
                         )),
@@ -570,7 +570,7 @@ impl Kv for EtcdKv {
                         Ok(_) => Ok(true),
                         // etcd answers OutOfRange both when `revision` is already compacted
                         // and when it is in the future; the current revision tells which.
-                        Err(e) if errors::server_code(&e) == Some(tonic::Code::OutOfRange) => Ok(false),
+                        Err(e) if error::server_code(&e) == Some(tonic::Code::OutOfRange) => Ok(false),
                         Err(e) => Err(e),
                     }
                 }
