@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use rdzv_core::registry::Registry;
+use rdzv_core::Registry;
 
 /// The registry used by [`connect`](crate::connect): `mem` always; `etcd`/`etcds` and
 /// `redis`/`rediss` when their cargo features (`etcd`, `redis`, both on by default) are

@@ -481,7 +481,7 @@ async fn coordinate(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl, rerun
 }
 
 async fn count_keys(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl) {
-    let root = rdzv::core::rendezvous::keys::RunKeys::new(&params_for(world, run).prefix, run);
+    let root = rdzv::core::RunKeys::new(&params_for(world, run).prefix, run);
     let options = rdzv::core::RangeOptions { keys_only: true, ..Default::default() };
     if let Ok(read) = kv.range(root.root().as_bytes(), options).await {
         let mut by_part = BTreeMap::new();

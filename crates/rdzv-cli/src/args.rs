@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use rdzv::ConfigError;
-use rdzv::core::ids::validate_id;
-use rdzv::core::params::parse_duration;
+use rdzv::core::parse_duration;
+use rdzv::core::validate_id;
 
 /// `--run-id`: the identifier rule of `rdzv_core::ids` (ASCII letters, digits, `-` `_` `.`
 /// `:` `@` `+`; 1 to 253 characters).

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use rdzv::core::rendezvous::keys::RunKeys;
+use rdzv::core::RunKeys;
 use rdzv::core::{Kv, RunAddress};
 use rdzv::{Rendezvous, RendezvousError, RendezvousParams};
 

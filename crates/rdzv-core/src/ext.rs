@@ -42,7 +42,7 @@ pub trait KvExt: Kv {
                     Ok(event) if event.kind == EventKind::Put => return Ok(event.kv),
                     Ok(_) => {}
                     Err(e) if e.needs_reread() => {
-                        tracing::debug!(error = %e, "waiting for `{}`: reading again", show(key));
+                        tracing::debug!(error = %e, "waiting for `{}`: reading again", show_key(key));
                         break;
                     }
                     Err(e) => return Err(e),
@@ -57,7 +57,7 @@ pub trait KvExt: Kv {
         match tokio::time::timeout_at(deadline, self.key_exists(key)).await {
             Ok(found) => found,
             Err(_) => {
-                Err(timeout(self.name(), format!("waiting for key `{}`", show(key)), started, deadline))
+                Err(timeout(self.name(), format!("waiting for key `{}`", show_key(key)), started, deadline))
             }
         }
     }
@@ -82,7 +82,7 @@ pub trait KvExt: Kv {
                         Ok(event) if event.kind == EventKind::Delete => return Ok(event.revision()),
                         Ok(_) => {}
                         Err(e) if e.needs_reread() => {
-                            tracing::debug!(error = %e, "waiting for `{}` to go: reading again", show(key));
+                            tracing::debug!(error = %e, "waiting for `{}` to go: reading again", show_key(key));
                             from = read.revision + 1;
                             break;
                         }
@@ -95,7 +95,7 @@ pub trait KvExt: Kv {
             Ok(result) => result,
             Err(_) => Err(timeout(
                 self.name(),
-                format!("waiting for `{}` to be deleted", show(key)),
+                format!("waiting for `{}` to be deleted", show_key(key)),
                 started,
                 deadline,
             )),
@@ -156,14 +156,14 @@ impl Watch {
     pub async fn next(&mut self) -> KvResult<Event> {
         match self.events.next().await {
             Some(event) => event,
-            None => Err(KvError::WatchEnded { backend: self.backend, key: show(&self.key) }),
+            None => Err(KvError::WatchEnded { backend: self.backend, key: show_key(&self.key) }),
         }
     }
 }
 
 impl std::fmt::Debug for Watch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Watch").field("backend", &self.backend).field("key", &show(&self.key)).finish()
+        f.debug_struct("Watch").field("backend", &self.backend).field("key", &show_key(&self.key)).finish()
     }
 }
 
@@ -172,6 +172,6 @@ fn timeout(backend: &'static str, operation: String, started: Instant, deadline:
 }
 
 /// A key as text for messages: UTF-8 where it is, escaped bytes elsewhere.
-pub fn show(key: &[u8]) -> String {
+pub fn show_key(key: &[u8]) -> String {
     key.escape_ascii().to_string()
 }

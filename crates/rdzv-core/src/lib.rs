@@ -4,28 +4,50 @@
 //! its conveniences in [`KvExt`] and [`Session`]), the errors, the parameters and URL
 //! parsing, the backend registry, and the rendezvous protocol itself.
 
-pub mod error;
-pub mod ids;
-pub mod kv;
-pub mod params;
+mod error;
+mod ext;
+mod ids;
+mod kv;
+mod params;
+mod registry;
+mod rendezvous;
+mod session;
+mod url;
 
+// The backend contract: the trait, its types, its conveniences and errors.
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
+pub use ext::{KvExt, Watch, show_key};
 pub use kv::*;
-pub use params::RendezvousParams;
-pub mod ext;
-pub mod session;
-
-pub use ext::KvExt;
 pub use session::Session;
-pub mod registry;
-pub mod url;
 
-pub use registry::{BackendFactory, Registry};
-pub use url::{Endpoint, RendezvousUrl, RunAddress, Secret};
-pub mod rendezvous;
-
-pub use rendezvous::{
-    Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, Sizing, State, free_port,
+// Parameters, URLs and identifiers.
+pub use ids::{ID_PUNCTUATION, ID_RULE, MAX_ID_LEN, is_id_char, validate_id};
+pub use params::{
+    DEFAULT_PREFIX, MAX_DURATION, OPTIONS, RendezvousParams, canonical_option_name, insert_option,
+    is_rendezvous_option, option_names, parse_duration,
 };
+pub use url::{
+    Endpoint, PASSWORD_ENV, RendezvousUrl, RunAddress, Secret, URL_OPTIONS, parse_endpoint, redact_url_text,
+};
+
+// Backends chosen by URL scheme.
+pub use registry::{BackendFactory, Registry};
+
+// The rendezvous.
+pub use rendezvous::{
+    Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, RunKeys, Sizing, State,
+    free_port,
+};
+
+/// The protocol's pure core (docs/PROTOCOL.md): the decision tables and the state machine of
+/// one `next_rendezvous` call, which do no I/O. [`RendezvousHandler`] drives them against a
+/// [`Kv`]; they are public so that tests (and other executors) can drive them directly.
+pub mod protocol {
+    pub use crate::rendezvous::decide;
+    pub use crate::rendezvous::machine::{
+        Action, Bind, Completed, Input, Leaving, Leftovers, Machine, Observed,
+    };
+}
+
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -10,7 +10,7 @@
 //! # The run id
 //!
 //! The URL's path is the run id: one segment, percent-decoded, following the identifier
-//! rule of [`crate::ids`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
+//! rule of [`validate_id`](crate::validate_id) (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
 //! characters). A backend may refuse more (see [`BackendFactory::interpret`](crate::BackendFactory::interpret)).
 //!
 //! # The password
@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 
 use crate::error::ConfigError;
 use crate::params::{DEFAULT_PREFIX, RendezvousParams, insert_option, is_rendezvous_option};
-use crate::rendezvous::keys::RunKeys;
+use crate::rendezvous::RunKeys;
 
 /// A host and port of a backend server.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -149,7 +149,7 @@ impl RendezvousUrl {
     /// are percent-decoded; the run id is the path, one non-empty percent-decoded segment;
     /// options are `name=value`, percent-decoded (`+` is a plain plus), each at most once,
     /// aliases mapped to canonical names by [`crate::params::insert_option`]; the run id
-    /// follows [`crate::ids`]; the password comes from the URL, `password_file=` or, for a URL
+    /// follows [`validate_id`](crate::validate_id); the password comes from the URL, `password_file=` or, for a URL
     /// naming a user, `RDZV_PASSWORD` (read here; see the module's documentation). Every
     /// error is one [`ConfigError`] that never contains the password.
     pub fn parse_with_default_port(input: &str, default_port: Option<u16>) -> Result<Self, ConfigError> {

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv_core::rendezvous::keys::RunKeys;
-use rdzv_core::rendezvous::machine::{Action, Bind, Completed, Input, Machine, Observed};
+use rdzv_core::RunKeys;
+use rdzv_core::protocol::{Action, Bind, Completed, Input, Machine, Observed};
 use rdzv_core::{
     DeleteMode, EventKind, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RendezvousError,
     Revision, Sizing,
@@ -190,7 +190,7 @@ impl World {
                 let counter = self.keys.version_counter();
                 let current = model.keys.get(&counter).map(|kv| kv.value.clone());
                 let version =
-                    rdzv_core::rendezvous::decide::next_version(current.as_deref()).expect("a number");
+                    rdzv_core::protocol::decide::next_version(current.as_deref()).expect("a number");
                 model.put(&counter, version.to_string().as_bytes(), PutMode::Overwrite, Some(RUN_LEASE));
                 if lose { Input::Failed(lost()) } else { Input::Counter(version) }
             }

@@ -288,7 +288,7 @@ fn parse_max_request_bytes(value: &str) -> Result<usize, ConfigError> {
 /// Parses a timeout like every duration option (plain seconds or `500ms`, `10s`, `1m`);
 /// zero is refused because it would fail every request.
 fn parse_timeout(option: &str, value: &str) -> Result<Duration, ConfigError> {
-    let duration = rdzv_core::params::parse_duration(option, value)?;
+    let duration = rdzv_core::parse_duration(option, value)?;
     if duration.is_zero() {
         return Err(ConfigError::InvalidValue {
             option: option.to_string(),

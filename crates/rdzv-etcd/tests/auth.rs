@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::registry::Registry;
+use rdzv_core::Registry;
 use rdzv_core::{Kv, KvError, PutOptions, RendezvousUrl, Secret};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{EtcdFactory, EtcdKv, EtcdOptions};

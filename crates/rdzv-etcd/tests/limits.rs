@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdzv_core::registry::Registry;
+use rdzv_core::Registry;
 use rdzv_core::{Kv, KvError, PutMode, PutOptions, PutOutcome, RangeOptions, WatchScope};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{DEFAULT_MAX_REQUEST_BYTES, EtcdFactory, MAX_KEY_BYTES, REQUEST_RESERVE_BYTES};

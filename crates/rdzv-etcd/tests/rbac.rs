@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, Permission};
 use futures::StreamExt;
-use rdzv_core::registry::Registry;
+use rdzv_core::Registry;
 use rdzv_core::{
     Kv, KvError, PutOptions, RangeOptions, RendezvousError, RendezvousHandler, RendezvousParams, WatchScope,
 };

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rdzv_core::registry::Registry;
+use rdzv_core::Registry;
 use rdzv_core::{ConfigError, Kv, KvError, PutOptions, RendezvousError};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{EtcdFactory, EtcdKv, TlsFiles};

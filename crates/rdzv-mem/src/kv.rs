@@ -267,7 +267,7 @@ impl Kv for MemKv {
                 std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| {
                     KvError::InvalidArgument(format!(
                         "cannot increment `{}`: its value is not a decimal integer",
-                        rdzv_core::ext::show(key)
+                        rdzv_core::show_key(key)
                     ))
                 })?
             }
@@ -275,7 +275,7 @@ impl Kv for MemKv {
         let next = current.checked_add(delta).ok_or_else(|| {
             KvError::InvalidArgument(format!(
                 "incrementing `{}` ({current}) by {delta} overflows a 64-bit integer",
-                rdzv_core::ext::show(key)
+                rdzv_core::show_key(key)
             ))
         })?;
         state.put(key, next.to_string().as_bytes(), PutOptions::OVERWRITE)?;

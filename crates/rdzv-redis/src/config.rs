@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rdzv_core::params::parse_duration;
+use rdzv_core::parse_duration;
 use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
 
 /// Default Redis port.

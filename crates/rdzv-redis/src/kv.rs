@@ -233,7 +233,7 @@ impl Kv for RedisKv {
             "fallback" => Ok(None),
             "not_integer" => Err(KvError::InvalidArgument(format!(
                 "cannot increment `{}`: its value is not a decimal integer",
-                rdzv_core::ext::show(key)
+                rdzv_core::show_key(key)
             ))),
             _ => Err(r.unexpected()),
         }

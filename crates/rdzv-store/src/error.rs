@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rdzv_core::KvError;
-use rdzv_core::ext::show;
+use rdzv_core::show_key;
 
 /// An error of a [`Store`](crate::Store) operation.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ pub enum StoreError {
         after: Duration,
     },
     /// A non-blocking [`queue_pop`](crate::Store::queue_pop) found the queue empty.
-    #[error("queue `{}` is empty; pop with `block = true` to wait for an item", show(key))]
+    #[error("queue `{}` is empty; pop with `block = true` to wait for an item", show_key(key))]
     QueueEmpty {
         /// The queue's key.
         key: Vec<u8>,
@@ -37,7 +37,7 @@ pub enum StoreError {
     /// [`add`](crate::Store::add) found a value that is not a decimal 64-bit integer.
     #[error(
         "key `{}` holds `{}`, not a decimal integer; `add` only works on keys written by `add` or set to a number",
-        show(key),
+        show_key(key),
         preview(value)
     )]
     NotANumber {
@@ -47,7 +47,7 @@ pub enum StoreError {
         value: Vec<u8>,
     },
     /// [`add`](crate::Store::add) would overflow a 64-bit signed integer.
-    #[error("adding {delta} to key `{}` (now {current}) overflows a 64-bit integer", show(key))]
+    #[error("adding {delta} to key `{}` (now {current}) overflows a 64-bit integer", show_key(key))]
     Overflow {
         /// The key.
         key: Vec<u8>,
@@ -79,7 +79,7 @@ impl StoreError {
 }
 
 fn show_keys(keys: &[Vec<u8>]) -> String {
-    let shown: Vec<String> = keys.iter().map(|k| format!("`{}`", show(k))).collect();
+    let shown: Vec<String> = keys.iter().map(|k| format!("`{}`", show_key(k))).collect();
     match shown.len() {
         0 => "no key".to_owned(),
         1 => format!("key {}", shown.join("")),
@@ -91,9 +91,9 @@ fn show_keys(keys: &[Vec<u8>]) -> String {
 fn preview(value: &[u8]) -> String {
     const MAX: usize = 64;
     if value.len() <= MAX {
-        show(value)
+        show_key(value)
     } else {
-        format!("{}… ({} bytes)", show(&value[..MAX]), value.len())
+        format!("{}… ({} bytes)", show_key(&value[..MAX]), value.len())
     }
 }
 

@@ -95,7 +95,7 @@ async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>,
                 Ok(_) => {}
                 // The history we needed is gone, or the watch ended: read the queue afresh.
                 Err(e) if e.needs_reread() => {
-                    tracing::debug!(error = %e, "popping from `{}`: reading again", rdzv_core::ext::show(prefix));
+                    tracing::debug!(error = %e, "popping from `{}`: reading again", rdzv_core::show_key(prefix));
                     break;
                 }
                 Err(e) => return Err(e),

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::ext::show;
+use rdzv_core::show_key;
 use rdzv_core::{Kv, LeaseId, PutMode, PutOptions};
 use tokio::time::Instant;
 
@@ -46,8 +46,8 @@ impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
             .field("backend", &self.kv.name())
-            .field("root", &show(&self.root))
-            .field("scope", &show(&self.scope))
+            .field("root", &show_key(&self.root))
+            .field("scope", &show_key(&self.scope))
             .field("timeout", &self.timeout)
             .field("lease", &self.lease)
             .finish()

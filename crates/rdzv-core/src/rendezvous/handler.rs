@@ -377,7 +377,7 @@ impl RendezvousHandler {
 }
 
 /// `<host>-<pid>-<random>`: unique per process and handler. Characters of the host name
-/// that the identifier rule ([`crate::ids`]) does not allow become `-`, and the host part
+/// that the identifier rule ([`validate_id`](crate::validate_id)) does not allow become `-`, and the host part
 /// is cut so that the whole id fits.
 fn default_node_id() -> String {
     use std::hash::{BuildHasher, Hasher};

@@ -135,7 +135,7 @@ pub enum Action {
         /// The lease to bind it to.
         bind: Bind,
     },
-    /// Increment the version counter by compare-and-swap, with [`next_version`], bound to
+    /// Increment the version counter by compare-and-swap, with [`next_version`](super::decide::next_version), bound to
     /// the run lease → [`Input::Counter`] with the value written.
     BumpCounter,
     /// Count the keys under `prefix` created at or before `revision` → [`Input::Count`].

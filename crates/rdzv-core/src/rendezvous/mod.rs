@@ -11,14 +11,15 @@
 
 pub mod decide;
 mod handler;
-pub mod keys;
+mod keys;
 pub mod machine;
 mod monitor;
 mod round;
 mod run_lease;
-pub mod state;
+mod state;
 
 pub use handler::{RendezvousHandler, RendezvousInfo};
+pub use keys::RunKeys;
 pub use machine::{RoundTimings, Sizing};
 pub use monitor::RoundBroken;
 pub use round::free_port;

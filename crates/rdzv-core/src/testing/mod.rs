@@ -158,7 +158,7 @@ pub(crate) async fn put(kv: &dyn Kv, key: &[u8], value: &[u8]) -> Revision {
 pub(crate) async fn put_with(kv: &dyn Kv, key: &[u8], value: &[u8], options: PutOptions) -> Revision {
     match within("putting a key", kv.put(key, value, options)).await {
         Ok(PutOutcome::Written { revision, .. }) => revision,
-        other => panic!("put of `{}` with {options:?} was not written: {other:?}", show(key)),
+        other => panic!("put of `{}` with {options:?} was not written: {other:?}", show_key(key)),
     }
 }
 
@@ -166,7 +166,7 @@ pub(crate) async fn put_with(kv: &dyn Kv, key: &[u8], value: &[u8], options: Put
 pub(crate) async fn watch(kv: &dyn Kv, key: &[u8], scope: WatchScope, start: Revision) -> WatchStream {
     within("opening a watch", kv.watch(key, scope, start))
         .await
-        .unwrap_or_else(|e| panic!("watch of `{}` from {start} failed: {e}", show(key)))
+        .unwrap_or_else(|e| panic!("watch of `{}` from {start} failed: {e}", show_key(key)))
 }
 
 /// The next event of a watch, which must arrive within [`WAIT`].
@@ -224,7 +224,7 @@ pub(crate) async fn expect_no_event(events: &mut WatchStream, quiet: Duration, w
     }
 }
 
-pub(crate) use crate::ext::show;
+pub(crate) use crate::ext::show_key;
 
 /// Expands to one `#[tokio::test]` per conformance case, each on a fresh namespace, with
 /// the backend built by `$builder` (an expression evaluating to a future of
