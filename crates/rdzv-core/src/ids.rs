@@ -37,7 +37,7 @@ pub fn is_id_char(c: char) -> bool {
 /// [`ConfigError::InvalidValue`] that says which character (or length) breaks which rule.
 ///
 /// ```
-/// use rdzv_core::ids::validate_id;
+/// use rdzv_core::validate_id;
 /// assert!(validate_id("run_id", "12345678").is_ok());
 /// assert!(validate_id("node_id", "trainer-0.trainer.default").is_ok());
 /// assert!(validate_id("run_id", "a/rdzv/v_1/join/x").is_err());

@@ -366,7 +366,7 @@ fn read_password_file(path: &str) -> Result<Secret, ConfigError> {
 /// neither the password file nor the environment.
 ///
 /// ```
-/// use rdzv_core::url::redact_url_text;
+/// use rdzv_core::redact_url_text;
 /// assert_eq!(
 ///     redact_url_text("redis://:s3cret@h:6379/job?min_workers=2").as_deref(),
 ///     Some("redis://:***@h:6379/job?min_workers=2"),

@@ -1027,12 +1027,6 @@ impl Machine {
     fn done(&mut self, mut done: Completed, now: Instant) -> Action {
         self.timings.completed = now - self.started;
         done.timings = self.timings;
-        tracing::debug!(
-            version = done.version,
-            rank = done.rank,
-            world_size = done.participants.len(),
-            "round complete"
-        );
         self.phase = Phase::Over;
         Action::Done(done)
     }

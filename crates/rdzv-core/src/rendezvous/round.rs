@@ -103,21 +103,24 @@ impl<'a> Attempt<'a> {
     }
 
     /// Runs the machine until a round completes, the run is closed, or an error that
-    /// retrying cannot fix. Each phase runs in a `rdzv_phase` tracing span (run id, node,
-    /// round) that records what came of it.
+    /// retrying cannot fix. Each phase runs in a `rdzv_phase` tracing span (phase, run id,
+    /// node, round once known) whose last event says what came of it: the next phase, the
+    /// completed round, or the error.
     pub(crate) async fn run(&mut self) -> Result<Completed> {
         let mut backoff = backoff();
-        let mut action = self.machine.start();
-        let mut phase = (self.machine.phase_name(), self.machine.version());
-        let mut span = self.phase_span();
+        let mut phase = self.machine.phase_name();
+        let (mut span, mut has_version) = self.phase_span();
+        let mut action = span.in_scope(|| self.machine.start());
         loop {
             let input = match action {
                 Action::Done(done) => {
-                    span.in_scope(|| tracing::debug!(outcome = "round complete", version = done.version));
+                    span.in_scope(|| {
+                        tracing::debug!(version = done.version, rank = done.rank, "round complete")
+                    });
                     return Ok(done);
                 }
                 Action::Fail(error) => {
-                    span.in_scope(|| tracing::debug!(outcome = %error, "call failed"));
+                    span.in_scope(|| tracing::debug!(%error, "call failed"));
                     return Err(error);
                 }
                 action => {
@@ -125,25 +128,36 @@ impl<'a> Attempt<'a> {
                     self.perform(action, &mut backoff).instrument(span.clone()).await
                 }
             };
-            action = self.machine.on(input, Instant::now());
-            let now = (self.machine.phase_name(), self.machine.version());
+            action = span.in_scope(|| self.machine.on(input, Instant::now()));
+            if matches!(action, Action::Done(_) | Action::Fail(_)) {
+                continue;
+            }
+            let now = self.machine.phase_name();
             if now != phase {
-                span.in_scope(|| tracing::debug!(outcome = now.0, "phase over"));
+                span.in_scope(|| tracing::debug!(next = now, "phase over"));
                 phase = now;
-                span = self.phase_span();
+                (span, has_version) = self.phase_span();
+            } else if let Some(version) = self.machine.version().filter(|_| !has_version) {
+                span.record("version", version);
+                has_version = true;
             }
         }
     }
 
-    fn phase_span(&self) -> tracing::Span {
-        let version = self.machine.version().map(tracing::field::display);
-        tracing::debug_span!(
+    /// A span for the machine's current phase, and whether it has the round's version yet.
+    fn phase_span(&self) -> (tracing::Span, bool) {
+        let span = tracing::debug_span!(
             "rdzv_phase",
             phase = self.machine.phase_name(),
             run_id = %self.ctx.params.run_id,
             node = %self.ctx.me.node,
-            version,
-        )
+            version = tracing::field::Empty,
+        );
+        let version = self.machine.version();
+        if let Some(version) = version {
+            span.record("version", version);
+        }
+        (span, version.is_some())
     }
 
     /// Carries out one action; every outcome, failures included, is the machine's input.
