@@ -82,6 +82,8 @@ pub(crate) struct Shared {
     lease_ttls: Mutex<HashMap<LeaseId, i64>>,
     /// The one watch stream all watches of this client share.
     pub watches: crate::watch::Mux,
+    /// The connection batched lease refreshes use (see [`Shared::keeper`]).
+    keeper: std::sync::OnceLock<Box<Shared>>,
 }
 
 impl Shared {
@@ -98,6 +100,7 @@ impl Shared {
             username: None,
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
+            keeper: std::sync::OnceLock::new(),
         }
     }
 
@@ -111,7 +114,24 @@ impl Shared {
             username,
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
+            keeper: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The client batched lease refreshes go through: a second connection to the same
+    /// members, connected by the first refresh *in the runtime that sends it*. Sessions send
+    /// them from a keep-alive thread of their own (`rdzv_core::Session`), so this
+    /// connection's tasks run there and a refresh never waits for a runtime that is busy
+    /// with the protocol (where this client's main connection lives). A client the caller
+    /// connected ([`Shared::from_client`]) has no settings to connect again: itself.
+    pub fn keeper(&self) -> &Shared {
+        let Some(connect) = &self.connect else {
+            return self;
+        };
+        self.keeper.get_or_init(|| {
+            let urls = self.members.iter().map(|m| m.url.clone()).collect();
+            Box::new(Shared::new(urls, connect.clone(), self.username.clone()))
+        })
     }
 
     /// The clients of member `index`, connecting them on first use.
