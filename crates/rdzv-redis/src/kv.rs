@@ -20,7 +20,8 @@ use crate::limits::{check_key, check_write};
 /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) and
 /// [`MAX_REQUEST_BYTES`](crate::MAX_REQUEST_BYTES) fail with [`KvError::TooLarge`] before
 /// anything is sent. Cheap to share behind an `Arc`; every clone of that `Arc`
-/// uses one multiplexed connection, plus one for all its watches while any is open.
+/// uses one multiplexed connection, plus one for all its watches while any is open, and one
+/// for the lease refreshes of [`Session`](rdzv_core::Session)s once one is due.
 /// Dropping the last one stops its background lease reaper.
 pub struct RedisKv {
     shared: Arc<Shared>,
@@ -78,7 +79,7 @@ impl RedisKv {
     async fn keep_alive_chunk(&self, leases: &[LeaseId]) -> KvResult<Vec<KvResult<Duration>>> {
         let ids: Vec<Vec<u8>> = leases.iter().map(|&lease| num(lease)).collect();
         let args: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
-        let mut r = self.shared.call("keep_alive_many", &args, Retry::Idempotent).await?;
+        let mut r = self.shared.call_keeper("keep_alive_many", &args, Retry::Idempotent).await?;
         if r.tag != "ok" {
             return Err(r.unexpected());
         }
@@ -248,7 +249,8 @@ impl Kv for RedisKv {
         }
     }
 
-    /// One script call per 512 leases.
+    /// One script call per 512 leases, on a connection of their own (see
+    /// `Shared::call_keeper`).
     async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
         let mut answers = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(KEEP_ALIVE_BATCH) {
