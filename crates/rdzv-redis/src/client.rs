@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     pub high: Arc<HighWater>,
     /// The connection batched lease refreshes use (see [`Shared::call_keeper`]).
     keeper: tokio::sync::OnceCell<ConnectionManager>,
+    /// The runtime this client was made in, where its connection's tasks run.
+    runtime: tokio::runtime::Id,
 }
 
 impl Shared {
@@ -114,6 +116,7 @@ impl Shared {
             feed_gate: Default::default(),
             high: Default::default(),
             keeper: tokio::sync::OnceCell::new(),
+            runtime: tokio::runtime::Handle::current().id(),
         };
         let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
         let epoch = reply.bytes()?;
@@ -155,12 +158,16 @@ impl Shared {
         self.call_on(&self.conn, op, args, retry).await
     }
 
-    /// [`Shared::call`] on a second connection, made by the first such call *in the runtime
-    /// that sends it*. Sessions refresh their leases from a keep-alive thread of their own
-    /// (`rdzv_core::Session`): on this connection, whose tasks run on that thread, a refresh
-    /// never waits for a runtime busy with the protocol (where the main connection's tasks
-    /// run). If it cannot be made, the main connection serves.
+    /// [`Shared::call`], from another runtime than this client's on a second connection,
+    /// made by the first such call *in that runtime*. Sessions refresh their leases from a
+    /// keep-alive thread of their own (`rdzv_core::Session`): on this connection, whose
+    /// tasks run on that thread, a refresh never waits for a runtime busy with the protocol
+    /// (where the main connection's tasks run). From this client's own runtime, or if the
+    /// second connection cannot be made, the main connection serves.
     pub async fn call_keeper(&self, op: &'static str, args: &[&[u8]], retry: Retry) -> KvResult<Reply> {
+        if tokio::runtime::Handle::current().id() == self.runtime {
+            return self.call(op, args, retry).await;
+        }
         let keeper =
             self.keeper.get_or_try_init(|| crate::connect::manager(&self.client, &self.config)).await;
         match keeper {
