@@ -69,7 +69,18 @@ fn main() -> ExitCode {
     };
     // The demo crashes a worker on purpose: its lease warnings would only be noise.
     init_logging(if matches!(cli.command, Command::Demo(_)) { "error" } else { "warn" });
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // One worker, or one request, per process: a current-thread runtime starts no worker
+    // threads, and its tasks wake each other without crossing threads — about half the CPU
+    // a short `rdzv join` spent (thread start-up, cross-thread wake-ups) when many start at
+    // once. `run` (an agent supervising its workers), `bench` and `demo` (many workers in
+    // one process) keep a multi-thread runtime.
+    let single = matches!(cli.command, Command::Join(_) | Command::Status(_) | Command::Close(_));
+    let mut builder = if single {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => return exit::report(&CliError::other(format!("cannot start the async runtime: {e}"))),
     };

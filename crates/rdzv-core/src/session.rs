@@ -1,20 +1,36 @@
-//! A session: one lease kept alive by a background task, with a signal when it is lost
+//! A session: one lease kept alive in the background, with a signal when it is lost
 //! (like etcd's Go `concurrency.Session`).
+//!
+//! Sessions do not run a task each. Every session on one client (one `Arc<dyn Kv>`) is kept
+//! alive by one *driver*, which refreshes the leases that are due together in one
+//! [`Kv::lease_keep_alive_many`] call, and a lease held by several sessions (the run lease
+//! every handler of a run keeps alive) once. In a multi-thread runtime the driver runs on a
+//! thread of its own: a task of a runtime busy with thousands of rendezvous tasks waits
+//! behind every runnable task each time it wakes, and thousands of such waits used to add up
+//! to lost leases in a process that was making progress. In a current-thread runtime (the
+//! only kind whose clock tests may pause) it is a task of that runtime, on its clock.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::KvError;
 use crate::kv::{Kv, KvResult, LeaseId};
 
-/// One lease, refreshed every TTL/3 by a background task until [`Session::close`] or drop.
+/// One lease, refreshed every TTL/3 in the background until [`Session::close`] or drop.
 ///
 /// If the lease cannot be refreshed before its TTL runs out (the server says it is gone, or
-/// every refresh failed for a whole TTL), the session is *lost*: [`Session::lost`] fires and
-/// the keys bound to it must be presumed deleted.
+/// every refresh failed for a whole TTL, counted from when the grant or the last successful
+/// refresh was *sent*), the session is *lost*: [`Session::lost`] fires and the keys bound to
+/// it must be presumed deleted. The refreshes of all sessions on one client are batched and
+/// do not compete with the caller's tasks in a multi-thread runtime (see the module docs).
 #[derive(Debug)]
 pub struct Session {
     kv: Arc<dyn Kv>,
@@ -23,6 +39,8 @@ pub struct Session {
     lost: CancellationToken,
     stop: CancellationToken,
     revoke_on_drop: bool,
+    /// Keeps the client's driver running while this session lives.
+    _driver: Arc<Driver>,
 }
 
 impl Session {
@@ -33,16 +51,17 @@ impl Session {
         // that our idea of the expiry is never later than the server's.
         let sent = Instant::now();
         let lease = kv.lease_grant(ttl).await?;
-        Ok(Session::spawn(kv, lease, ttl, sent, true))
+        Ok(Session::register(kv, lease, ttl, sent, true))
     }
 
     /// Keeps an existing lease alive (e.g. one shared by several processes) without owning
     /// it: dropping or closing this session only stops the refreshing, it never revokes.
+    /// Must be called within a tokio runtime.
     pub fn attach(kv: Arc<dyn Kv>, lease: LeaseId, ttl: Duration) -> Session {
-        Session::spawn(kv, lease, ttl, Instant::now(), false)
+        Session::register(kv, lease, ttl, Instant::now(), false)
     }
 
-    fn spawn(
+    fn register(
         kv: Arc<dyn Kv>,
         lease: LeaseId,
         ttl: Duration,
@@ -51,8 +70,15 @@ impl Session {
     ) -> Session {
         let lost = CancellationToken::new();
         let stop = CancellationToken::new();
-        tokio::spawn(keep_alive(kv.clone(), lease, ttl, granted, lost.clone(), stop.clone()));
-        Session { kv, lease, ttl, lost, stop, revoke_on_drop }
+        let holder = Holder { lost: lost.clone(), stop: stop.clone() };
+        let driver = Driver::of(&kv);
+        let added = Add { lease, ttl, granted, holder };
+        if driver.commands.send(added).is_err() {
+            // The driver's runtime is shutting down: nothing will refresh this lease.
+            tracing::warn!(lease, "no keep-alive driver (the runtime is shutting down): session lost");
+            lost.cancel();
+        }
+        Session { kv, lease, ttl, lost, stop, revoke_on_drop, _driver: driver }
     }
 
     /// The lease id, to bind keys to this session.
@@ -109,53 +135,379 @@ impl Drop for Session {
     }
 }
 
-async fn keep_alive(
-    kv: Arc<dyn Kv>,
-    lease: LeaseId,
-    ttl: Duration,
-    granted: Instant,
+/// The handle of one client's keep-alive driver; the driver ends when the last session
+/// holding it is gone.
+#[derive(Debug)]
+struct Driver {
+    commands: mpsc::UnboundedSender<Add>,
+}
+
+/// Which driver serves a session: the client (by the address of its `Kv`) and, for a
+/// current-thread runtime, that runtime (its driver lives on it).
+type DriverKey = (usize, Option<tokio::runtime::Id>);
+
+static DRIVERS: OnceLock<Mutex<HashMap<DriverKey, Weak<Driver>>>> = OnceLock::new();
+
+impl Driver {
+    /// The driver of `kv` for the current runtime, started if there is none (or its
+    /// runtime ended). Must be called within a tokio runtime.
+    fn of(kv: &Arc<dyn Kv>) -> Arc<Driver> {
+        let current = tokio::runtime::Handle::current();
+        let own_thread = match current.runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => keep_alive_runtime(),
+            _ => None,
+        };
+        let runtime = if own_thread.is_some() { None } else { Some(current.id()) };
+        let key = (Arc::as_ptr(kv) as *const () as usize, runtime);
+        let mut drivers = DRIVERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(driver) = drivers.get(&key).and_then(Weak::upgrade)
+            && !driver.commands.is_closed()
+        {
+            return driver;
+        }
+        drivers.retain(|_, driver| driver.strong_count() > 0);
+        let (commands, received) = mpsc::unbounded_channel();
+        let task = drive(kv.clone(), received);
+        match own_thread {
+            Some(runtime) => drop(runtime.spawn(task)),
+            None => drop(current.spawn(task)),
+        }
+        let driver = Arc::new(Driver { commands });
+        drivers.insert(key, Arc::downgrade(&driver));
+        driver
+    }
+}
+
+/// The runtime on a thread of its own that runs the drivers of sessions started in
+/// multi-thread runtimes; `None` if it could not be started (they then run in the caller's
+/// runtime). It lives as long as the process, so that whatever a backend starts from it
+/// (a reconnection, a lease reaper) outlives any one driver.
+fn keep_alive_runtime() -> Option<&'static tokio::runtime::Handle> {
+    static RUNTIME: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let handle = runtime.handle().clone();
+            std::thread::Builder::new()
+                .name("rdzv-keepalive".into())
+                .spawn(move || runtime.block_on(std::future::pending::<()>()))
+                .ok()?;
+            Some(handle)
+        })
+        .as_ref()
+}
+
+/// A session's interest in a lease.
+#[derive(Debug, Clone)]
+struct Holder {
     lost: CancellationToken,
     stop: CancellationToken,
-) {
-    let period = ttl / 3;
-    // The server's deadline can only be later than ours: the grant reached it after we sent it
-    // (`granted` is when the request was sent).
-    let mut expires = granted + ttl;
-    let mut next = granted + period;
+}
+
+impl Holder {
+    fn is_gone(&self) -> bool {
+        self.stop.is_cancelled() || self.lost.is_cancelled()
+    }
+}
+
+/// A session to keep alive.
+#[derive(Debug)]
+struct Add {
+    lease: LeaseId,
+    ttl: Duration,
+    /// When the grant was sent (or, for an attached lease, now): the lease lasts at least
+    /// `ttl` from then.
+    granted: Instant,
+    holder: Holder,
+}
+
+/// A lease the driver keeps alive.
+#[derive(Debug)]
+struct Entry {
+    ttl: Duration,
+    /// The server's deadline can only be later: it is counted from when the grant or the
+    /// last successful refresh was sent.
+    expires: Instant,
+    next: Instant,
+    in_flight: bool,
+    holders: Vec<Holder>,
+}
+
+impl Entry {
+    fn period(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// Tells every session still holding the lease that it is lost (a clean close is not).
+    fn lose(&self, lease: LeaseId, why: &str) {
+        tracing::warn!(lease, "session lease {why}: lost");
+        for holder in &self.holders {
+            if !holder.stop.is_cancelled() {
+                holder.lost.cancel();
+            }
+        }
+    }
+}
+
+/// The answers of one batch of refreshes, or the deadline of its earliest lease passed.
+type Answers = Result<Vec<KvResult<Duration>>, tokio::time::error::Elapsed>;
+
+/// One batch of refreshes: the leases, when it was sent, and the answers.
+type Refresh = (Vec<LeaseId>, Instant, Answers);
+
+/// Keeps the leases of one client alive until every session on it is gone.
+async fn drive(kv: Arc<dyn Kv>, mut commands: mpsc::UnboundedReceiver<Add>) {
+    let mut leases: HashMap<LeaseId, Entry> = HashMap::new();
+    let mut refreshes: FuturesUnordered<BoxFuture<'static, Refresh>> = FuturesUnordered::new();
     loop {
+        let wake = leases.values().filter(|e| !e.in_flight).map(|e| e.next).min();
         tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep_until(next) => {}
+            command = commands.recv() => {
+                // `None`: every session (and so every holder) is gone.
+                let Some(first) = command else { return };
+                add(&mut leases, first);
+                while let Ok(more) = commands.try_recv() {
+                    add(&mut leases, more);
+                }
+            }
+            Some((batch, sent, result)) = refreshes.next(), if !refreshes.is_empty() => {
+                settle(&mut leases, batch, sent, result);
+            }
+            _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
+                leases.retain(|_, e| {
+                    e.holders.retain(|h| !h.is_gone());
+                    !e.holders.is_empty()
+                });
+                if let Some(refresh) = send_due(&kv, &mut leases) {
+                    refreshes.push(refresh);
+                }
+            }
         }
-        let sent = Instant::now();
-        if sent >= expires {
-            tracing::warn!(lease, "session lease expired before it could be refreshed");
-            lost.cancel();
-            return;
+    }
+}
+
+fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) {
+    let Add { lease, ttl, granted, holder } = added;
+    let (expires, next) = (granted + ttl, granted + ttl / 3);
+    match leases.get_mut(&lease) {
+        // Another session holds it already: one refresh serves both, on the earlier terms.
+        Some(entry) => {
+            entry.ttl = entry.ttl.min(ttl);
+            entry.expires = entry.expires.min(expires);
+            entry.next = entry.next.min(next);
+            entry.holders.push(holder);
         }
-        let refresh = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = tokio::time::timeout_at(expires, kv.lease_keep_alive(lease)) => r,
+        None => {
+            leases.insert(lease, Entry { ttl, expires, next, in_flight: false, holders: vec![holder] });
+        }
+    }
+}
+
+/// Starts one refresh of every lease that is due (or nearly: a lease due within an eighth
+/// of its period goes along, so that leases granted together stay in one call).
+fn send_due(kv: &Arc<dyn Kv>, leases: &mut HashMap<LeaseId, Entry>) -> Option<BoxFuture<'static, Refresh>> {
+    let now = Instant::now();
+    let mut batch = Vec::new();
+    let mut deadline: Option<Instant> = None;
+    leases.retain(|&lease, entry| {
+        if entry.in_flight || entry.next > now + entry.period() / 8 {
+            return true;
+        }
+        if entry.expires <= now {
+            entry.lose(lease, "expired before it could be refreshed");
+            return false;
+        }
+        entry.in_flight = true;
+        batch.push(lease);
+        deadline = Some(deadline.map_or(entry.expires, |d| d.min(entry.expires)));
+        true
+    });
+    let deadline = deadline?;
+    let kv = kv.clone();
+    Some(Box::pin(async move {
+        let result = tokio::time::timeout_at(deadline, kv.lease_keep_alive_many(&batch)).await;
+        (batch, now, result)
+    }))
+}
+
+/// Applies the answers of one refresh.
+fn settle(leases: &mut HashMap<LeaseId, Entry>, batch: Vec<LeaseId>, sent: Instant, result: Answers) {
+    let now = Instant::now();
+    let mut answers = match result {
+        Ok(answers) => answers.into_iter(),
+        Err(_) => Vec::new().into_iter(),
+    };
+    for lease in batch {
+        let answer = answers.next();
+        let Some(entry) = leases.get_mut(&lease) else { continue };
+        entry.in_flight = false;
+        let period = entry.period();
+        let lost = match answer {
+            Some(Ok(granted)) => {
+                entry.expires = sent + granted.min(entry.ttl).max(period);
+                entry.next = sent + period;
+                None
+            }
+            Some(Err(KvError::LeaseNotFound(_))) => Some("not found on the server"),
+            failed => {
+                if let Some(Err(e)) = failed {
+                    tracing::debug!(lease, error = %e, "lease refresh failed; retrying");
+                }
+                if entry.expires <= now {
+                    Some("not refreshed within its TTL")
+                } else {
+                    entry.next = now + (period / 4).max(Duration::from_millis(50));
+                    None
+                }
+            }
         };
-        match refresh {
-            Ok(Ok(granted_ttl)) => {
-                expires = sent + granted_ttl.min(ttl).max(period);
-                next = sent + period;
-            }
-            Ok(Err(KvError::LeaseNotFound(_))) => {
-                tracing::warn!(lease, "session lease not found on the server: lost");
-                lost.cancel();
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(lease, error = %e, "lease refresh failed; retrying");
-                next = Instant::now() + (period / 4).max(Duration::from_millis(50));
-            }
-            Err(_) => {
-                tracing::warn!(lease, "no lease refresh succeeded within the TTL: lost");
-                lost.cancel();
-                return;
+        if let Some(why) = lost {
+            entry.lose(lease, why);
+            leases.remove(&lease);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::collections::HashSet;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::kv::{
+        DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, PutOptions, PutOutcome, RangeOptions,
+        RangeResponse, Revision, WatchScope, WatchStream,
+    };
+
+    const TTL: Duration = Duration::from_secs(9);
+
+    /// Grants leases and records every refresh; `gone` leases are not found, and while
+    /// `failing` every refresh fails as if the server were out of reach.
+    #[derive(Debug, Default)]
+    struct Recording {
+        next: Mutex<LeaseId>,
+        batches: Mutex<Vec<Vec<LeaseId>>>,
+        gone: Mutex<HashSet<LeaseId>>,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl Recording {
+        fn batches(&self) -> Vec<Vec<LeaseId>> {
+            self.batches.lock().unwrap().clone()
+        }
+
+        fn answer(&self, lease: LeaseId) -> KvResult<Duration> {
+            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+                Err(KvError::Unavailable {
+                    backend: "recording",
+                    endpoint: "nowhere".into(),
+                    message: "out of reach".into(),
+                    source: None,
+                })
+            } else if self.gone.lock().unwrap().contains(&lease) {
+                Err(KvError::LeaseNotFound(lease))
+            } else {
+                Ok(TTL)
             }
         }
+    }
+
+    fn unsupported<T>() -> KvResult<T> {
+        Err(KvError::Unsupported { backend: "recording", what: "anything but leases" })
+    }
+
+    #[async_trait]
+    impl Kv for Recording {
+        fn name(&self) -> &'static str {
+            "recording"
+        }
+        async fn get(&self, _: &[u8]) -> KvResult<GetResponse> {
+            unsupported()
+        }
+        async fn range(&self, _: &[u8], _: RangeOptions) -> KvResult<RangeResponse> {
+            unsupported()
+        }
+        async fn put(&self, _: &[u8], _: &[u8], _: PutOptions) -> KvResult<PutOutcome> {
+            unsupported()
+        }
+        async fn delete(&self, _: &[u8], _: DeleteMode) -> KvResult<DeleteOutcome> {
+            unsupported()
+        }
+        async fn delete_prefix(&self, _: &[u8]) -> KvResult<DeletePrefixResponse> {
+            unsupported()
+        }
+        async fn lease_grant(&self, _: Duration) -> KvResult<LeaseId> {
+            let mut next = self.next.lock().unwrap();
+            *next += 1;
+            Ok(*next)
+        }
+        async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
+            self.batches.lock().unwrap().push(vec![lease]);
+            self.answer(lease)
+        }
+        async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+            self.batches.lock().unwrap().push(leases.to_vec());
+            leases.iter().map(|&lease| self.answer(lease)).collect()
+        }
+        async fn lease_revoke(&self, _: LeaseId) -> KvResult<()> {
+            Ok(())
+        }
+        async fn watch(&self, _: &[u8], _: WatchScope, _: Revision) -> KvResult<WatchStream> {
+            unsupported()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_of_one_client_share_one_refresh_per_period() {
+        let recording = Arc::new(Recording::default());
+        let kv: Arc<dyn Kv> = recording.clone();
+        let mut sessions = Vec::new();
+        for _ in 0..100 {
+            sessions.push(Session::start(kv.clone(), TTL).await.unwrap());
+        }
+        let run = Session::start(kv.clone(), TTL).await.unwrap();
+        let attached: Vec<Session> =
+            (0..100).map(|_| Session::attach(kv.clone(), run.lease(), TTL)).collect();
+        // Refreshes are due at 3 s and 6 s (TTL/3 after the previous one was sent).
+        tokio::time::sleep(TTL - Duration::from_millis(500)).await;
+        let batches = recording.batches();
+        assert_eq!(batches.len(), 2, "one refresh call per period for all sessions: {batches:?}");
+        for batch in &batches {
+            let distinct: HashSet<_> = batch.iter().collect();
+            assert_eq!((batch.len(), distinct.len()), (101, 101), "each lease once per call");
+        }
+        assert!(sessions.iter().chain(&attached).chain([&run]).all(|s| !s.is_lost()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_gone_from_the_server_loses_its_sessions_only() {
+        let recording = Arc::new(Recording::default());
+        let kv: Arc<dyn Kv> = recording.clone();
+        let kept = Session::start(kv.clone(), TTL).await.unwrap();
+        let doomed = Session::start(kv.clone(), TTL).await.unwrap();
+        let doomed_too = Session::attach(kv.clone(), doomed.lease(), TTL);
+        let closed = Session::start(kv.clone(), TTL).await.unwrap();
+        let closed_lost = closed.lost();
+        recording.gone.lock().unwrap().extend([doomed.lease(), closed.lease()]);
+        closed.close().await.unwrap();
+        tokio::time::sleep(TTL / 2).await;
+        assert!(doomed.is_lost() && doomed_too.is_lost(), "both holders of the gone lease are told");
+        assert!(!kept.is_lost(), "the other lease is unaffected");
+        assert!(!closed_lost.is_cancelled(), "a clean close is never a loss");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_whose_refreshes_fail_for_a_ttl_is_lost_then() {
+        let recording = Arc::new(Recording::default());
+        let kv: Arc<dyn Kv> = recording.clone();
+        let started = Instant::now();
+        let session = Session::start(kv.clone(), TTL).await.unwrap();
+        recording.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        session.lost().cancelled().await;
+        let after = started.elapsed();
+        assert!(after >= TTL && after < TTL + Duration::from_secs(1), "lost after {after:?}, TTL {TTL:?}");
+        assert!(recording.batches().len() > 3, "retried before giving up: {:?}", recording.batches());
     }
 }

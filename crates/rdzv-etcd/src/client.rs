@@ -82,6 +82,10 @@ pub(crate) struct Shared {
     lease_ttls: Mutex<HashMap<LeaseId, i64>>,
     /// The one watch stream all watches of this client share.
     pub watches: crate::watch::Mux,
+    /// The connection batched lease refreshes use (see [`Shared::keeper`]).
+    keeper: std::sync::OnceLock<Box<Shared>>,
+    /// The runtime this client was made in, where its connections' tasks run.
+    runtime: Option<tokio::runtime::Id>,
 }
 
 impl Shared {
@@ -98,6 +102,8 @@ impl Shared {
             username: None,
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
+            keeper: std::sync::OnceLock::new(),
+            runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
     }
 
@@ -111,7 +117,29 @@ impl Shared {
             username,
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
+            keeper: std::sync::OnceLock::new(),
+            runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
+    }
+
+    /// The client batched lease refreshes go through. Sent from another runtime than this
+    /// client's: a second connection to the same members, connected by the first refresh
+    /// *in that runtime*. Sessions send them from a keep-alive thread of their own
+    /// (`rdzv_core::Session`), so this connection's tasks run there and a refresh never
+    /// waits for a runtime that is busy with the protocol (where this client's connection
+    /// lives). Sent from this client's own runtime, or for a client the caller connected
+    /// ([`Shared::from_client`], no settings to connect again): this client.
+    pub fn keeper(&self) -> &Shared {
+        let Some(connect) = &self.connect else {
+            return self;
+        };
+        if tokio::runtime::Handle::try_current().ok().map(|h| h.id()) == self.runtime {
+            return self;
+        }
+        self.keeper.get_or_init(|| {
+            let urls = self.members.iter().map(|m| m.url.clone()).collect();
+            Box::new(Shared::new(urls, connect.clone(), self.username.clone()))
+        })
     }
 
     /// The clients of member `index`, connecting them on first use.

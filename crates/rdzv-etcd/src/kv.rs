@@ -179,12 +179,73 @@ impl EtcdKv {
         F: FnMut(&Clients) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.call_on(&self.shared, operation, lease, request).await
+    }
+
+    /// [`EtcdKv::call`] through `shared` (this client's or its keeper).
+    async fn call_on<T, F, Fut>(
+        &self,
+        shared: &Shared,
+        operation: &str,
+        lease: Option<LeaseId>,
+        request: F,
+    ) -> KvResult<T>
+    where
+        F: FnMut(&Clients) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let ctx = self.shared.context(self.request_timeout, lease);
-        let run = self.shared.run(request);
+        let run = shared.run(request);
         match tokio::time::timeout(self.request_timeout, run).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(error::classify(operation, e, ctx)),
             Err(_) => Err(error::timeout(operation, ctx)),
+        }
+    }
+
+    /// One refresh of `id` through `shared` (this client's connection or its keeper).
+    async fn keep_alive_on(&self, shared: &Shared, id: LeaseId) -> KvResult<Duration> {
+        let known_ttl = self.shared.known_ttl(id);
+        let result = self
+            .call_on(shared, "lease_keep_alive", Some(id), |c| {
+                let mut lease = c.lease.clone();
+                async move {
+                    // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
+                    // etcd-client reports as "lease not found").
+                    // etcd-client's only `LeaseKeepAliveError` here is its own answer to TTL
+                    // 0 (the request channel it sends on cannot be closed yet).
+                    let (mut keeper, mut responses) = match lease.keep_alive(id).await {
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(error::lease_not_found()),
+                        other => other,
+                    }?;
+                    if let Some(ttl) = known_ttl {
+                        return Ok(ttl);
+                    }
+                    // Granted elsewhere: a second refresh on the same stream tells the TTL.
+                    keeper.keep_alive().await?;
+                    match responses.message().await? {
+                        Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
+                        Some(_) => Err(error::lease_not_found()),
+                        None => Err(etcd_client::Error::LeaseKeepAliveError(
+                            "keep-alive stream closed".to_string(),
+                        )),
+                    }
+                }
+            })
+            .await;
+        match result {
+            Ok(ttl) => {
+                if known_ttl.is_none() {
+                    self.shared.remember_ttl(id, ttl);
+                }
+                Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)))
+            }
+            Err(e) => {
+                if matches!(e, KvError::LeaseNotFound(_)) {
+                    self.shared.forget_ttl(id);
+                }
+                Err(e)
+            }
         }
     }
 
@@ -481,48 +542,19 @@ impl Kv for EtcdKv {
     }
 
     async fn lease_keep_alive(&self, id: LeaseId) -> KvResult<Duration> {
-        let known_ttl = self.shared.known_ttl(id);
-        let result = self
-            .call("lease_keep_alive", Some(id), |c| {
-                let mut lease = c.lease.clone();
-                async move {
-                    // One refresh; etcd answers with the TTL, or 0 if the lease is gone (which
-                    // etcd-client reports as "lease not found").
-                    // etcd-client's only `LeaseKeepAliveError` here is its own answer to TTL
-                    // 0 (the request channel it sends on cannot be closed yet).
-                    let (mut keeper, mut responses) = match lease.keep_alive(id).await {
-                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(error::lease_not_found()),
-                        other => other,
-                    }?;
-                    if let Some(ttl) = known_ttl {
-                        return Ok(ttl);
-                    }
-                    // Granted elsewhere: a second refresh on the same stream tells the TTL.
-                    keeper.keep_alive().await?;
-                    match responses.message().await? {
-                        Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-                        Some(_) => Err(error::lease_not_found()),
-                        None => Err(etcd_client::Error::LeaseKeepAliveError(
-                            "keep-alive stream closed".to_string(),
-                        )),
-                    }
-                }
-            })
-            .await;
-        match result {
-            Ok(ttl) => {
-                if known_ttl.is_none() {
-                    self.shared.remember_ttl(id, ttl);
-                }
-                Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)))
-            }
-            Err(e) => {
-                if matches!(e, KvError::LeaseNotFound(_)) {
-                    self.shared.forget_ttl(id);
-                }
-                Err(e)
-            }
+        self.keep_alive_on(&self.shared, id).await
+    }
+
+    /// Through the keeper connection (see `Shared::keeper`), at most 64 in flight: etcd's
+    /// client refreshes one lease per request.
+    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+        use futures::StreamExt;
+        let keeper = self.shared.keeper();
+        let mut refreshes = Vec::with_capacity(leases.len());
+        for &lease in leases {
+            refreshes.push(self.keep_alive_on(keeper, lease));
         }
+        futures::stream::iter(refreshes).buffered(64).collect().await
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> KvResult<()> {

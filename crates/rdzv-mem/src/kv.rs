@@ -242,6 +242,17 @@ impl Kv for MemKv {
         Ok(ttl)
     }
 
+    /// All under one lock, at one instant.
+    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+        let now = Instant::now();
+        let answers = {
+            let mut state = self.state();
+            leases.iter().map(|&lease| state.lease_keep_alive(lease, now)).collect()
+        };
+        self.ensure_reaper();
+        answers
+    }
+
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
         self.state().lease_revoke(lease)
     }

@@ -43,6 +43,10 @@ pub(crate) struct Shared {
     pub feed_gate: FeedGate,
     /// What this client has seen, shared with its feed.
     pub high: Arc<HighWater>,
+    /// The connection batched lease refreshes use (see [`Shared::call_keeper`]).
+    keeper: tokio::sync::OnceCell<ConnectionManager>,
+    /// The runtime this client was made in, where its connection's tasks run.
+    runtime: tokio::runtime::Id,
 }
 
 impl Shared {
@@ -62,6 +66,8 @@ impl Shared {
             feed: Default::default(),
             feed_gate: Default::default(),
             high: Default::default(),
+            keeper: tokio::sync::OnceCell::new(),
+            runtime: tokio::runtime::Handle::current().id(),
         };
         let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
         let epoch = reply.bytes()?;
@@ -115,6 +121,37 @@ impl Shared {
     /// Returns the reply (tagged), with corrupt-data, lost-epoch and rollback replies as
     /// errors. After a rollback was found, fails at once with that error.
     pub async fn call(&self, op: &'static str, args: &[&[u8]], retry: Retry) -> KvResult<Reply> {
+        self.call_on(&self.conn, op, args, retry).await
+    }
+
+    /// [`Shared::call`], from another runtime than this client's on a second connection,
+    /// made by the first such call *in that runtime*. Sessions refresh their leases from a
+    /// keep-alive thread of their own (`rdzv_core::Session`): on this connection, whose
+    /// tasks run on that thread, a refresh never waits for a runtime busy with the protocol
+    /// (where the main connection's tasks run). From this client's own runtime, or if the
+    /// second connection cannot be made, the main connection serves.
+    pub async fn call_keeper(&self, op: &'static str, args: &[&[u8]], retry: Retry) -> KvResult<Reply> {
+        if tokio::runtime::Handle::current().id() == self.runtime {
+            return self.call(op, args, retry).await;
+        }
+        let keeper =
+            self.keeper.get_or_try_init(|| crate::connect::manager(&self.client, &self.config)).await;
+        match keeper {
+            Ok(conn) => self.call_on(conn, op, args, retry).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "redis: no keep-alive connection; using the main one");
+                self.call_on(&self.conn, op, args, retry).await
+            }
+        }
+    }
+
+    async fn call_on(
+        &self,
+        conn: &ConnectionManager,
+        op: &'static str,
+        args: &[&[u8]],
+        retry: Retry,
+    ) -> KvResult<Reply> {
         if let Some(e) = self.high.failed() {
             return Err(e);
         }
@@ -122,7 +159,7 @@ impl Shared {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut backoff = Duration::from_millis(50);
         loop {
-            let result = match tokio::time::timeout_at(deadline, self.invoke(op, args)).await {
+            let result = match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
                 Ok(r) => r,
                 Err(_) => Err(KvError::Timeout { backend: NAME, operation: op.to_string(), after: timeout }),
             };
@@ -143,6 +180,10 @@ impl Shared {
     }
 
     async fn invoke(&self, op: &'static str, args: &[&[u8]]) -> KvResult<Value> {
+        self.invoke_on(&self.conn, op, args).await
+    }
+
+    async fn invoke_on(&self, conn: &ConnectionManager, op: &'static str, args: &[&[u8]]) -> KvResult<Value> {
         let mut invocation = self.script.prepare_invoke();
         invocation
             .key(self.rev_key())
@@ -156,7 +197,7 @@ impl Shared {
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = conn.clone();
         invocation
             .invoke_async::<Value>(&mut conn)
             .await

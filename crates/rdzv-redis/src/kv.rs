@@ -20,7 +20,8 @@ use crate::limits::{check_key, check_write};
 /// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) and
 /// [`MAX_REQUEST_BYTES`](crate::MAX_REQUEST_BYTES) fail with [`KvError::TooLarge`] before
 /// anything is sent. Cheap to share behind an `Arc`; every clone of that `Arc`
-/// uses one multiplexed connection, plus one for all its watches while any is open.
+/// uses one multiplexed connection, plus one for all its watches while any is open, and one
+/// for the lease refreshes of [`Session`](rdzv_core::Session)s once one is due.
 /// Dropping the last one stops its background lease reaper.
 pub struct RedisKv {
     shared: Arc<Shared>,
@@ -66,6 +67,48 @@ impl RedisKv {
             self.shared.high.saw_revision(kv.mod_revision);
         }
         current
+    }
+}
+
+/// The most leases one `keep_alive_many` script call refreshes: bounds the time the script
+/// holds the server (each lease is a few cheap commands).
+const KEEP_ALIVE_BATCH: usize = 512;
+
+impl RedisKv {
+    /// Refreshes up to [`KEEP_ALIVE_BATCH`] leases in one script call.
+    async fn keep_alive_chunk(&self, leases: &[LeaseId]) -> KvResult<Vec<KvResult<Duration>>> {
+        let ids: Vec<Vec<u8>> = leases.iter().map(|&lease| num(lease)).collect();
+        let args: Vec<&[u8]> = ids.iter().map(Vec::as_slice).collect();
+        let mut r = self.shared.call_keeper("keep_alive_many", &args, Retry::Idempotent).await?;
+        if r.tag != "ok" {
+            return Err(r.unexpected());
+        }
+        let mut answers = Vec::with_capacity(leases.len());
+        for &lease in leases {
+            let ttl = r.int()?;
+            answers.push(match u64::try_from(ttl) {
+                Ok(ms) => Ok(Duration::from_millis(ms)),
+                Err(_) => Err(KvError::LeaseNotFound(lease)),
+            });
+        }
+        Ok(answers)
+    }
+}
+
+/// A copy of `e` for another lease of the same failed batch (`KvError` is not `Clone`: its
+/// source is left out of the copies), keeping whether it is retryable.
+fn same_error(e: &KvError) -> KvError {
+    match e {
+        KvError::Unavailable { backend, endpoint, message, .. } => KvError::Unavailable {
+            backend,
+            endpoint: endpoint.clone(),
+            message: message.clone(),
+            source: None,
+        },
+        KvError::Timeout { backend, operation, after } => {
+            KvError::Timeout { backend, operation: operation.clone(), after: *after }
+        }
+        other => KvError::backend(NAME, other.to_string()),
     }
 }
 
@@ -204,6 +247,23 @@ impl Kv for RedisKv {
             "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
             _ => Err(r.unexpected()),
         }
+    }
+
+    /// One script call per 512 leases, on a connection of their own (see
+    /// `Shared::call_keeper`).
+    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+        let mut answers = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(KEEP_ALIVE_BATCH) {
+            match self.keep_alive_chunk(chunk).await {
+                Ok(ttls) => answers.extend(ttls),
+                Err(e) => {
+                    let copies: Vec<_> = chunk.iter().skip(1).map(|_| Err(same_error(&e))).collect();
+                    answers.push(Err(e));
+                    answers.extend(copies);
+                }
+            }
+        }
+        answers
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {

@@ -71,6 +71,23 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     /// [`KvError::LeaseNotFound`] if it already expired or was revoked.
     async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration>;
 
+    /// Refreshes each of `leases` as [`Kv::lease_keep_alive`] does, in as few round trips
+    /// as the backend allows: one result per lease, in the order given. A lease that is gone
+    /// is [`KvError::LeaseNotFound`] in its own slot; an error that stopped the whole batch
+    /// (the server out of reach) is repeated in every slot. [`Session`](crate::Session)s
+    /// refresh through this, all the leases of one client that are due together in one call.
+    ///
+    /// The default refreshes them concurrently, one [`Kv::lease_keep_alive`] each, with at
+    /// most 64 in flight.
+    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+        use futures::StreamExt;
+        let mut refreshes = Vec::with_capacity(leases.len());
+        for &lease in leases {
+            refreshes.push(self.lease_keep_alive(lease));
+        }
+        futures::stream::iter(refreshes).buffered(64).collect().await
+    }
+
     /// Ends the lease now: its keys are deleted at once, with delete events.
     /// Revoking a lease that no longer exists is [`KvError::LeaseNotFound`].
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()>;

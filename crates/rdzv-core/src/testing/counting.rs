@@ -222,6 +222,12 @@ impl Kv for CountingKv {
         self.inner.lease_keep_alive(lease).await
     }
 
+    /// Counted as one keep-alive per lease.
+    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+        self.counters.lease_keep_alives.fetch_add(leases.len() as u64, Ordering::Relaxed);
+        self.inner.lease_keep_alive_many(leases).await
+    }
+
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
         bump(&self.counters.lease_revokes);
         self.inner.lease_revoke(lease).await

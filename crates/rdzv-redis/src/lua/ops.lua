@@ -247,6 +247,25 @@ local function op_keep_alive()
   return { 'ok', ttl }
 end
 
+-- ARGV: lease ids. Reply: 'ok', then per lease its ttl in ms, or -1 if it is gone.
+local function op_keep_alive_many()
+  local now = prologue()
+  local ttls = { 'ok' }
+  for i = 8, #ARGV do
+    local id = tonumber(ARGV[i])
+    local ttl = -1
+    if lease_alive(id) then
+      ttl = tonumber(rcall(K_LTTL, 'HGET', K_LTTL, s(id)))
+      if not ttl then
+        corrupt(K_LTTL, 'lease ' .. s(id) .. ' has no TTL')
+      end
+      call('ZADD', K_LEASES, s(now + ttl), s(id))
+    end
+    ttls[#ttls + 1] = ttl
+  end
+  return ttls
+end
+
 -- ARGV: lease id.
 local function op_revoke()
   prologue()
@@ -300,6 +319,7 @@ local ops = {
   delete_prefix = op_delete_prefix,
   grant = op_grant,
   keep_alive = op_keep_alive,
+  keep_alive_many = op_keep_alive_many,
   revoke = op_revoke,
   reap = op_reap,
   compact = op_compact,
