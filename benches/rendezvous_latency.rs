@@ -66,16 +66,16 @@ async fn measured_round(kv: &Arc<dyn Kv>, label: &str, n: usize, how: &str) -> R
     let (took, rounds) = round(&ws).await;
     let result = match rounds {
         Ok(rounds) => {
-            assert!(rounds.iter().all(|r| r.world_size == n), "a round of {n}");
+            assert!(rounds.iter().all(|r| r.info.world_size == n), "a round of {n}");
             let slowest =
                 |f: fn(&Round) -> Duration| rounds.iter().map(f).max().unwrap_or_default().as_secs_f64();
             common::record(
                 "rendezvous_latency",
                 serde_json::json!({
                     "backend": label, "workers": n, "seconds": took.as_secs_f64(), "how": how,
-                    "max_joined": slowest(|r| r.timings.joined),
-                    "max_frozen": slowest(|r| r.timings.frozen),
-                    "max_completed": slowest(|r| r.timings.completed),
+                    "max_joined": slowest(|r| r.info.timings.joined),
+                    "max_frozen": slowest(|r| r.info.timings.frozen),
+                    "max_completed": slowest(|r| r.info.timings.completed),
                 }),
             );
             Ok(took)

@@ -17,8 +17,8 @@
 //! let a = rdzv::connect(url).await?;
 //! let b = rdzv::connect(url).await?;
 //! let (ra, rb) = tokio::try_join!(a.next_rendezvous(), b.next_rendezvous())?;
-//! assert_eq!((ra.world_size, rb.world_size), (2, 2));
-//! assert_eq!(ra.rank + rb.rank, 1); // ranks 0 and 1
+//! assert_eq!((ra.info.world_size, rb.info.world_size), (2, 2));
+//! assert_eq!(ra.info.rank + rb.info.rank, 1); // ranks 0 and 1
 //! assert_eq!(ra.bootstrap, rb.bootstrap); // MASTER_ADDR / MASTER_PORT, from rank 0
 //!
 //! // The round's Store, shared by its members.
@@ -40,7 +40,8 @@ mod rendezvous;
 pub use bootstrap::{Bootstrap, MASTER_ADDR_KEY, MASTER_PORT_KEY};
 pub use rdzv_core as core;
 pub use rdzv_core::{
-    ConfigError, Participant, RendezvousError, RendezvousHandler, RendezvousParams, RoundBroken, RoundTimings,
+    ConfigError, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
+    RoundBroken, RoundTimings,
 };
 pub use rdzv_mem as mem;
 pub use rdzv_store as store;

@@ -13,7 +13,7 @@ async fn a_round_hands_out_store_and_bootstrap() {
         rdzv::connect(url).await.unwrap(),
     ];
     let rounds = futures::future::try_join_all(workers.iter().map(|w| w.next_rendezvous())).await.unwrap();
-    let master = &rounds[0].participants[0];
+    let master = &rounds[0].info.participants[0];
     for r in &rounds {
         assert_eq!(r.bootstrap.master_addr, master.addr);
         assert_eq!(Some(r.bootstrap.master_port), master.port);

@@ -415,8 +415,8 @@ fn a_failed_bootstrap_write_does_not_fail_a_complete_round() {
         let b = rdzv::Rendezvous::new(hooked("b"), params(2, 2, "b")).await.unwrap();
         let (ra, rb) = tokio::join!(a.next_rendezvous(), b.next_rendezvous());
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
-        assert_eq!(ra.version, rb.version);
-        let master = if ra.rank == 0 { &ra } else { &rb };
+        assert_eq!(ra.info.version, rb.info.version);
+        let master = if ra.info.rank == 0 { &ra } else { &rb };
         let addr = tokio::time::timeout(Duration::from_secs(10), rb.store.get(rdzv::MASTER_ADDR_KEY)).await;
         assert_eq!(addr.unwrap().unwrap(), master.bootstrap.master_addr.as_bytes());
         let broken = tokio::time::timeout(Duration::from_secs(5), a.round_broken()).await;

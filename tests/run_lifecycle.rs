@@ -46,7 +46,7 @@ async fn run_leaves_nothing_behind(kv: Arc<dyn Kv>) {
     );
     x.unwrap();
     y.unwrap();
-    a.store_extra_data(ra.version, "extra", b"e").await.unwrap();
+    a.store_extra_data(ra.info.version, "extra", b"e").await.unwrap();
     assert!(!keys_under(&*kv, &prefix).await.is_empty());
 
     a.shutdown().await.unwrap();
@@ -63,7 +63,7 @@ async fn run_leaves_nothing_behind(kv: Arc<dyn Kv>) {
     // The same run id again: a new run, at round 1, with an empty Store.
     let c = rdzv::Rendezvous::new(kv.clone(), params(&run, 1, "c")).await.unwrap();
     let rc = c.next_rendezvous().await.unwrap();
-    assert_eq!(rc.version, 1, "a reused run id did not start clean");
+    assert_eq!(rc.info.version, 1, "a reused run id did not start clean");
     assert!(!rc.store.check(["x", "counter", "finish"]).await.unwrap());
     assert_eq!(rc.store.num_keys().await.unwrap(), 2, "only rank 0's bootstrap keys");
     c.shutdown().await.unwrap();

@@ -53,11 +53,11 @@ impl RoundView {
     /// The view of `round`, which took `elapsed` to form.
     pub fn of(round: &Round, elapsed: Duration) -> RoundView {
         RoundView {
-            run_id: round.run_id.clone(),
-            version: round.version,
-            rank: round.rank,
-            world_size: round.world_size,
-            participants: round.participants.clone(),
+            run_id: round.info.run_id.clone(),
+            version: round.info.version,
+            rank: round.info.rank,
+            world_size: round.info.world_size,
+            participants: round.info.participants.clone(),
             master_addr: round.bootstrap.master_addr.clone(),
             master_port: round.bootstrap.master_port,
             elapsed,

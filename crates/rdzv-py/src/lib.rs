@@ -365,11 +365,12 @@ struct Round {
 impl Round {
     fn new(py: Python<'_>, round: rdzv::Round) -> PyResult<Round> {
         Ok(Round {
-            run_id: round.run_id,
-            version: round.version,
-            rank: round.rank,
-            world_size: round.world_size,
+            run_id: round.info.run_id,
+            version: round.info.version,
+            rank: round.info.rank,
+            world_size: round.info.world_size,
             participants: round
+                .info
                 .participants
                 .into_iter()
                 .map(|p| Participant { node: p.node, addr: p.addr, pid: p.pid, port: p.port })

@@ -81,7 +81,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         let mut set = JoinSet::new();
         for w in &workers {
             let w = w.clone();
-            set.spawn(async move { w.next_rendezvous().await.map(|r| r.world_size) });
+            set.spawn(async move { w.next_rendezvous().await.map(|r| r.info.world_size) });
         }
         while let Some(joined) = set.join_next().await {
             joined.map_err(|e| CliError::other(format!("a bench worker failed: {e}")))??;

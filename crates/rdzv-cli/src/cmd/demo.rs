@@ -88,7 +88,7 @@ async fn demo(target: &RunTarget, params: RendezvousParams, n: usize) -> Result<
     // A crash: the victim's connection fails for good, so its lease runs out.
     let victim_index = 3.min(n - 1);
     let victim = workers.remove(victim_index);
-    let victim_rank = first.participants.iter().position(|p| p.node == victim.node);
+    let victim_rank = first.info.participants.iter().position(|p| p.node == victim.node);
     victim.link.set_failure_probability(1.0);
     victim.link.drop_open_watches();
     let crashed = Instant::now();
@@ -133,7 +133,7 @@ async fn demo(target: &RunTarget, params: RendezvousParams, n: usize) -> Result<
         seconds(slowest),
     ));
     let second = second.ok_or_else(|| CliError::other("no survivor returned a round"))?;
-    let newcomer_in = second.participants.iter().any(|p| p.node == newcomer.node);
+    let newcomer_in = second.info.participants.iter().any(|p| p.node == newcomer.node);
     let how = if newcomer_in {
         if let Ok(joined) = tokio::time::timeout(Duration::from_secs(5), newcomer_round).await {
             joined.map_err(|e| CliError::other(format!("the newcomer failed: {e}")))??;
@@ -188,11 +188,11 @@ async fn join_all(workers: impl Iterator<Item = Rendezvous>) -> Result<Vec<Round
 fn print_round(round: &Round, took: Duration, how: &str) {
     print_flush(&format!(
         "round {}: {} workers, formed {} after {how}; master {}:{}\n{}\n",
-        round.version,
-        round.world_size,
+        round.info.version,
+        round.info.world_size,
         seconds(took),
         round.bootstrap.master_addr,
         round.bootstrap.master_port,
-        participant_table(&round.participants, None, None),
+        participant_table(&round.info.participants, None, None),
     ));
 }

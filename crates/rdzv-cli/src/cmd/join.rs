@@ -118,7 +118,11 @@ pub async fn run(args: JoinArgs) -> Result<ExitCode, CliError> {
                 return Ok(ExitCode::SUCCESS);
             }
             Some(reason) => {
-                eprintln!("rdzv: round {} is over ({}); joining the next round", round.version, why(&reason))
+                eprintln!(
+                    "rdzv: round {} is over ({}); joining the next round",
+                    round.info.version,
+                    why(&reason)
+                )
             }
         }
     }

@@ -212,18 +212,18 @@ async fn agent(
             }
         };
         let exchanged = tokio::select! {
-            infos = crate::ranks::exchange(&round.store, round.rank, round.world_size, &me, worker.params().timeout) => infos,
-            reason = worker.round_broken() => Err(format!("round {} is over: {}", round.version, why(&reason))),
+            infos = crate::ranks::exchange(&round.store, round.info.rank, round.info.world_size, &me, worker.params().timeout) => infos,
+            reason = worker.round_broken() => Err(format!("round {} is over: {}", round.info.version, why(&reason))),
             s = signals.recv() => return Ok(ExitCode::from(s.exit_code())),
         };
         let outcome = match exchanged {
-            Ok(infos) => match crate::ranks::assign(&infos, round.rank) {
+            Ok(infos) => match crate::ranks::assign(&infos, round.info.rank) {
                 Some(assignment) => {
                     eprintln!(
                         "rdzv: round {} formed: node {} of {}, ranks {}..{} of {}; starting {} x {} (restart {restarts})",
-                        round.version,
-                        round.rank,
-                        round.world_size,
+                        round.info.version,
+                        round.info.rank,
+                        round.info.world_size,
                         assignment.base_rank,
                         assignment.base_rank + setup.nproc - 1,
                         assignment.world_size,
@@ -252,9 +252,10 @@ async fn agent(
                         };
                     supervise(args, worker, &round, &mut group, signals).await
                 }
-                None => {
-                    Outcome::PeerFailed(format!("round {}: this node's rank is out of range", round.version))
-                }
+                None => Outcome::PeerFailed(format!(
+                    "round {}: this node's rank is out of range",
+                    round.info.version
+                )),
             },
             Err(what) => Outcome::PeerFailed(what),
         };
@@ -287,7 +288,10 @@ async fn agent(
             }
             Outcome::Succeeded => match finish(args, worker, &round, signals).await? {
                 None => {
-                    eprintln!("rdzv: every worker of round {} succeeded; closing the run", round.version);
+                    eprintln!(
+                        "rdzv: every worker of round {} succeeded; closing the run",
+                        round.info.version
+                    );
                     worker.set_closed().await?;
                     return Ok(ExitCode::SUCCESS);
                 }
@@ -309,9 +313,9 @@ async fn agent(
                 format!("rank {} failed", exit.rank)
             }
             Outcome::Broken(RoundBroken::Closed) => {
-                return Err(rdzv::RendezvousError::Closed { run_id: round.run_id.clone() }.into());
+                return Err(rdzv::RendezvousError::Closed { run_id: round.info.run_id.clone() }.into());
             }
-            Outcome::Broken(reason) => format!("round {} is over: {}", round.version, why(&reason)),
+            Outcome::Broken(reason) => format!("round {} is over: {}", round.info.version, why(&reason)),
             Outcome::PeerFailed(what) => what,
         };
         // A peer that left to admit waiting nodes also breaks the round; that is no failure.
@@ -342,7 +346,7 @@ fn failure_report(exit: &WorkerExit, node: &str, round: &Round, restarts: u32) -
         "rank {} (local rank {} on node {node}) of round {} failed (restart {restarts}): it exited with {}",
         exit.rank,
         exit.local_rank,
-        round.version,
+        round.info.version,
         describe(exit.status)
     );
     let mut report = what.clone();
@@ -391,20 +395,20 @@ fn worker_env(
         ("LOCAL_RANK", local_rank.to_string()),
         ("WORLD_SIZE", a.world_size.to_string()),
         ("LOCAL_WORLD_SIZE", setup.nproc.to_string()),
-        ("GROUP_RANK", round.rank.to_string()),
-        ("GROUP_WORLD_SIZE", round.world_size.to_string()),
+        ("GROUP_RANK", round.info.rank.to_string()),
+        ("GROUP_WORLD_SIZE", round.info.world_size.to_string()),
         ("ROLE_RANK", (a.base_role_rank + local_rank).to_string()),
         ("ROLE_WORLD_SIZE", a.role_world_size.to_string()),
         ("ROLE_NAME", args.role.clone()),
         ("MASTER_ADDR", round.bootstrap.master_addr.clone()),
         ("MASTER_PORT", round.bootstrap.master_port.to_string()),
-        ("TORCHELASTIC_RUN_ID", round.run_id.clone()),
+        ("TORCHELASTIC_RUN_ID", round.info.run_id.clone()),
         ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
         ("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string()),
         // The workers make their own store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it).
         ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
-        ("RDZV_RUN_ID", round.run_id.clone()),
-        ("RDZV_VERSION", round.version.to_string()),
+        ("RDZV_RUN_ID", round.info.run_id.clone()),
+        ("RDZV_VERSION", round.info.version.to_string()),
         ("RDZV_NODE_ID", worker.participant().node.clone()),
         ("RDZV_RESTART_COUNT", restarts.to_string()),
     ];
@@ -494,7 +498,7 @@ async fn finish(
     round: &Round,
     signals: &mut Signals,
 ) -> Result<Option<String>, CliError> {
-    let barrier = round.store.barrier(FINISHED_KEY, round.world_size, args.finish_timeout);
+    let barrier = round.store.barrier(FINISHED_KEY, round.info.world_size, args.finish_timeout);
     let failed = peer_failure(round.store.clone());
     tokio::pin!(barrier, failed);
     let broken = tokio::select! {
@@ -520,7 +524,7 @@ async fn finish(
     if broken == RoundBroken::Closed && !round.store.check([FAILED_KEY]).await.unwrap_or(true) {
         return Ok(None);
     }
-    Ok(Some(format!("round {} is over before every node finished: {}", round.version, why(&broken))))
+    Ok(Some(format!("round {} is over before every node finished: {}", round.info.version, why(&broken))))
 }
 
 /// The exit code for a command's status: its code, or 128 + the signal that ended it.
