@@ -350,8 +350,9 @@ fn shutdown_racing_a_completing_round() {
                 Ok(Ok((Err(RendezvousError::Shutdown), _))) => {}
                 Ok(Ok((Ok(_), at))) if at <= asked => {}
                 Ok(Ok((other, at))) => {
-                    let other = other
-                        .map(|i| (i.version, i.participants.into_iter().map(|p| p.node).collect::<Vec<_>>()));
+                    let other = other.map(|i| {
+                        (i.version, i.participants.iter().map(|p| p.node.clone()).collect::<Vec<_>>())
+                    });
                     return Err(format!(
                         "A's pending call gave {other:?}, {:?} after shutdown began",
                         at - asked

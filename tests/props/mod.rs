@@ -918,7 +918,7 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
     // last call begun before the round completed ended in an error or was cut by the end.
     for (version, members) in &rounds {
         let completed = members.iter().map(|(_, _, at)| *at).min().unwrap_or_default();
-        for p in &members[0].1.participants {
+        for p in members[0].1.participants.iter() {
             let w = worker_of(&p.node).expect("a node id of this world");
             if versions_of.get(&w).is_some_and(|v| v.contains(version))
                 || killed_at(w).is_some()

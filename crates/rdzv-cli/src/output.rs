@@ -57,7 +57,7 @@ impl RoundView {
             version: round.info.version,
             rank: round.info.rank,
             world_size: round.info.world_size,
-            participants: round.info.participants.clone(),
+            participants: round.info.participants.to_vec(),
             master_addr: round.bootstrap.master_addr.clone(),
             master_port: round.bootstrap.master_port,
             elapsed,

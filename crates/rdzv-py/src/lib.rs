@@ -372,8 +372,8 @@ impl Round {
             participants: round
                 .info
                 .participants
-                .into_iter()
-                .map(|p| Participant { node: p.node, addr: p.addr, pid: p.pid, port: p.port })
+                .iter()
+                .map(|p| Participant { node: p.node.clone(), addr: p.addr.clone(), pid: p.pid, port: p.port })
                 .collect(),
             master_addr: round.bootstrap.master_addr,
             master_port: round.bootstrap.master_port,

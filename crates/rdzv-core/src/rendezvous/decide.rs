@@ -245,7 +245,7 @@ pub enum JoinedAction {
         /// This worker's rank.
         rank: usize,
         /// All members.
-        participants: Vec<Participant>,
+        participants: std::sync::Arc<[Participant]>,
     },
     /// Start over from Init. Also when the round froze without this worker (it came too
     /// late): it will wait for the next round, and its join key in this one is left to its
@@ -355,17 +355,21 @@ mod tests {
         assert_eq!(look(Some(&State::Closed), "x"), InitAction::Closed);
         assert_eq!(look(Some(&State::Setup), "x"), InitAction::AwaitChange);
         assert_eq!(look(Some(&State::Joinable { version: 2 }), "x"), InitAction::Join { version: 2 });
-        let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")] };
+        let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")].into() };
         assert_eq!(look(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
-        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")], confirmed: None };
+        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")].into(), confirmed: None };
         assert_eq!(look(Some(&fin), "a"), InitAction::ResumeMember { version: 2, rank: 0, world_size: 2 });
         assert_eq!(
-            look(Some(&State::Frozen { version: 2, participants: vec![p("a")] }), "x"),
+            look(Some(&State::Frozen { version: 2, participants: vec![p("a")].into() }), "x"),
             InitAction::AwaitChange
         );
         assert_eq!(
             look(
-                Some(&State::Final { version: 2, participants: vec![p("a"), p("b")], confirmed: None }),
+                Some(&State::Final {
+                    version: 2,
+                    participants: vec![p("a"), p("b")].into(),
+                    confirmed: None
+                }),
                 "x"
             ),
             InitAction::AwaitNextRound { version: 2, world_size: 2 }
@@ -378,14 +382,14 @@ mod tests {
         let mine = Viewer { me: &me, setup_is_mine: true, leaving: None };
         assert_eq!(on_state(Some(&State::Setup), mine), InitAction::ResumeSetup);
         let leaving = Viewer { me: &me, setup_is_mine: false, leaving: Some(2) };
-        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")], confirmed: None };
+        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")].into(), confirmed: None };
         assert_eq!(on_state(Some(&fin), leaving), InitAction::Leave { version: 2 });
-        let newer = State::Final { version: 3, participants: vec![p("a"), p("b")], confirmed: None };
+        let newer = State::Final { version: 3, participants: vec![p("a"), p("b")].into(), confirmed: None };
         assert_eq!(
             on_state(Some(&newer), leaving),
             InitAction::ResumeMember { version: 3, rank: 0, world_size: 2 }
         );
-        let frozen = State::Frozen { version: 2, participants: vec![p("a")] };
+        let frozen = State::Frozen { version: 2, participants: vec![p("a")].into() };
         assert_eq!(on_state(Some(&frozen), leaving), InitAction::AwaitChange);
     }
 
@@ -394,9 +398,10 @@ mod tests {
         let me = p("a");
         let other = Participant { addr: "elsewhere".into(), ..p("a") };
         let viewer = Viewer { me: &me, setup_is_mine: false, leaving: None };
-        let fin = State::Final { version: 2, participants: vec![other.clone(), p("b")], confirmed: None };
+        let fin =
+            State::Final { version: 2, participants: vec![other.clone(), p("b")].into(), confirmed: None };
         assert_eq!(on_state(Some(&fin), viewer), InitAction::AwaitNextRound { version: 2, world_size: 2 });
-        let frozen = State::Frozen { version: 2, participants: vec![other, p("b")] };
+        let frozen = State::Frozen { version: 2, participants: vec![other, p("b")].into() };
         assert_eq!(on_state(Some(&frozen), viewer), InitAction::AwaitChange);
         assert_eq!(on_state_while_joined(Some(&frozen), 2, &me), JoinedAction::Restart);
     }
@@ -434,10 +439,10 @@ mod tests {
 
     #[test]
     fn joined_table() {
-        let frozen = State::Frozen { version: 1, participants: vec![p("a"), p("b")] };
+        let frozen = State::Frozen { version: 1, participants: vec![p("a"), p("b")].into() };
         assert_eq!(
             on_state_while_joined(Some(&frozen), 1, &p("b")),
-            JoinedAction::Confirm { rank: 1, participants: vec![p("a"), p("b")] }
+            JoinedAction::Confirm { rank: 1, participants: vec![p("a"), p("b")].into() }
         );
         assert_eq!(on_state_while_joined(Some(&frozen), 1, &p("c")), JoinedAction::Restart);
         assert_eq!(on_state_while_joined(Some(&frozen), 2, &p("a")), JoinedAction::Restart);
@@ -477,7 +482,7 @@ mod tests {
             Owned::Taken(kv(Some(8)))
         );
         assert_eq!(own_key(PutOutcome::Conflict { current: None }, 7), Owned::Vanished);
-        let fin = State::Final { version: 2, participants: vec![p("a")], confirmed: None };
+        let fin = State::Final { version: 2, participants: vec![p("a")].into(), confirmed: None };
         assert_eq!(running_round(Some(&fin), 2), None);
         assert_eq!(running_round(Some(&fin), 3), Some(RoundBroken::Ended));
         assert_eq!(running_round(None, 2), Some(RoundBroken::Ended));
@@ -486,7 +491,7 @@ mod tests {
 
     #[test]
     fn confirm_and_waiting_tables() {
-        let fin = State::Final { version: 1, participants: vec![p("a"), p("b")], confirmed: None };
+        let fin = State::Final { version: 1, participants: vec![p("a"), p("b")].into(), confirmed: None };
         assert_eq!(on_state_while_confirming(Some(&fin), 1), ConfirmAction::Done);
         assert_eq!(on_state_while_confirming(None, 1), ConfirmAction::Restart);
         assert_eq!(on_state_while_confirming(Some(&State::Closed), 1), ConfirmAction::Closed);

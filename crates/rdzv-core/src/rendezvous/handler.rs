@@ -35,8 +35,9 @@ pub struct RendezvousInfo {
     pub rank: usize,
     /// The number of members.
     pub world_size: usize,
-    /// The members in rank order.
-    pub participants: Vec<Participant>,
+    /// The members in rank order (shared by every handler of the process that is in the
+    /// round: cloning it is cheap).
+    pub participants: Arc<[Participant]>,
     /// The key prefix of the round's Store (`…/rdzv/v_<N>/kv/`).
     pub store_prefix: Vec<u8>,
     /// The run lease (TTL `run_ttl`, kept alive by every live handler of the run): bind the

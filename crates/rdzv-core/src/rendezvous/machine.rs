@@ -228,8 +228,8 @@ pub struct Completed {
     pub version: u64,
     /// This worker's rank.
     pub rank: usize,
-    /// The members in rank order.
-    pub participants: Vec<Participant>,
+    /// The members in rank order (shared with the state value it came from).
+    pub participants: std::sync::Arc<[Participant]>,
     /// Revision of the `final` state value (to destroy exactly this round, and to watch for
     /// its end from here).
     pub final_revision: Revision,
@@ -357,7 +357,7 @@ enum JoinStep {
 struct Frozen {
     version: u64,
     rank: usize,
-    participants: Vec<Participant>,
+    participants: std::sync::Arc<[Participant]>,
     frozen_revision: Revision,
 }
 
@@ -786,7 +786,7 @@ impl Machine {
                         self.phase = stay(JoinStep::Freezing);
                         Action::Put {
                             key: self.keys.state(),
-                            value: State::Frozen { version, participants }.to_bytes(),
+                            value: State::Frozen { version, participants: participants.into() }.to_bytes(),
                             mode: PutMode::Update(state_revision),
                             bind: Bind::Fresh(FROZEN_TTL),
                         }

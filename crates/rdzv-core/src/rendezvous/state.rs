@@ -1,6 +1,8 @@
 //! The state value of a round (docs/PROTOCOL.md "States of a round"): one small JSON object under
 //! `rdzv/active_version`, with the reference's status names.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::RendezvousError;
@@ -39,15 +41,16 @@ pub enum State {
     Frozen {
         /// The round.
         version: u64,
-        /// The members, in rank order.
-        participants: Vec<Participant>,
+        /// The members, in rank order (shared: thousands of handlers of one process hold
+        /// the same list).
+        participants: Arc<[Participant]>,
     },
     /// Round `version` is complete and running.
     Final {
         /// The round.
         version: u64,
-        /// The members, in rank order.
-        participants: Vec<Participant>,
+        /// The members, in rank order (shared, as in `Frozen`).
+        participants: Arc<[Participant]>,
         /// The revision of the last member's keep-alive key: every member was alive then,
         /// so a member gone after it — even before `final` was written — is a death the
         /// members must be told of. Absent in values written by older versions.
@@ -65,7 +68,7 @@ struct Wire {
     #[serde(default)]
     version: Option<u64>,
     #[serde(default)]
-    participants: Option<Vec<Participant>>,
+    participants: Option<Arc<[Participant]>>,
     #[serde(default)]
     confirmed: Option<crate::kv::Revision>,
 }
@@ -106,7 +109,23 @@ impl TryFrom<Wire> for State {
 impl State {
     /// Parses a state value read from `key`. Unknown fields are ignored; anything else that
     /// is not a valid state is a [`RendezvousError::State`] naming the key.
+    ///
+    /// Large values (a frozen or final round's participant list) are parsed once per process:
+    /// every handler of a process sees the same state change, and a recent value that is
+    /// byte for byte the same is handed out again, sharing its participant list.
     pub fn parse(key: &[u8], value: &[u8]) -> Result<State, RendezvousError> {
+        if value.len() < SHARE_FROM_BYTES {
+            return State::parse_uncached(key, value);
+        }
+        if let Some(state) = recent::find(value) {
+            return Ok(state);
+        }
+        let state = State::parse_uncached(key, value)?;
+        recent::remember(value, &state);
+        Ok(state)
+    }
+
+    fn parse_uncached(key: &[u8], value: &[u8]) -> Result<State, RendezvousError> {
         let state: State = serde_json::from_slice(value).map_err(|e| RendezvousError::State {
             key: String::from_utf8_lossy(key).into_owned(),
             reason: format!("not a valid state value ({e}): {}", preview(value)),
@@ -165,6 +184,36 @@ impl Participant {
     }
 }
 
+/// From this size on, parsed state values are shared within the process (below it, parsing
+/// is cheaper than the lookup).
+const SHARE_FROM_BYTES: usize = 4096;
+
+/// The last few large state values parsed in this process, with what they parsed to.
+mod recent {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use super::State;
+
+    const KEEP: usize = 4;
+
+    static RECENT: Mutex<VecDeque<(Vec<u8>, State)>> = Mutex::new(VecDeque::new());
+
+    /// The state a byte-identical value parsed to, if it is among the recent ones.
+    pub(super) fn find(value: &[u8]) -> Option<State> {
+        let recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        recent.iter().find(|(bytes, _)| bytes.as_slice() == value).map(|(_, state)| state.clone())
+    }
+
+    pub(super) fn remember(value: &[u8], state: &State) {
+        let mut recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if recent.len() == KEEP {
+            recent.pop_front();
+        }
+        recent.push_back((value.to_vec(), state.clone()));
+    }
+}
+
 fn preview(value: &[u8]) -> String {
     const MAX: usize = 80;
     let text = String::from_utf8_lossy(&value[..value.len().min(MAX)]).into_owned();
@@ -184,8 +233,8 @@ mod tests {
         let states = [
             State::Setup,
             State::Joinable { version: 3 },
-            State::Frozen { version: 3, participants: vec![p("a"), p("b")] },
-            State::Final { version: 3, participants: vec![p("a")], confirmed: Some(7) },
+            State::Frozen { version: 3, participants: vec![p("a"), p("b")].into() },
+            State::Final { version: 3, participants: vec![p("a")].into(), confirmed: Some(7) },
             State::Closed,
         ];
         for s in states {
@@ -194,6 +243,26 @@ mod tests {
             assert!(text.contains(&format!("\"status\":\"{}\"", s.status())), "{text}");
             assert_eq!(State::parse(b"k", &bytes).expect("parses"), s);
         }
+    }
+
+    #[test]
+    fn large_values_share_their_participant_list() {
+        let many: Vec<Participant> = (0..200).map(|i| p(&format!("node-{i}"))).collect();
+        let fin = State::Final { version: 9, participants: many.into(), confirmed: Some(3) };
+        let bytes = fin.to_bytes();
+        assert!(bytes.len() >= SHARE_FROM_BYTES);
+        let (a, b) =
+            (State::parse(b"k", &bytes).expect("parses"), State::parse(b"k", &bytes).expect("parses"));
+        assert_eq!(a, fin);
+        match (a, b) {
+            (State::Final { participants: a, .. }, State::Final { participants: b, .. }) => {
+                assert!(Arc::ptr_eq(&a, &b), "parsed twice")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A different value is never taken for a remembered one.
+        let other = State::Final { version: 10, participants: vec![p("x")].into(), confirmed: None };
+        assert_eq!(State::parse(b"k", &other.to_bytes()).expect("parses"), other);
     }
 
     #[test]
