@@ -107,6 +107,49 @@ impl KvError {
         matches!(self, KvError::Compacted { .. } | KvError::WatchEnded { .. })
     }
 
+    /// The same error again, for each of several callers one failure ends (a batch of lease
+    /// refreshes, the watches of one broken stream). `KvError` is not `Clone` because of its
+    /// sources: the copy has the same variant and fields, with each source's text folded
+    /// into the message, so it stays retryable exactly when the original is.
+    pub fn duplicate(&self) -> KvError {
+        let with_source = |message: &str, source: &Option<BoxError>| {
+            let mut text = message.to_string();
+            let mut next: Option<&(dyn std::error::Error + 'static)> = source.as_deref().map(|s| s as _);
+            while let Some(err) = next {
+                let part = err.to_string();
+                if !text.contains(&part) {
+                    text = format!("{text}: {part}");
+                }
+                next = err.source();
+            }
+            text
+        };
+        match self {
+            KvError::Unavailable { backend, endpoint, message, source } => KvError::Unavailable {
+                backend,
+                endpoint: endpoint.clone(),
+                message: with_source(message, source),
+                source: None,
+            },
+            KvError::Timeout { backend, operation, after } => {
+                KvError::Timeout { backend, operation: operation.clone(), after: *after }
+            }
+            KvError::WatchEnded { backend, key } => KvError::WatchEnded { backend, key: key.clone() },
+            KvError::LeaseNotFound(id) => KvError::LeaseNotFound(*id),
+            KvError::Compacted { requested, oldest } => {
+                KvError::Compacted { requested: *requested, oldest: *oldest }
+            }
+            KvError::InvalidArgument(message) => KvError::InvalidArgument(message.clone()),
+            KvError::TooLarge { backend, what, size, limit } => {
+                KvError::TooLarge { backend, what, size: *size, limit: *limit }
+            }
+            KvError::Unsupported { backend, what } => KvError::Unsupported { backend, what },
+            KvError::Backend { backend, message, source } => {
+                KvError::Backend { backend, message: with_source(message, source), source: None }
+            }
+        }
+    }
+
     /// A [`KvError::Backend`] from a message alone.
     pub fn backend(backend: &'static str, message: impl Into<String>) -> Self {
         KvError::Backend { backend, message: message.into(), source: None }
@@ -214,5 +257,30 @@ pub enum RendezvousError {
 impl From<KvError> for RendezvousError {
     fn from(e: KvError) -> Self {
         if e.is_retryable() { RendezvousError::Unavailable(e) } else { RendezvousError::Backend(e) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duplicate_keeps_the_variant_and_folds_the_source_into_the_message() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let original = KvError::Unavailable {
+            backend: "etcd",
+            endpoint: "h:2379".into(),
+            message: "stream broke".into(),
+            source: Some(Box::new(io)),
+        };
+        let copy = original.duplicate();
+        assert!(copy.is_retryable());
+        assert!(copy.to_string().contains("stream broke: reset by peer"), "{copy}");
+        assert!(matches!(
+            KvError::Compacted { requested: 3, oldest: 5 }.duplicate(),
+            KvError::Compacted { requested: 3, oldest: 5 }
+        ));
+        assert!(KvError::backend("redis", "x").duplicate().to_string().contains("redis: x"));
+        assert!(!KvError::LeaseNotFound(7).duplicate().is_retryable());
     }
 }

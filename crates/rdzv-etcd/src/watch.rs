@@ -106,35 +106,6 @@ fn driver_gone(endpoints: &str) -> KvError {
     }
 }
 
-/// The same error again, for each of the watches one stream error ends (a [`KvError`] is
-/// not `Clone`: its source, if any, is folded into the message).
-fn replicate(error: &KvError) -> KvError {
-    let with_source = |message: &str, source: &Option<rdzv_core::BoxError>| match source {
-        Some(source) => format!("{message}: {}", error::chain(source.as_ref())),
-        None => message.to_string(),
-    };
-    match error {
-        KvError::Unavailable { backend, endpoint, message, source } => KvError::Unavailable {
-            backend,
-            endpoint: endpoint.clone(),
-            message: with_source(message, source),
-            source: None,
-        },
-        KvError::Timeout { backend, operation, after } => {
-            KvError::Timeout { backend, operation: operation.clone(), after: *after }
-        }
-        KvError::LeaseNotFound(id) => KvError::LeaseNotFound(*id),
-        KvError::Compacted { requested, oldest } => {
-            KvError::Compacted { requested: *requested, oldest: *oldest }
-        }
-        KvError::InvalidArgument(message) => KvError::InvalidArgument(message.clone()),
-        KvError::Backend { backend, message, source } => {
-            KvError::Backend { backend, message: with_source(message, source), source: None }
-        }
-        other => KvError::backend(BACKEND, other.to_string()),
-    }
-}
-
 /// The per-client handle on the driver task; it starts the task on first use, and again if
 /// it ended (its runtime shut down).
 #[derive(Default)]
@@ -317,7 +288,7 @@ impl Driver {
                     if error.is_retryable() {
                         self.broken(Some(error), String::new());
                     } else {
-                        self.fail_all(|_| replicate(&error));
+                        self.fail_all(|_| error.duplicate());
                     }
                 }
                 Step::Retry => self.reopen().await,
@@ -458,7 +429,7 @@ impl Driver {
             self.watches.iter().filter(|(_, w)| w.reply.is_some()).map(|(token, _)| *token).collect();
         for token in unanswered {
             if let Some(watch) = self.watches.remove(&token) {
-                let e = error.as_ref().map_or_else(|| self.unavailable(why.clone()), replicate);
+                let e = error.as_ref().map_or_else(|| self.unavailable(why.clone()), KvError::duplicate);
                 watch.fail(e);
             }
         }
@@ -532,7 +503,7 @@ impl Driver {
                     }
                 }
             }
-            Err(e) => self.fail_all(|_| replicate(&e)),
+            Err(e) => self.fail_all(|_| e.duplicate()),
         }
     }
 

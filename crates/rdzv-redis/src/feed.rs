@@ -18,7 +18,7 @@ use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 use redis::{Client, Value};
 
 use crate::config::RedisConfig;
-use crate::error::{NAME, corrupt, from_redis, lost, rolled_back};
+use crate::error::{corrupt, from_redis, lost, rolled_back};
 use crate::shared::HighWater;
 
 /// Longest blocking read; between two, the feed checks that the namespace is still ours.
@@ -401,27 +401,6 @@ async fn run(log: Log, slot: FeedSlot, mut conn: MultiplexedConnection, mut curs
     // Empty the slot first, so a new watch starts a fresh feed instead of joining this one.
     if let Some(feed) = lock(&slot).take() {
         let _ = feed.tx.send(FeedItem::Failed(Arc::new(failure)));
-    }
-}
-
-/// A copy of a feed failure for one watch (errors are not `Clone`; the source is dropped,
-/// its text is in the message).
-pub(crate) fn copy_error(e: &KvError) -> KvError {
-    match e {
-        KvError::Unavailable { backend, endpoint, message, .. } => KvError::Unavailable {
-            backend,
-            endpoint: endpoint.clone(),
-            message: message.clone(),
-            source: None,
-        },
-        KvError::Timeout { backend, operation, after } => {
-            KvError::Timeout { backend, operation: operation.clone(), after: *after }
-        }
-        KvError::Compacted { requested, oldest } => {
-            KvError::Compacted { requested: *requested, oldest: *oldest }
-        }
-        KvError::Backend { backend, message, .. } => KvError::backend(backend, message.clone()),
-        other => KvError::backend(NAME, other.to_string()),
     }
 }
 

@@ -95,23 +95,6 @@ impl RedisKv {
     }
 }
 
-/// A copy of `e` for another lease of the same failed batch (`KvError` is not `Clone`: its
-/// source is left out of the copies), keeping whether it is retryable.
-fn same_error(e: &KvError) -> KvError {
-    match e {
-        KvError::Unavailable { backend, endpoint, message, .. } => KvError::Unavailable {
-            backend,
-            endpoint: endpoint.clone(),
-            message: message.clone(),
-            source: None,
-        },
-        KvError::Timeout { backend, operation, after } => {
-            KvError::Timeout { backend, operation: operation.clone(), after: *after }
-        }
-        other => KvError::backend(NAME, other.to_string()),
-    }
-}
-
 fn mode_args(mode: PutMode) -> (&'static [u8], Revision) {
     match mode {
         PutMode::Overwrite => (b"o", 0),
@@ -257,7 +240,7 @@ impl Kv for RedisKv {
             match self.keep_alive_chunk(chunk).await {
                 Ok(ttls) => answers.extend(ttls),
                 Err(e) => {
-                    let copies: Vec<_> = chunk.iter().skip(1).map(|_| Err(same_error(&e))).collect();
+                    let copies: Vec<_> = chunk.iter().skip(1).map(|_| Err(e.duplicate())).collect();
                     answers.push(Err(e));
                     answers.extend(copies);
                 }

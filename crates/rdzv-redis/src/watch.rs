@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 
 use crate::client::Shared;
 use crate::error::NAME;
-use crate::feed::{BATCH, EntryId, FeedItem, Joined, Log, copy_error};
+use crate::feed::{BATCH, EntryId, FeedItem, Joined, Log};
 
 /// Events buffered between a watch's task and its consumer.
 const BUFFER: usize = 256;
@@ -108,7 +108,7 @@ impl Watch {
                         }
                     }
                 }
-                Ok(FeedItem::Failed(e)) => return Err(copy_error(&e)),
+                Ok(FeedItem::Failed(e)) => return Err(e.duplicate()),
                 Err(RecvError::Lagged(_)) => self.catch_up().await?,
                 Err(RecvError::Closed) => {
                     return Err(KvError::backend(NAME, "the watch feed ended unexpectedly; watch again"));

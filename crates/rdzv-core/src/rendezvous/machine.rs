@@ -333,8 +333,8 @@ enum Step {
 
 #[derive(Debug)]
 enum JoinStep {
-    /// Round N-2's delete handed to the background; then `then` (opening the state watch).
-    Forgetting { then: Box<Action> },
+    /// Round N-2's delete handed to the background; then the state watch is opened.
+    Forgetting,
     /// Opening the state watch (before the write: a watch from a future revision streams
     /// live, one opened after the write would start in the past).
     Watching,
@@ -359,6 +359,27 @@ struct Frozen {
     rank: usize,
     participants: std::sync::Arc<[Participant]>,
     frozen_revision: Revision,
+}
+
+impl Frozen {
+    /// The round, completed by the `final` value at `final_revision` (timings are filled
+    /// in by [`Machine::done`]).
+    fn completed(
+        self,
+        final_revision: Revision,
+        members_from: Revision,
+        run_lease: Option<LeaseId>,
+    ) -> Completed {
+        Completed {
+            version: self.version,
+            rank: self.rank,
+            participants: self.participants,
+            final_revision,
+            members_from,
+            run_lease,
+            timings: RoundTimings::default(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -539,25 +560,16 @@ impl Machine {
                 Input::Put(PutOutcome::Written { revision, .. }, _) => {
                     self.leftovers.setup = None;
                     tracing::debug!(version, "created a round");
-                    let observed = Observed {
-                        state: Some(State::Joinable { version }),
-                        mod_revision: revision,
-                        seen: revision,
-                        lease: None,
-                    };
-                    // The creator of round N deletes round N-2 (see `forget`): first start
-                    // joining, then let the executor fire the delete.
-                    let join = self.join(version, &observed);
+                    // The creator of round N deletes round N-2 (see `forget_round` in the
+                    // executor, which runs it in the background), then joins.
                     match version.checked_sub(2).filter(|v| *v > 0) {
                         Some(old) => {
-                            self.phase = Phase::Join {
-                                version,
-                                state_revision: revision,
-                                step: JoinStep::Forgetting { then: Box::new(join) },
-                            };
+                            self.doing = "joining";
+                            self.phase =
+                                Phase::Join { version, state_revision: revision, step: JoinStep::Forgetting };
                             Action::ForgetRound { version: old }
                         }
-                        None => join,
+                        None => self.join(version, revision, revision),
                     }
                 }
                 Input::Put(PutOutcome::Conflict { current }, _) => {
@@ -582,7 +594,7 @@ impl Machine {
                             final_revision: observed.mod_revision,
                             members_from,
                             run_lease: observed.lease,
-                            timings: self.timings,
+                            timings: RoundTimings::default(),
                         };
                         self.done(done, now)
                     }
@@ -636,7 +648,7 @@ impl Machine {
                 self.doing = "creating a round";
                 self.claim(PutMode::Create, None)
             }
-            InitAction::Join { version } => self.join(version, &observed),
+            InitAction::Join { version } => self.join(version, observed.mod_revision, observed.seen),
             InitAction::AwaitNextRound { version, world_size } => self.late(version, world_size, observed),
             InitAction::ResumeConfirm { version, rank } => {
                 let Some(State::Frozen { participants, .. }) = observed.state else {
@@ -676,11 +688,12 @@ impl Machine {
         Action::BumpCounter
     }
 
-    /// Phase 2: join round `version`, first watching the state from what was seen.
-    fn join(&mut self, version: u64, observed: &Observed) -> Action {
+    /// Phase 2: join round `version` (its `joinable` value at `state_revision`), first
+    /// watching the state from after `seen`.
+    fn join(&mut self, version: u64, state_revision: Revision, seen: Revision) -> Action {
         self.doing = "joining";
-        self.phase = Phase::Join { version, state_revision: observed.mod_revision, step: JoinStep::Watching };
-        Action::WatchState { from: observed.seen + 1 }
+        self.phase = Phase::Join { version, state_revision, step: JoinStep::Watching };
+        Action::WatchState { from: seen + 1 }
     }
 
     fn on_join(
@@ -694,10 +707,7 @@ impl Machine {
         let join_key = self.keys.join(version, &self.me.node);
         let stay = |step| Phase::Join { version, state_revision, step };
         match (step, input) {
-            (JoinStep::Forgetting { then }, Input::Ack) => {
-                self.phase = stay(JoinStep::Watching);
-                *then
-            }
+            (JoinStep::Forgetting, Input::Ack) => self.join(version, state_revision, state_revision),
             (JoinStep::Watching, Input::Ack) => {
                 self.phase = stay(JoinStep::Writing);
                 self.put_own(join_key)
@@ -862,16 +872,7 @@ impl Machine {
                 }
             }
             (ConfirmStep::Finalizing { mine }, Input::Put(PutOutcome::Written { revision, .. }, lease)) => {
-                let done = Completed {
-                    version: round.version,
-                    rank: round.rank,
-                    participants: round.participants,
-                    final_revision: revision,
-                    members_from: mine,
-                    run_lease: lease,
-                    timings: self.timings,
-                };
-                self.done(done, now)
+                self.done(round.completed(revision, mine, lease), now)
             }
             (ConfirmStep::Finalizing { mine }, Input::Put(PutOutcome::Conflict { .. }, _)) => {
                 self.doing = "waiting for every member to confirm";
@@ -885,16 +886,7 @@ impl Machine {
                             Some(State::Final { confirmed: Some(confirmed), .. }) => *confirmed,
                             _ => mine,
                         };
-                        let done = Completed {
-                            version: round.version,
-                            rank: round.rank,
-                            participants: round.participants,
-                            final_revision: seen.mod_revision,
-                            members_from,
-                            run_lease: seen.lease,
-                            timings: self.timings,
-                        };
-                        self.done(done, now)
+                        self.done(round.completed(seen.mod_revision, members_from, seen.lease), now)
                     }
                     ConfirmAction::KeepWaiting => {
                         self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
