@@ -50,7 +50,7 @@ async fn increment(kv: &dyn Kv, key: &[u8], mode: Mode) -> u64 {
                     Some(kv) => PutMode::Update(kv.mod_revision),
                     None => PutMode::Create,
                 };
-                let value = next_value(current.as_ref().map(|kv| kv.value.as_slice()));
+                let value = next_value(current.as_ref().map(|kv| &kv.value[..]));
                 match kv.put(key, &value, PutOptions::new(mode)).await.expect("put") {
                     PutOutcome::Written { .. } => return conflicts,
                     // The naive loop ignores what the conflict told it and reads again.
@@ -62,7 +62,7 @@ async fn increment(kv: &dyn Kv, key: &[u8], mode: Mode) -> u64 {
             let mut attempts = 0u64;
             kv.compare_and_swap(key, PutOptions::new(PutMode::Overwrite), |current| {
                 attempts += 1;
-                Some(next_value(current.map(|kv| kv.value.as_slice())))
+                Some(next_value(current.map(|kv| &kv.value[..])))
             })
             .await
             .expect("compare_and_swap");

@@ -147,7 +147,9 @@ impl Kv for Hooked {
             });
         }
         if !self.kill_before_final {
-        } else if let Ok(State::Final { version, participants, .. }) = State::parse(key, value) {
+        } else if let Ok(State::Final { version, participants, .. }) =
+            State::parse(key, &rdzv_core::Bytes::copy_from_slice(value))
+        {
             for (rank, p) in participants.iter().enumerate().filter(|(_, p)| p.node != self.me) {
                 let _ = p;
                 let key = format!("{PREFIX}/run_run/rdzv/v_{version}/rank_{rank}");

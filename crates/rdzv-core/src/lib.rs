@@ -15,6 +15,9 @@ mod session;
 mod url;
 
 // The backend contract: the trait, its types, its conveniences and errors.
+/// The byte buffer of [`KeyValue::value`] (re-exported from the `bytes` crate): cheap to clone,
+/// derefs to `[u8]`.
+pub use bytes::Bytes;
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
 pub use ext::{KvExt, Watch, show_key};
 pub use kv::*;

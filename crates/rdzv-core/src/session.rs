@@ -362,7 +362,11 @@ fn settle(leases: &mut HashMap<LeaseId, Entry>, batch: Vec<LeaseId>, sent: Insta
             }
         };
         if let Some(why) = lost {
-            entry.lose(lease, why);
+            // A lease whose sessions all closed meanwhile (revoked while this refresh was
+            // in flight) is not lost: forget it quietly.
+            if entry.holders.iter().any(|h| !h.is_gone()) {
+                entry.lose(lease, why);
+            }
             leases.remove(&lease);
         }
     }

@@ -44,7 +44,7 @@ impl Model {
         self.revision += 1;
         let kv = KeyValue {
             key: key.to_vec(),
-            value: value.to_vec(),
+            value: value.to_vec().into(),
             create_revision: current.as_ref().map_or(self.revision, |kv| kv.create_revision),
             mod_revision: self.revision,
             version: current.as_ref().map_or(1, |kv| kv.version + 1),

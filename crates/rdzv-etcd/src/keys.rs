@@ -69,7 +69,7 @@ impl Namespace {
         let (key, value) = kv.into_key_value();
         KeyValue {
             key: self.strip(key),
-            value,
+            value: value.into(),
             create_revision,
             mod_revision,
             version,

@@ -7,14 +7,23 @@
 //! handlers leaving at once did exactly that. On the shared stream a watch is ended by a
 //! cancel request instead.
 //!
+//! Why shared etcd watches: N handlers of one client waiting on the same key (the rendezvous
+//! state) would otherwise cost the server N watches and the client N copies of every
+//! event, each with the full value (4096 workers × a 400 KB state = 1.6 GB per change). So
+//! local watches of the same key (or prefix) share one etcd watch, a *group*, which keeps
+//! the events it received (up to 16 MiB / 65,536 of them): a local watch starting at or
+//! after the first revision the group still covers joins it and is handed the kept events
+//! from its start, then the live ones; one starting earlier gets a group of its own.
+//!
 //! How: a driver task per client owns the stream (opened lazily with the first watch). It
 //! sends creates in order and matches each `created` answer to the oldest create not yet
 //! answered (etcd handles the requests of one stream in order and answers creates in that
-//! order), then routes responses by watch id to per-watch channels. Compaction ends the one
-//! watch it concerns with [`KvError::Compacted`]. When the stream breaks, it is reopened
-//! (failing over between members) with every live watch re-created from its last delivered
-//! revision + 1, with bounded, growing pauses between attempts; then the watches end with
-//! an error.
+//! order), then routes responses by watch id to the group's members. Compaction ends the
+//! members that needed a compacted revision with [`KvError::Compacted`] (the others go on,
+//! the group started again). When the stream breaks, it is reopened (failing over between
+//! members) with every group re-created from its last received revision + 1, with bounded,
+//! growing pauses between attempts; then the watches end with an error. A group's etcd
+//! watch is cancelled when its last local watch is dropped.
 //!
 //! Each watch's events wait in its own unbounded queue until read, as in the Go client: a
 //! reader that falls behind costs memory but never stalls the other watches of the client.
@@ -72,19 +81,17 @@ pub(crate) async fn open(target: Target, start: Revision) -> KvResult<WatchStrea
         done: false,
         shared: target.shared.clone(),
     };
-    let watch = Watch {
+    let request = Request {
         namespace: target.namespace,
         key: target.key,
         range_end: target.range_end,
-        next: start,
+        start,
         events,
-        reply: Some(reply),
-        id: None,
+        reply,
         request_timeout: target.request_timeout,
-        token_renewed: false,
     };
     let ctx = target.shared.context(target.request_timeout, None);
-    if commands.send(Command::Create { token, watch: Box::new(watch) }).is_err() {
+    if commands.send(Command::Create { token, request: Box::new(request) }).is_err() {
         return Err(driver_gone(&target.shared.endpoints));
     }
     match tokio::time::timeout(target.request_timeout, replied).await {
@@ -126,7 +133,9 @@ impl Mux {
             shared: Arc::downgrade(shared),
             endpoints: shared.endpoints.clone(),
             commands: receiver,
-            watches: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            next_group: 0,
+            members: HashMap::new(),
             ids: HashMap::new(),
             creating: VecDeque::new(),
             link: None,
@@ -144,10 +153,16 @@ impl Mux {
 /// What a watch's channel carries: the events of one response, or the error that ends it.
 type Batch = KvResult<Vec<Event>>;
 
+/// Retained events of one shared etcd watch, so that a local watch starting from an earlier
+/// revision can still join it: at most this many bytes of keys and values...
+const HISTORY_BYTES: usize = 16 << 20;
+/// ...and at most this many events.
+const HISTORY_EVENTS: usize = 65_536;
+
 enum Command {
     Create {
         token: u64,
-        watch: Box<Watch>,
+        request: Box<Request>,
     },
     /// The watch's stream was dropped.
     Cancel {
@@ -155,33 +170,27 @@ enum Command {
     },
 }
 
-/// One live watch, as the driver knows it.
-struct Watch {
+/// A local watch to open.
+struct Request {
     namespace: Namespace,
     key: Vec<u8>,
     range_end: Option<Vec<u8>>,
-    /// The revision to (re)start from: the last delivered event's + 1.
-    next: Revision,
+    start: Revision,
     events: mpsc::UnboundedSender<Batch>,
-    /// Waiting for etcd's first `created` answer.
-    reply: Option<oneshot::Sender<KvResult<()>>>,
-    /// etcd's id for it on the current stream, once created.
-    id: Option<i64>,
+    reply: oneshot::Sender<KvResult<()>>,
     request_timeout: Duration,
-    /// Being re-created on a fresh stream because etcd refused the last stream's token
-    /// (once: a second refusal fails the watch).
-    token_renewed: bool,
 }
 
-impl Watch {
-    fn options(&self) -> WatchOptions {
-        let mut options = WatchOptions::new().with_start_revision(self.next);
-        if let Some(end) = &self.range_end {
-            options = options.with_range(end.clone());
-        }
-        options
-    }
+/// One local watch, a member of a [`Group`].
+struct Member {
+    /// The next revision it is to receive (it has everything before).
+    next: Revision,
+    events: mpsc::UnboundedSender<Batch>,
+    /// Waiting for the group's first `created` answer.
+    reply: Option<oneshot::Sender<KvResult<()>>>,
+}
 
+impl Member {
     /// Ends the watch with `error` (on the stream, or as the answer to its creation).
     fn fail(self, error: KvError) {
         match self.reply {
@@ -194,7 +203,54 @@ impl Watch {
         }
     }
 
-    /// The events of `response` not yet delivered, as [`Event`]s.
+    /// Hands over the events of `batch` it has not had; false if its stream was dropped.
+    fn deliver(&mut self, batch: &[Event]) -> bool {
+        let fresh: Vec<Event> = batch.iter().filter(|e| e.revision() >= self.next).cloned().collect();
+        let Some(last) = fresh.last() else { return true };
+        self.next = last.revision() + 1;
+        self.events.send(Ok(fresh)).is_ok()
+    }
+}
+
+/// One etcd watch on the stream, shared by every local watch of the same key (or prefix)
+/// that starts within what it has seen: N handlers of one client waiting on the same state
+/// key cost the server one watch and the client one copy of each event, not N.
+struct Group {
+    namespace: Namespace,
+    key: Vec<u8>,
+    range_end: Option<Vec<u8>>,
+    /// The revision to (re)start the etcd watch from: the last event received + 1.
+    next: Revision,
+    /// The events received from `covered_from` on: every change of the key (or prefix) with
+    /// a revision in `covered_from..next`.
+    history: VecDeque<Event>,
+    history_bytes: usize,
+    covered_from: Revision,
+    members: BTreeMap<u64, Member>,
+    /// etcd's id for it on the current stream, once created.
+    id: Option<i64>,
+    request_timeout: Duration,
+    /// Being re-created on a fresh stream because etcd refused the last stream's token
+    /// (once: a second refusal fails the watch).
+    token_renewed: bool,
+}
+
+impl Group {
+    fn options(&self) -> WatchOptions {
+        let mut options = WatchOptions::new().with_start_revision(self.next);
+        if let Some(end) = &self.range_end {
+            options = options.with_range(end.clone());
+        }
+        options
+    }
+
+    /// Whether a watch of `key`/`range_end` from `start` can be served by this group.
+    fn serves(&self, key: &[u8], range_end: &Option<Vec<u8>>, start: Revision) -> bool {
+        self.key == key && &self.range_end == range_end && self.covered_from <= start
+    }
+
+    /// The events of `response` not yet received, as [`Event`]s (converted once for all the
+    /// members), also kept in the history.
     fn absorb(&mut self, response: &WatchResponse) -> Vec<Event> {
         let mut batch = Vec::with_capacity(response.events().len());
         for event in response.events() {
@@ -203,14 +259,14 @@ impl Watch {
             // this also avoids etcd-client's panicking conversion of unknown event types.
             let kind = if kv.create_revision() == 0 { EventKind::Delete } else { EventKind::Put };
             if kv.mod_revision() < self.next {
-                // Already delivered before a resume; never hand out a duplicate.
+                // Already received before a resume; never hand out a duplicate.
                 continue;
             }
             let kv = match kind {
                 EventKind::Put => self.namespace.convert(kv.clone()),
                 EventKind::Delete => KeyValue {
                     key: self.namespace.strip(kv.key().to_vec()),
-                    value: Vec::new(),
+                    value: Default::default(),
                     create_revision: 0,
                     mod_revision: kv.mod_revision(),
                     version: 0,
@@ -222,7 +278,27 @@ impl Watch {
         if let Some(last) = batch.last() {
             self.next = last.revision() + 1;
         }
+        for event in &batch {
+            self.history_bytes += event.kv.key.len() + event.kv.value.len();
+            self.history.push_back(event.clone());
+        }
+        while self.history_bytes > HISTORY_BYTES || self.history.len() > HISTORY_EVENTS {
+            let Some(old) = self.history.pop_front() else { break };
+            self.history_bytes -= old.kv.key.len() + old.kv.value.len();
+            // Other events of the same revision may remain; coverage restarts after it.
+            self.covered_from = old.revision() + 1;
+        }
         batch
+    }
+
+    /// Starts over from the earliest revision a member still needs, with no history (after
+    /// a compaction answer that did not concern every member).
+    fn restart(&mut self) {
+        self.next = self.members.values().map(|m| m.next).min().unwrap_or(self.next);
+        self.covered_from = self.next;
+        self.history.clear();
+        self.history_bytes = 0;
+        self.id = None;
     }
 }
 
@@ -242,11 +318,14 @@ struct Driver {
     shared: Weak<Shared>,
     endpoints: String,
     commands: mpsc::UnboundedReceiver<Command>,
-    /// Live watches by token (ordered, so that re-creation follows creation order).
-    watches: BTreeMap<u64, Watch>,
-    /// etcd watch id → token, on the current stream.
+    /// Live groups by creation number (ordered, so that re-creation follows creation order).
+    groups: BTreeMap<u64, Group>,
+    next_group: u64,
+    /// Local watch token → its group.
+    members: HashMap<u64, u64>,
+    /// etcd watch id → group, on the current stream.
     ids: HashMap<i64, u64>,
-    /// Tokens whose create was sent on the current stream and not yet answered, in order.
+    /// Groups whose create was sent on the current stream and not yet answered, in order.
     creating: VecDeque<u64>,
     link: Option<Link>,
     /// Pauses left for reopening, while reopening.
@@ -275,14 +354,14 @@ impl Driver {
             };
             match step {
                 Step::Command(None) => return,
-                Step::Command(Some(Command::Create { token, watch })) => self.create(token, *watch).await,
+                Step::Command(Some(Command::Create { token, request })) => self.create(token, *request).await,
                 Step::Command(Some(Command::Cancel { token })) => self.cancel(token),
                 Step::Message(Ok(Some(response))) => self.route(response),
                 Step::Message(Ok(None)) => {
                     self.broken(None, "the server closed the watch stream".to_string())
                 }
                 Step::Message(Err(e)) => {
-                    let timeout = self.watches.values().next().map_or(Duration::ZERO, |w| w.request_timeout);
+                    let timeout = self.groups.values().next().map_or(Duration::ZERO, |g| g.request_timeout);
                     let ctx = Context { endpoints: &self.endpoints, lease: None, timeout };
                     let error = error::classify("watch", e, ctx);
                     if error.is_retryable() {
@@ -296,22 +375,71 @@ impl Driver {
         }
     }
 
-    async fn create(&mut self, token: u64, watch: Watch) {
-        let request = (watch.key.clone(), watch.options());
-        self.watches.insert(token, watch);
+    /// The group a new watch can join: same key or prefix, covering its start, and created
+    /// (or being created) on the current stream.
+    fn joinable(&self, request: &Request) -> Option<u64> {
+        self.link.as_ref()?;
+        self.groups
+            .iter()
+            .find(|(gid, g)| {
+                g.serves(&request.key, &request.range_end, request.start)
+                    && (g.id.is_some() || self.creating.contains(gid))
+            })
+            .map(|(gid, _)| *gid)
+    }
+
+    async fn create(&mut self, token: u64, request: Request) {
+        if let Some(gid) = self.joinable(&request) {
+            let Some(group) = self.groups.get_mut(&gid) else { return };
+            let mut member = Member { next: request.start, events: request.events, reply: None };
+            let replay: Vec<Event> =
+                group.history.iter().filter(|e| e.revision() >= request.start).cloned().collect();
+            member.deliver(&replay);
+            member.next = member.next.max(group.next);
+            if group.id.is_some() {
+                let _ = request.reply.send(Ok(()));
+            } else {
+                member.reply = Some(request.reply);
+            }
+            group.members.insert(token, member);
+            self.members.insert(token, gid);
+            return;
+        }
+        let gid = self.next_group;
+        self.next_group += 1;
+        let member = Member { next: request.start, events: request.events, reply: Some(request.reply) };
+        let group = Group {
+            namespace: request.namespace,
+            key: request.key,
+            range_end: request.range_end,
+            next: request.start,
+            history: VecDeque::new(),
+            history_bytes: 0,
+            covered_from: request.start,
+            members: BTreeMap::from([(token, member)]),
+            id: None,
+            request_timeout: request.request_timeout,
+            token_renewed: false,
+        };
+        let create = Outgoing::Create(group.key.clone(), group.options());
+        self.groups.insert(gid, group);
+        self.members.insert(token, gid);
         if let Some(link) = &self.link {
-            self.creating.push_back(token);
+            self.creating.push_back(gid);
             // A closed writer means the stream ended: its end, read next, re-creates this.
-            let _ = link.requests.send(Outgoing::Create(request.0, request.1));
+            let _ = link.requests.send(create);
             return;
         }
         // No stream (none yet, or broken and waiting for its next attempt): open it now,
         // so that an unreachable cluster fails this call at once.
         if let Err(e) = self.connect().await {
-            if let Some(watch) = self.watches.remove(&token) {
-                watch.fail(e);
+            if let Some(group) = self.groups.remove(&gid) {
+                for (token, member) in group.members {
+                    self.members.remove(&token);
+                    member.fail(e.duplicate());
+                }
             }
-            if self.watches.is_empty() {
+            if self.groups.is_empty() {
                 self.retry_at = None;
                 self.backoff = None;
             }
@@ -319,12 +447,25 @@ impl Driver {
     }
 
     fn cancel(&mut self, token: u64) {
-        let Some(watch) = self.watches.remove(&token) else { return };
-        if let (Some(id), Some(link)) = (watch.id, &self.link) {
+        let Some(gid) = self.members.remove(&token) else { return };
+        let Some(group) = self.groups.get_mut(&gid) else { return };
+        group.members.remove(&token);
+        if group.members.is_empty() {
+            self.drop_group(gid);
+        }
+    }
+
+    /// Forgets a group and cancels its etcd watch (one still unanswered is cancelled when
+    /// its answer comes, see `route`).
+    fn drop_group(&mut self, gid: u64) {
+        let Some(group) = self.groups.remove(&gid) else { return };
+        for token in group.members.keys() {
+            self.members.remove(token);
+        }
+        if let (Some(id), Some(link)) = (group.id, &self.link) {
             self.ids.remove(&id);
             let _ = link.requests.send(Outgoing::Cancel(id));
         }
-        // A create still unanswered is cancelled when its answer comes (see `route`).
     }
 
     fn route(&mut self, response: WatchResponse) {
@@ -332,23 +473,23 @@ impl Driver {
         self.backoff = None;
         let id = response.watch_id();
         if response.created() {
-            let Some(token) = self.creating.pop_front() else {
+            let Some(gid) = self.creating.pop_front() else {
                 tracing::warn!(endpoints = %self.endpoints, id, "etcd answered a watch create never sent");
                 return;
             };
-            let Some(watch) = self.watches.get_mut(&token) else {
+            let Some(group) = self.groups.get_mut(&gid) else {
                 // Dropped while being created.
                 if !response.canceled() {
                     self.send(Outgoing::Cancel(id));
                 }
                 return;
             };
-            if response.canceled() && !watch.token_renewed && response.cancel_reason().contains("auth token")
+            if response.canceled() && !group.token_renewed && response.cancel_reason().contains("auth token")
             {
                 // The stream carries the token it was opened with, which etcd may have
                 // dropped since (after its TTL unused, or a restart) while requests moved on
                 // to a new one: reopen with a fresh token, re-creating every watch.
-                watch.token_renewed = true;
+                group.token_renewed = true;
                 tracing::debug!(endpoints = %self.endpoints, "etcd refused the watch stream's token; reopening");
                 self.detach();
                 self.renew_token = true;
@@ -356,60 +497,90 @@ impl Driver {
                 return;
             }
             if response.canceled() {
-                let reason = response.cancel_reason();
-                let error = KvError::backend(
-                    BACKEND,
-                    format!(
-                        "etcd refused the watch at {}: {}",
-                        self.endpoints,
-                        if reason.is_empty() { "no reason given" } else { reason }
-                    ),
-                );
-                if let Some(mut watch) = self.watches.remove(&token) {
-                    // As before multiplexing: the call succeeds and the stream yields the error.
-                    if let Some(reply) = watch.reply.take() {
-                        let _ = reply.send(Ok(()));
-                    }
-                    watch.fail(error);
-                }
+                self.end_group(gid, "refused", response.cancel_reason());
                 return;
             }
-            watch.id = Some(id);
+            group.id = Some(id);
             // A later refusal (after another expiry) deserves another renewal.
-            watch.token_renewed = false;
-            if let Some(reply) = watch.reply.take() {
-                let _ = reply.send(Ok(()));
+            group.token_renewed = false;
+            for member in group.members.values_mut() {
+                if let Some(reply) = member.reply.take() {
+                    let _ = reply.send(Ok(()));
+                }
             }
-            self.ids.insert(id, token);
+            self.ids.insert(id, gid);
         }
-        let Some(&token) = self.ids.get(&id) else {
+        let Some(&gid) = self.ids.get(&id) else {
             // Events of a watch being cancelled, or the answer to our cancel.
             return;
         };
-        if response.compact_revision() > 0 || response.canceled() {
+        if response.compact_revision() > 0 {
             self.ids.remove(&id);
-            let Some(watch) = self.watches.remove(&token) else { return };
-            let error = if response.compact_revision() > 0 {
-                KvError::Compacted { requested: watch.next, oldest: response.compact_revision() }
-            } else {
-                let reason = response.cancel_reason();
-                KvError::backend(
-                    BACKEND,
-                    format!(
-                        "etcd cancelled the watch at {}: {}",
-                        self.endpoints,
-                        if reason.is_empty() { "no reason given" } else { reason }
-                    ),
-                )
-            };
-            watch.fail(error);
+            self.compacted(gid, response.compact_revision());
             return;
         }
-        let Some(watch) = self.watches.get_mut(&token) else { return };
-        let batch = watch.absorb(&response);
-        if !batch.is_empty() && watch.events.send(Ok(batch)).is_err() {
+        if response.canceled() {
+            self.ids.remove(&id);
+            self.end_group(gid, "cancelled", response.cancel_reason());
+            return;
+        }
+        let Some(group) = self.groups.get_mut(&gid) else { return };
+        let batch = group.absorb(&response);
+        if batch.is_empty() {
+            return;
+        }
+        let gone: Vec<u64> = group
+            .members
+            .iter_mut()
+            .filter_map(|(token, m)| (!m.deliver(&batch)).then_some(*token))
+            .collect();
+        for token in gone {
             // The stream was dropped; its cancel command is on its way.
             self.cancel(token);
+        }
+    }
+
+    /// etcd refused or cancelled a group's watch: its members end with the reason. As before
+    /// multiplexing, a member still being opened is answered first (the call succeeds and
+    /// the stream yields the error).
+    fn end_group(&mut self, gid: u64, what: &str, reason: &str) {
+        let Some(group) = self.groups.remove(&gid) else { return };
+        let reason = if reason.is_empty() { "no reason given" } else { reason };
+        let error =
+            KvError::backend(BACKEND, format!("etcd {what} the watch at {}: {reason}", self.endpoints));
+        for (token, mut member) in group.members {
+            self.members.remove(&token);
+            if let Some(reply) = member.reply.take() {
+                let _ = reply.send(Ok(()));
+            }
+            member.fail(error.duplicate());
+        }
+    }
+
+    /// etcd ended a group's watch: its start is compacted. The members that need a revision
+    /// before `oldest` fail with [`KvError::Compacted`]; the others are served by the group
+    /// started again from the earliest revision they need.
+    fn compacted(&mut self, gid: u64, oldest: Revision) {
+        let Some(group) = self.groups.get_mut(&gid) else { return };
+        let lost: Vec<u64> = group.members.iter().filter(|(_, m)| m.next < oldest).map(|(t, _)| *t).collect();
+        for token in lost {
+            if let Some(mut member) = group.members.remove(&token) {
+                self.members.remove(&token);
+                if let Some(reply) = member.reply.take() {
+                    let _ = reply.send(Ok(()));
+                }
+                let requested = member.next;
+                member.fail(KvError::Compacted { requested, oldest });
+            }
+        }
+        if group.members.is_empty() {
+            self.groups.remove(&gid);
+            return;
+        }
+        group.restart();
+        if let Some(link) = &self.link {
+            self.creating.push_back(gid);
+            let _ = link.requests.send(Outgoing::Create(group.key.clone(), group.options()));
         }
     }
 
@@ -425,55 +596,73 @@ impl Driver {
         let why = error.as_ref().map_or(why, |e| e.to_string());
         tracing::debug!(endpoints = %self.endpoints, %why, "etcd watch stream broken; resuming");
         self.detach();
-        let unanswered: Vec<u64> =
-            self.watches.iter().filter(|(_, w)| w.reply.is_some()).map(|(token, _)| *token).collect();
-        for token in unanswered {
-            if let Some(watch) = self.watches.remove(&token) {
-                let e = error.as_ref().map_or_else(|| self.unavailable(why.clone()), KvError::duplicate);
-                watch.fail(e);
+        let mut emptied = Vec::new();
+        for (gid, group) in &mut self.groups {
+            let unanswered: Vec<u64> =
+                group.members.iter().filter(|(_, m)| m.reply.is_some()).map(|(t, _)| *t).collect();
+            for token in unanswered {
+                if let Some(member) = group.members.remove(&token) {
+                    self.members.remove(&token);
+                    let e = error.as_ref().map_or_else(
+                        || KvError::Unavailable {
+                            backend: BACKEND,
+                            endpoint: self.endpoints.clone(),
+                            message: why.clone(),
+                            source: None,
+                        },
+                        KvError::duplicate,
+                    );
+                    member.fail(e);
+                }
+            }
+            if group.members.is_empty() {
+                emptied.push(*gid);
             }
         }
+        for gid in emptied {
+            self.groups.remove(&gid);
+        }
         self.last_error = Some(why);
-        self.retry_at = if self.watches.is_empty() { None } else { Some(Instant::now()) };
+        self.retry_at = if self.groups.is_empty() { None } else { Some(Instant::now()) };
     }
 
-    /// Forgets the current stream; the watches stay, to be re-created on the next.
+    /// Forgets the current stream; the groups stay, to be re-created on the next.
     fn detach(&mut self) {
         self.link = None;
         self.ids.clear();
         self.creating.clear();
-        for watch in self.watches.values_mut() {
-            watch.id = None;
+        for group in self.groups.values_mut() {
+            group.id = None;
         }
     }
 
-    fn unavailable(&self, message: String) -> KvError {
-        KvError::Unavailable { backend: BACKEND, endpoint: self.endpoints.clone(), message, source: None }
-    }
-
-    /// Ends every watch with the error `error_for` gives it, and forgets the stream.
-    fn fail_all(&mut self, error_for: impl Fn(&Watch) -> KvError) {
+    /// Ends every watch with the error `error_for` gives it (from the revision it needs
+    /// next), and forgets the stream.
+    fn fail_all(&mut self, error_for: impl Fn(Revision) -> KvError) {
         self.link = None;
         self.ids.clear();
         self.creating.clear();
         self.retry_at = None;
         self.backoff = None;
-        for (_, watch) in std::mem::take(&mut self.watches) {
-            let error = error_for(&watch);
-            watch.fail(error);
+        self.members.clear();
+        for (_, group) in std::mem::take(&mut self.groups) {
+            for (_, member) in group.members {
+                let error = error_for(member.next);
+                member.fail(error);
+            }
         }
     }
 
     /// One attempt to reopen the broken stream; schedules the next, or gives up.
     async fn reopen(&mut self) {
         self.retry_at = None;
-        if self.watches.is_empty() || self.link.is_some() {
+        if self.groups.is_empty() || self.link.is_some() {
             self.backoff = None;
             return;
         }
         match self.connect().await {
             Ok(()) => {
-                tracing::debug!(endpoints = %self.endpoints, watches = self.watches.len(), "etcd watch stream resumed");
+                tracing::debug!(endpoints = %self.endpoints, watches = self.members.len(), "etcd watch stream resumed");
             }
             Err(e) if e.is_retryable() => {
                 self.last_error = Some(e.to_string());
@@ -489,13 +678,12 @@ impl Driver {
                     None => {
                         let last = self.last_error.clone().unwrap_or_else(|| "none".to_string());
                         let endpoints = self.endpoints.clone();
-                        self.fail_all(|watch| KvError::Unavailable {
+                        self.fail_all(|next| KvError::Unavailable {
                             backend: BACKEND,
                             endpoint: endpoints.clone(),
                             message: format!(
-                                "the watch broke and could not be resumed from revision {} after \
+                                "the watch broke and could not be resumed from revision {next} after \
                                  {} attempts; last error: {last}",
-                                watch.next,
                                 RESUME_ATTEMPTS + 1,
                             ),
                             source: None,
@@ -507,15 +695,15 @@ impl Driver {
         }
     }
 
-    /// Opens the stream with the first watch's create, then sends the others' (each from
+    /// Opens the stream with the first group's create, then sends the others' (each from
     /// its next revision).
     async fn connect(&mut self) -> KvResult<()> {
-        let Some((&first, watch)) = self.watches.iter().next() else { return Ok(()) };
+        let Some((&first, group)) = self.groups.iter().next() else { return Ok(()) };
         let Some(shared) = self.shared.upgrade() else {
             return Err(driver_gone(&self.endpoints));
         };
-        let timeout = watch.request_timeout;
-        let (key, options) = (watch.key.clone(), watch.options());
+        let timeout = group.request_timeout;
+        let (key, options) = (group.key.clone(), group.options());
         if std::mem::take(&mut self.renew_token) {
             // If this fails, the create is refused again and the watch fails with the reason.
             let renewal = async { shared.client().await?.refresh_token().await };
@@ -557,9 +745,9 @@ impl Driver {
         self.ids.clear();
         self.creating.clear();
         self.creating.push_back(first);
-        for (&token, watch) in self.watches.iter().skip(1) {
-            self.creating.push_back(token);
-            let _ = requests.send(Outgoing::Create(watch.key.clone(), watch.options()));
+        for (&gid, group) in self.groups.iter().skip(1) {
+            self.creating.push_back(gid);
+            let _ = requests.send(Outgoing::Create(group.key.clone(), group.options()));
         }
         self.link = Some(Link { requests, responses });
         Ok(())

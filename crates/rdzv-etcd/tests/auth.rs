@@ -35,7 +35,7 @@ async fn credentials_work_and_never_show() {
     kv.put(b"k", b"v", PutOptions::OVERWRITE).await.unwrap();
     assert_hidden("Debug of the backend", &format!("{kv:?}"));
     let direct = server.try_kv().await.unwrap();
-    assert_eq!(direct.get(b"k").await.unwrap().kv.unwrap().value, b"v");
+    assert_eq!(direct.get(b"k").await.unwrap().kv.unwrap().value, &b"v"[..]);
     // Watches and leases carry the token too.
     let mut events = direct.watch(b"k", rdzv_core::WatchScope::Key, 1).await.unwrap();
     let event = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut events))
@@ -43,7 +43,7 @@ async fn credentials_work_and_never_show() {
         .expect("an event")
         .expect("not ended")
         .expect("not an error");
-    assert_eq!(event.kv.value, b"v");
+    assert_eq!(event.kv.value, &b"v"[..]);
     let lease = direct.lease_grant(Duration::from_secs(5)).await.unwrap();
     direct.lease_keep_alive(lease).await.unwrap();
     direct.lease_revoke(lease).await.unwrap();
@@ -106,5 +106,5 @@ async fn an_expired_token_is_renewed() {
     let expired = plain.get("k", None).await.expect_err("the token expired");
     assert!(expired.to_string().contains("token"), "{expired}");
     kv.put(b"k", b"2", PutOptions::OVERWRITE).await.expect("the client re-authenticates");
-    assert_eq!(kv.get(b"k").await.unwrap().kv.unwrap().value, b"2");
+    assert_eq!(kv.get(b"k").await.unwrap().kv.unwrap().value, &b"2"[..]);
 }

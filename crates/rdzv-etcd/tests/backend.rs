@@ -60,7 +60,7 @@ async fn compacting_the_server_fails_older_watches_with_compacted() {
     let mut events = within("watch", kv.watch(b"c/", WatchScope::Prefix, last)).await.unwrap();
     let event = within("event", events.next()).await.unwrap().unwrap();
     assert_eq!(event.revision(), last);
-    assert_eq!(event.kv.value, b"3");
+    assert_eq!(event.kv.value, &b"3"[..]);
 
     // A future revision cannot be compacted.
     let err = within("future", kv.compact(last + 1000)).await.unwrap_err();
@@ -131,14 +131,14 @@ async fn namespaces_isolate_keys_ranges_and_watches() {
     let b = ns_kv("iso-b/").await;
     let rev = put(&a, b"k", b"from a").await;
     put(&b, b"k", b"from b").await;
-    assert_eq!(a.get(b"k").await.unwrap().kv.unwrap().value, b"from a");
+    assert_eq!(a.get(b"k").await.unwrap().kv.unwrap().value, &b"from a"[..]);
     let all = a.range(b"", RangeOptions::default()).await.unwrap();
     assert_eq!(all.count, 1);
     assert_eq!(all.kvs[0].key, b"k", "keys come back without the namespace");
     let mut events = a.watch(b"", WatchScope::Prefix, rev).await.unwrap();
     let event = within("event", events.next()).await.unwrap().unwrap();
     assert_eq!(event.kv.key, b"k");
-    assert_eq!(event.kv.value, b"from a");
+    assert_eq!(event.kv.value, &b"from a"[..]);
     put(&b, b"k2", b"b again").await;
     let next = put(&a, b"k2", b"a again").await;
     let event = within("event", events.next()).await.unwrap().unwrap();
@@ -205,7 +205,7 @@ async fn etcd_counts_before_the_creation_revision_filter_so_we_count_ourselves()
         let expected = if count_only { 0 } else { limit.unwrap_or(2) };
         assert_eq!(got.kvs.len(), expected, "{options:?}");
         if !count_only && !keys_only {
-            assert!(got.kvs.iter().all(|kv| kv.value == b"v"));
+            assert!(got.kvs.iter().all(|kv| kv.value == b"v"[..]));
         }
         if keys_only {
             assert!(got.kvs.iter().all(|kv| kv.value.is_empty()));

@@ -36,7 +36,7 @@ async fn restart_keeps_data() {
     })
     .await
     .expect("the client reconnects after the restart");
-    assert_eq!(got.kv.expect("kept").value, b"v");
+    assert_eq!(got.kv.expect("kept").value, &b"v"[..]);
 }
 
 #[test]

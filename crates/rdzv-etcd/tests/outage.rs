@@ -72,7 +72,7 @@ async fn operations_during_an_outage_fail_quickly_and_retryably() {
 
     server.restart().await.unwrap();
     put_when_back(&kv, b"k", b"again").await;
-    assert_eq!(kv.get(b"k").await.unwrap().kv.unwrap().value, b"again");
+    assert_eq!(kv.get(b"k").await.unwrap().kv.unwrap().value, &b"again"[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,7 +98,7 @@ async fn the_documented_role_is_enough_and_less_fails_clearly() {
     let lease = kv.lease_grant(Duration::from_secs(5)).await.unwrap();
     kv.put(&key("leased"), b"1", PutOptions::OVERWRITE.with_lease(Some(lease))).await.unwrap();
     kv.put(&key("plain"), b"2", PutOptions::OVERWRITE).await.unwrap();
-    assert_eq!(kv.get(&key("plain")).await.unwrap().kv.unwrap().value, b"2");
+    assert_eq!(kv.get(&key("plain")).await.unwrap().kv.unwrap().value, &b"2"[..]);
     let listed = kv.range(&store, RangeOptions::default()).await.unwrap();
     assert_eq!(listed.count, 2);
     let mut events = kv.watch(&store, WatchScope::Prefix, listed.revision).await.unwrap();

@@ -36,7 +36,7 @@ async fn connects_with_the_right_ca_and_client_certificate() {
     let kv = within("connect", server.try_kv()).await.expect("TLS connect");
     assert!(kv.endpoints().starts_with("https://127.0.0.1:"));
     kv.put(b"tls/k", b"v", PutOptions::OVERWRITE).await.unwrap();
-    assert_eq!(kv.get(b"tls/k").await.unwrap().kv.unwrap().value, b"v");
+    assert_eq!(kv.get(b"tls/k").await.unwrap().kv.unwrap().value, &b"v"[..]);
 }
 
 #[tokio::test]
@@ -175,7 +175,7 @@ async fn a_certificate_for_another_name_needs_tls_server_name() {
     assert!(url.contains("tls_server_name=etcd.test"), "{url}");
     let (kv, _) = within("connect", registry().connect(&url)).await.expect("connects with tls_server_name");
     kv.put(b"named/k", b"v", PutOptions::OVERWRITE).await.unwrap();
-    assert_eq!(kv.get(b"named/k").await.unwrap().kv.unwrap().value, b"v");
+    assert_eq!(kv.get(b"named/k").await.unwrap().kv.unwrap().value, &b"v"[..]);
 }
 
 /// `server.url(..)` without its `cacert` option.
@@ -228,5 +228,5 @@ async fn system_store_child() {
     let url = std::env::var(CHILD_URL).expect("run by without_cacert_the_system_ca_store_is_trusted");
     let (kv, _) = within("connect", registry().connect(&url)).await.expect("the system store trusts the CA");
     kv.put(b"system-store/k", b"v", PutOptions::OVERWRITE).await.unwrap();
-    assert_eq!(kv.get(b"system-store/k").await.unwrap().kv.unwrap().value, b"v");
+    assert_eq!(kv.get(b"system-store/k").await.unwrap().kv.unwrap().value, &b"v"[..]);
 }

@@ -1,7 +1,8 @@
 //! All watches of one client share one gRPC watch stream: thousands of watches opened and
 //! dropped at once leave the connection usable (no HTTP/2 stream resets pile up), the
 //! shared stream survives a server restart without losing or duplicating an event, and
-//! many watches on one stream each get exactly their own events, in order.
+//! many watches on one stream each get exactly their own events, in order; watches of one
+//! key share one etcd watch.
 
 #![allow(clippy::unwrap_used)]
 
@@ -102,7 +103,7 @@ async fn thousands_of_watches_dropped_at_once_leave_the_client_working() {
         let written = put(&kv, format!("after/{round}").as_bytes(), b"v").await;
         assert!(written > from);
         let read = within("get", kv.get(format!("after/{round}").as_bytes())).await.unwrap();
-        assert_eq!(read.kv.unwrap().value, b"v");
+        assert_eq!(read.kv.unwrap().value, &b"v"[..]);
         kv.lease_keep_alive(lease).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -255,7 +256,11 @@ async fn many_watches_each_get_exactly_their_own_events_in_order() {
         while got.len() < expected[i].len() {
             let event = next_event(watch).await;
             assert_eq!(event.kv.key, format!("w/{i}").as_bytes(), "watch {i} got another key's event");
-            got.push((event.kind, event.kv.mod_revision, String::from_utf8(event.kv.value).unwrap()));
+            got.push((
+                event.kind,
+                event.kv.mod_revision,
+                String::from_utf8(event.kv.value.to_vec()).unwrap(),
+            ));
         }
         assert_eq!(got, expected[i], "watch {i}");
     }
@@ -280,18 +285,70 @@ async fn a_compacted_resume_or_start_fails_only_that_watch() {
     let mut live = kv.watch(b"a", WatchScope::Key, first).await.unwrap();
     assert_eq!(next_event(&mut live).await.kv.mod_revision, first);
     let second = put(&kv, b"a", b"2").await;
+    assert_eq!(next_event(&mut live).await.kv.mod_revision, second);
     kv.compact(second).await.unwrap();
-    let mut old = kv.watch(b"a", WatchScope::Key, first).await.unwrap();
+    // Before what any watch of this client received: etcd's answer, Compacted.
+    let mut old = kv.watch(b"a", WatchScope::Key, first - 1).await.unwrap();
     match within("the compaction error", old.next()).await {
         Some(Err(KvError::Compacted { requested, oldest })) => {
-            assert_eq!((requested, oldest), (first, second));
+            assert_eq!((requested, oldest), (first - 1, second));
         }
         other => panic!("expected Compacted, got {other:?}"),
     }
-    // The other watch on the same stream is unaffected.
-    assert_eq!(next_event(&mut live).await.kv.mod_revision, second);
+    // Within what the live watch received: handed the kept events, though etcd compacted them.
+    let mut kept = kv.watch(b"a", WatchScope::Key, first).await.unwrap();
+    assert_eq!(next_event(&mut kept).await.kv.mod_revision, first);
+    assert_eq!(next_event(&mut kept).await.kv.mod_revision, second);
+    // The other watches on the same stream are unaffected.
     let third = put(&kv, b"a", b"3").await;
     assert_eq!(next_event(&mut live).await.kv.mod_revision, third);
+    assert_eq!(next_event(&mut kept).await.kv.mod_revision, third);
+}
+
+/// The etcd server's count of its watchers.
+async fn watchers(server: &EtcdServer) -> f64 {
+    let metrics = server.metrics().await.unwrap();
+    rdzv_etcd::testing::metric_value(&metrics, "etcd_debugging_mvcc_watcher_total")
+        .expect("etcd counts its watchers")
+}
+
+/// Watches of one key on one client share one etcd watch (the server counts one watcher),
+/// whatever revision each starts from within what it received, and each gets exactly its
+/// own events, once, with the value buffer shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_of_one_key_share_one_etcd_watch() {
+    let server = EtcdServer::start().await.unwrap();
+    let kv = server.try_kv().await.unwrap();
+    let first = put(&kv, b"s", b"1").await;
+    let before = watchers(&server).await;
+    let mut all = open_many_of(&kv, 200, first, |_| ("s".to_string(), WatchScope::Key)).await;
+    let second = put(&kv, b"s", b"2").await;
+    let mut late = kv.watch(b"s", WatchScope::Key, second).await.unwrap();
+    let third = put(&kv, b"s", &vec![7u8; 100_000]).await;
+    let mut values = Vec::new();
+    for watch in &mut all {
+        for expected in [first, second, third] {
+            let event = next_event(watch).await;
+            assert_eq!(event.kv.mod_revision, expected);
+            if expected == third {
+                values.push(event.kv.value);
+            }
+        }
+    }
+    assert_eq!(next_event(&mut late).await.kv.mod_revision, second);
+    assert_eq!(next_event(&mut late).await.kv.mod_revision, third);
+    assert!(values.windows(2).all(|w| w[0].as_ptr() == w[1].as_ptr()), "one buffer for every watcher");
+    assert_eq!(watchers(&server).await - before, 1.0, "201 local watches, one etcd watcher");
+    drop(all);
+    // The last one keeps the group; dropping it too cancels the etcd watch.
+    let fourth = put(&kv, b"s", b"4").await;
+    assert_eq!(next_event(&mut late).await.kv.mod_revision, fourth);
+    drop(late);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while watchers(&server).await != before {
+        assert!(tokio::time::Instant::now() < deadline, "the etcd watch was not cancelled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,7 @@
 //! assert!(first.is_written());
 //! let second = kv.put(b"job/leader", b"b", PutOptions::new(PutMode::Create)).await?;
 //! let PutOutcome::Conflict { current: Some(winner) } = second else { panic!("expected a conflict") };
-//! assert_eq!(winner.value, b"a");
+//! assert_eq!(winner.value, &b"a"[..]);
 //!
 //! // A key bound to a lease disappears, with a delete event, when the lease expires.
 //! let lease = kv.lease_grant(Duration::from_secs(5)).await?;

@@ -23,15 +23,16 @@ struct Lease {
     keys: BTreeSet<Vec<u8>>,
 }
 
-/// A registered watcher: its filter and the channel its stream reads.
-#[derive(Debug)]
-pub(crate) struct Watcher {
+/// What a watcher covers; the watchers of one filter are notified together (a write
+/// checks each distinct filter once, not each watcher: 4096 watchers of one key cost one
+/// comparison per write).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Filter {
     key: Vec<u8>,
     scope: WatchScope,
-    tx: UnboundedSender<KvResult<Event>>,
 }
 
-impl Watcher {
+impl Filter {
     fn matches(&self, key: &[u8]) -> bool {
         match self.scope {
             WatchScope::Key => key == self.key.as_slice(),
@@ -39,6 +40,9 @@ impl Watcher {
         }
     }
 }
+
+/// The channel a watcher's stream reads.
+type Watcher = UnboundedSender<KvResult<Event>>;
 
 /// Everything the store holds.
 #[derive(Debug)]
@@ -58,7 +62,9 @@ pub(crate) struct State {
     history_limit: usize,
     /// The oldest revision a watch may start from; older ones are compacted.
     first_available: Revision,
-    watchers: HashMap<u64, Watcher>,
+    /// Live watchers by filter, and each watcher's filter.
+    watchers: HashMap<Filter, HashMap<u64, Watcher>>,
+    filters: HashMap<u64, Filter>,
     next_watcher: u64,
 }
 
@@ -75,6 +81,7 @@ impl State {
             history_limit: history_limit.max(1),
             first_available: 1,
             watchers: HashMap::new(),
+            filters: HashMap::new(),
             next_watcher: 0,
         }
     }
@@ -88,17 +95,18 @@ impl State {
     }
 
     pub(crate) fn range(&self, prefix: &[u8], options: RangeOptions) -> RangeResponse {
-        let mut matches: Vec<&KeyValue> = self
-            .keys
-            .range(prefix.to_vec()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(_, kv)| kv)
-            .filter(|kv| options.max_create_revision.is_none_or(|max| kv.create_revision <= max))
-            .collect();
-        let count = matches.len() as u64;
+        use std::ops::Bound;
+        // The keys under `prefix` are those from it up to (excluding) its successor: no
+        // per-key prefix comparison.
+        let end = prefix_end(prefix).map_or(Bound::Unbounded, Bound::Excluded);
+        let under = self.keys.range::<Vec<u8>, _>((Bound::Included(prefix.to_vec()), end)).map(|(_, kv)| kv);
+        let wanted = |kv: &&KeyValue| options.max_create_revision.is_none_or(|max| kv.create_revision <= max);
         if options.count_only {
+            let count = under.filter(wanted).count() as u64;
             return RangeResponse { kvs: Vec::new(), count, revision: self.revision };
         }
+        let mut matches: Vec<&KeyValue> = under.filter(wanted).collect();
+        let count = matches.len() as u64;
         if options.order == RangeOrder::ByCreateRevision {
             matches.sort_by_key(|kv| kv.create_revision);
         }
@@ -109,7 +117,7 @@ impl State {
             .map(|kv| {
                 let mut kv = kv.clone();
                 if options.keys_only {
-                    kv.value.clear();
+                    kv.value = Default::default();
                 }
                 kv
             })
@@ -149,7 +157,7 @@ impl State {
         }
         let kv = KeyValue {
             key: key.to_vec(),
-            value: value.to_vec(),
+            value: rdzv_core::Bytes::copy_from_slice(value),
             create_revision,
             mod_revision: revision,
             version,
@@ -209,7 +217,7 @@ impl State {
             kind: EventKind::Delete,
             kv: KeyValue {
                 key: kv.key,
-                value: Vec::new(),
+                value: Default::default(),
                 create_revision: 0,
                 mod_revision: revision,
                 version: 0,
@@ -225,14 +233,19 @@ impl State {
             return;
         }
         self.revision += 1;
-        self.watchers.retain(|_, w| {
-            for event in events.iter().filter(|e| w.matches(&e.kv.key)) {
-                if w.tx.send(Ok(event.clone())).is_err() {
-                    // The stream was dropped; forget the watcher.
-                    return false;
-                }
+        let filters = &mut self.filters;
+        self.watchers.retain(|filter, watchers| {
+            for event in events.iter().filter(|e| filter.matches(&e.kv.key)) {
+                watchers.retain(|id, tx| {
+                    // A failed send: the stream was dropped; forget the watcher.
+                    let alive = tx.send(Ok(event.clone())).is_ok();
+                    if !alive {
+                        filters.remove(id);
+                    }
+                    alive
+                });
             }
-            true
+            !watchers.is_empty()
         });
         self.history.extend(events);
         self.history_revisions += 1;
@@ -284,23 +297,32 @@ impl State {
         if start < self.first_available {
             return Err(KvError::Compacted { requested: start, oldest: self.first_available });
         }
-        let watcher = Watcher { key: key.to_vec(), scope, tx };
-        for event in self.history.iter().filter(|e| e.revision() >= start && watcher.matches(&e.kv.key)) {
+        let filter = Filter { key: key.to_vec(), scope };
+        // The history is in revision order: skip to `start` instead of scanning it all.
+        let from = self.history.partition_point(|e| e.revision() < start);
+        for event in self.history.range(from..).filter(|e| filter.matches(&e.kv.key)) {
             // The receiver is alive: it is in the caller's hands.
-            let _ = watcher.tx.send(Ok(event.clone()));
+            let _ = tx.send(Ok(event.clone()));
         }
         let id = self.next_watcher;
         self.next_watcher += 1;
-        self.watchers.insert(id, watcher);
+        self.watchers.entry(filter.clone()).or_default().insert(id, tx);
+        self.filters.insert(id, filter);
         Ok(id)
     }
 
     pub(crate) fn unwatch(&mut self, id: u64) {
-        self.watchers.remove(&id);
+        let Some(filter) = self.filters.remove(&id) else { return };
+        if let Some(watchers) = self.watchers.get_mut(&filter) {
+            watchers.remove(&id);
+            if watchers.is_empty() {
+                self.watchers.remove(&filter);
+            }
+        }
     }
 
     pub(crate) fn watcher_count(&self) -> usize {
-        self.watchers.len()
+        self.filters.len()
     }
 
     pub(crate) fn lease_grant(&mut self, ttl: Duration, now: Instant) -> KvResult<LeaseId> {
@@ -347,5 +369,47 @@ impl State {
         }
         self.earliest_deadline = self.leases.values().map(|l| l.deadline).min();
         self.earliest_deadline
+    }
+}
+
+/// The first key after every key that starts with `prefix` (`None`: no such key, the prefix
+/// is empty or all `0xff`).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"a/"), Some(b"a0".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn ranges_stop_at_the_prefix_end() {
+        let mut state = State::new(10);
+        for key in [&b"a"[..], b"a\xff", b"a\xff\x00", b"a\xff\xff", b"b", b"\xff\xff\x01"] {
+            state.put(key, b"v", PutOptions::OVERWRITE).expect("put");
+        }
+        let keys = |prefix: &[u8]| -> Vec<Vec<u8>> {
+            state.range(prefix, RangeOptions::default()).kvs.into_iter().map(|kv| kv.key).collect()
+        };
+        assert_eq!(keys(b"a\xff"), vec![b"a\xff".to_vec(), b"a\xff\x00".to_vec(), b"a\xff\xff".to_vec()]);
+        assert_eq!(keys(b"\xff\xff"), vec![b"\xff\xff\x01".to_vec()]);
+        assert_eq!(keys(b"").len(), 6);
+        let count = state.range(b"a", RangeOptions { count_only: true, ..RangeOptions::default() }).count;
+        assert_eq!(count, 4);
     }
 }

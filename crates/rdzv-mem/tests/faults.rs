@@ -143,7 +143,7 @@ async fn open_watches_can_be_cut_on_demand() {
     // Watches opened after the cut are unaffected by it.
     let mut fresh = kv.watch(b"k", WatchScope::Key, 1).await.unwrap();
     kv.put(b"k", b"v", PutOptions::OVERWRITE).await.unwrap();
-    assert_eq!(fresh.next().await.unwrap().unwrap().kv.value, b"v");
+    assert_eq!(fresh.next().await.unwrap().unwrap().kv.value, &b"v"[..]);
 }
 
 #[tokio::test]
@@ -154,7 +154,7 @@ async fn watch_outlives_its_faulty_handle() {
     drop(kv);
     inner.put(b"k", b"v", PutOptions::OVERWRITE).await.unwrap();
     let event = tokio::time::timeout(Duration::from_secs(5), events.next()).await.unwrap();
-    assert_eq!(event.unwrap().unwrap().kv.value, b"v");
+    assert_eq!(event.unwrap().unwrap().kv.value, &b"v"[..]);
 }
 
 #[tokio::test]
@@ -176,7 +176,7 @@ async fn a_failure_after_applying_loses_only_the_answer() {
     let err = kv.put(b"k", b"v", PutOptions::OVERWRITE).await.unwrap_err();
     assert!(is_unavailable(&err));
     assert!(err.to_string().contains("after reaching the backend"), "{err}");
-    assert_eq!(inner.get(b"k").await.unwrap().kv.unwrap().value, b"v", "the put took effect");
+    assert_eq!(inner.get(b"k").await.unwrap().kv.unwrap().value, &b"v"[..], "the put took effect");
     kv.clear();
     kv.fail_nth_call(1);
     assert!(kv.delete(b"k", rdzv_core::DeleteMode::Any).await.is_err());

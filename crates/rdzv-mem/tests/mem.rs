@@ -24,7 +24,7 @@ async fn revisions_and_metadata() {
     assert_eq!((a.create_revision, a.mod_revision, a.version), (1, 2, 2));
     assert_eq!(got.revision, 2);
     let stale = kv.put(b"a", b"3", PutOptions::new(PutMode::Update(1))).await.unwrap();
-    assert!(matches!(stale, PutOutcome::Conflict { current: Some(ref c) } if c.value == b"2"));
+    assert!(matches!(stale, PutOutcome::Conflict { current: Some(ref c) } if c.value == b"2"[..]));
     assert_eq!(
         kv.delete(b"a", DeleteMode::IfRevision(2)).await.unwrap(),
         DeleteOutcome::Deleted { revision: 3 }

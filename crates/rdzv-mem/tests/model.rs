@@ -158,7 +158,7 @@ impl Model {
                     };
                     let kv = KeyValue {
                         key: key.clone(),
-                        value,
+                        value: value.into(),
                         create_revision,
                         mod_revision: rev,
                         version,
@@ -171,7 +171,7 @@ impl Model {
                     self.keys.remove(&key);
                     let kv = KeyValue {
                         key,
-                        value: vec![],
+                        value: Default::default(),
                         create_revision: 0,
                         mod_revision: rev,
                         version: 0,

@@ -203,7 +203,7 @@ impl Log {
         if kind == b"d" {
             let kv = KeyValue {
                 key,
-                value: Vec::new(),
+                value: Default::default(),
                 create_revision: 0,
                 mod_revision: id.0,
                 version: 0,
@@ -228,7 +228,7 @@ impl Log {
         let lease = int("l")?;
         let kv = KeyValue {
             key,
-            value,
+            value: value.into(),
             create_revision,
             mod_revision,
             version,

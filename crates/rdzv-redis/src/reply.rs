@@ -108,7 +108,7 @@ impl Reply {
         let lease = self.int()?;
         Ok(KeyValue {
             key,
-            value,
+            value: value.into(),
             create_revision,
             mod_revision,
             version,

@@ -265,7 +265,7 @@ async fn a_restart_from_an_older_snapshot_is_a_rollback_for_operations_and_watch
     // A new client starts over on what the server has.
     let fresh = connect(config).await;
     let got = within("get", fresh.get(b"/p/a")).await.unwrap().kv.unwrap();
-    assert_eq!(got.value, b"stranger");
+    assert_eq!(got.value, &b"stranger"[..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +285,7 @@ async fn a_restart_that_keeps_every_write_is_not_a_rollback() {
     server.restart_keeping_files().expect("restart");
     // Everything acknowledged is still there: the same client carries on, watch included.
     let got = once_back(|| kv.get(b"/d/b")).await.expect("a read after a lossless restart");
-    assert_eq!((got.revision, got.kv.unwrap().value), (last, b"2".to_vec()));
+    assert_eq!((got.revision, got.kv.unwrap().value.to_vec()), (last, b"2".to_vec()));
     let next_rev = once_back(|| kv.put(b"/d/c", b"3", PutOptions::OVERWRITE)).await.expect("write");
     assert!(matches!(next_rev, PutOutcome::Written { revision, .. } if revision == last + 1), "{next_rev:?}");
     assert_eq!(next(&mut events).await.unwrap().revision(), last + 1);
@@ -413,7 +413,7 @@ async fn tls_connects_with_the_ca_and_refuses_another() {
     let kv = connect(config.clone()).await;
     let rev = put(&*kv, b"k", b"over tls", PutOptions::OVERWRITE).await;
     let got = within("get", kv.get(b"k")).await.unwrap();
-    assert_eq!((got.revision, got.kv.unwrap().value), (rev, b"over tls".to_vec()));
+    assert_eq!((got.revision, got.kv.unwrap().value.to_vec()), (rev, b"over tls".to_vec()));
 
     let other = tempfile::tempdir().unwrap();
     let wrong = rdzv_redis::testing::TlsFiles::generate(other.path()).unwrap();
@@ -477,7 +477,7 @@ async fn native_increment_is_exact_or_declines() {
     put(&*kv, b"n", b"+40", PutOptions::OVERWRITE).await;
     assert_eq!(kv.increment(b"n", 2).await.unwrap(), Some(42));
     let got = kv.get(b"n").await.unwrap().kv.unwrap();
-    assert_eq!((got.value, got.version), (b"42".to_vec(), 4));
+    assert_eq!((got.value.to_vec(), got.version), (b"42".to_vec(), 4));
     // Beyond what Lua's doubles hold exactly, the backend declines (callers use CAS).
     put(&*kv, b"big", b"9007199254740993", PutOptions::OVERWRITE).await;
     assert_eq!(kv.increment(b"big", 1).await.unwrap(), None);
@@ -529,7 +529,7 @@ async fn sixty_four_workers_join_count_and_watch_quickly() {
     assert_eq!(positions, (1..=64).collect::<Vec<u64>>(), "each worker learns a distinct position");
     put(&*kv, b"/run/state", b"final", PutOptions::OVERWRITE).await;
     for mut events in watches {
-        assert_eq!(next(&mut events).await.unwrap().kv.value, b"final".to_vec());
+        assert_eq!(next(&mut events).await.unwrap().kv.value, &b"final"[..].to_vec());
     }
     let elapsed = started.elapsed();
     eprintln!("64 workers joined, counted and watched in {elapsed:?}");

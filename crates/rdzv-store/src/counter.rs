@@ -40,7 +40,7 @@ impl Store {
         self.bounded("append", &[key], self.timeout(), async {
             self.kv()
                 .compare_and_swap(&full, self.write(PutMode::Overwrite), |current| {
-                    let mut next = current.map(|kv| kv.value.clone()).unwrap_or_default();
+                    let mut next = current.map(|kv| kv.value.to_vec()).unwrap_or_default();
                     next.extend_from_slice(value);
                     Some(next)
                 })
@@ -82,7 +82,7 @@ impl Store {
             let written = self
                 .kv()
                 .compare_and_swap(&full, self.write(PutMode::Overwrite), |current| {
-                    seen = current.map(|kv| kv.value.clone());
+                    seen = current.map(|kv| kv.value.to_vec());
                     let matches = match current {
                         Some(kv) => kv.value == expected,
                         None => expected.is_empty(),
@@ -138,7 +138,7 @@ fn next_count(current: Option<&KeyValue>, key: &[u8], delta: i64) -> Result<i64,
     let now = match current {
         None => 0,
         Some(kv) => parse_count(&kv.value)
-            .ok_or_else(|| StoreError::NotANumber { key: key.to_vec(), value: kv.value.clone() })?,
+            .ok_or_else(|| StoreError::NotANumber { key: key.to_vec(), value: kv.value.to_vec() })?,
     };
     now.checked_add(delta).ok_or_else(|| StoreError::Overflow { key: key.to_vec(), current: now, delta })
 }

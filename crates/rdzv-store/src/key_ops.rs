@@ -148,6 +148,6 @@ impl Store {
         if !missing.is_empty() {
             return Err(StoreError::Timeout { operation, keys: missing, after: timeout });
         }
-        Ok(found.into_iter().flatten().collect())
+        Ok(found.into_iter().flatten().map(Vec::from).collect())
     }
 }

@@ -108,7 +108,7 @@ async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>,
 async fn take(kv: &dyn Kv, item: KeyValue) -> Result<Option<Vec<u8>>, KvError> {
     let mode = DeleteMode::IfRevision(item.mod_revision);
     match kv.delete(&item.key, mode).await? {
-        DeleteOutcome::Deleted { .. } => Ok(Some(item.value)),
+        DeleteOutcome::Deleted { .. } => Ok(Some(item.value.into())),
         DeleteOutcome::Missing | DeleteOutcome::Conflict { .. } => Ok(None),
     }
 }

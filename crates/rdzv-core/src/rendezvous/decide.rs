@@ -467,7 +467,7 @@ mod tests {
         assert!(completes_round(3, 3) && !completes_round(2, 3));
         let kv = |lease| KeyValue {
             key: b"k".to_vec(),
-            value: vec![],
+            value: Default::default(),
             create_revision: 5,
             mod_revision: 6,
             version: 1,

@@ -326,7 +326,7 @@ impl RendezvousHandler {
         let ctx = &self.inner.ctx;
         let k = ctx.keys.extra_data(version, key);
         match ctx.kv.wait_for_key(&k, Instant::now() + timeout).await {
-            Ok(kv) => Ok(kv.value),
+            Ok(kv) => Ok(kv.value.to_vec()),
             Err(KvError::Timeout { .. }) => Err(RendezvousError::Timeout {
                 run_id: ctx.params.run_id.clone(),
                 phase: format!("waiting for extra data `{key}` of round {version}"),

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::RendezvousError;
@@ -112,8 +113,10 @@ impl State {
     ///
     /// Large values (a frozen or final round's participant list) are parsed once per process:
     /// every handler of a process sees the same state change, and a recent value that is
-    /// byte for byte the same is handed out again, sharing its participant list.
-    pub fn parse(key: &[u8], value: &[u8]) -> Result<State, RendezvousError> {
+    /// byte for byte the same is handed out again, sharing its participant list. The same
+    /// buffer (backends hand one to every watcher and reader) is recognized without
+    /// comparing its bytes.
+    pub fn parse(key: &[u8], value: &Bytes) -> Result<State, RendezvousError> {
         if value.len() < SHARE_FROM_BYTES {
             return State::parse_uncached(key, value);
         }
@@ -193,24 +196,33 @@ mod recent {
     use std::collections::VecDeque;
     use std::sync::Mutex;
 
+    use bytes::Bytes;
+
     use super::State;
 
     const KEEP: usize = 4;
 
-    static RECENT: Mutex<VecDeque<(Vec<u8>, State)>> = Mutex::new(VecDeque::new());
+    /// Held as `Bytes`, so a buffer kept here is never freed and reused for another value:
+    /// the same address and length is then the same value.
+    static RECENT: Mutex<VecDeque<(Bytes, State)>> = Mutex::new(VecDeque::new());
 
-    /// The state a byte-identical value parsed to, if it is among the recent ones.
-    pub(super) fn find(value: &[u8]) -> Option<State> {
-        let recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        recent.iter().find(|(bytes, _)| bytes.as_slice() == value).map(|(_, state)| state.clone())
+    fn same_buffer(a: &Bytes, b: &Bytes) -> bool {
+        a.as_ptr() == b.as_ptr() && a.len() == b.len()
     }
 
-    pub(super) fn remember(value: &[u8], state: &State) {
+    /// The state a byte-identical value parsed to, if it is among the recent ones.
+    pub(super) fn find(value: &Bytes) -> Option<State> {
+        let recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let hit = recent.iter().find(|(bytes, _)| same_buffer(bytes, value));
+        hit.or_else(|| recent.iter().find(|(bytes, _)| bytes == value)).map(|(_, state)| state.clone())
+    }
+
+    pub(super) fn remember(value: &Bytes, state: &State) {
         let mut recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if recent.len() == KEEP {
             recent.pop_front();
         }
-        recent.push_back((value.to_vec(), state.clone()));
+        recent.push_back((value.clone(), state.clone()));
     }
 }
 
@@ -241,7 +253,7 @@ mod tests {
             let bytes = s.to_bytes();
             let text = String::from_utf8(bytes.clone()).expect("utf8");
             assert!(text.contains(&format!("\"status\":\"{}\"", s.status())), "{text}");
-            assert_eq!(State::parse(b"k", &bytes).expect("parses"), s);
+            assert_eq!(State::parse(b"k", &Bytes::from(bytes)).expect("parses"), s);
         }
     }
 
@@ -249,25 +261,29 @@ mod tests {
     fn large_values_share_their_participant_list() {
         let many: Vec<Participant> = (0..200).map(|i| p(&format!("node-{i}"))).collect();
         let fin = State::Final { version: 9, participants: many.into(), confirmed: Some(3) };
-        let bytes = fin.to_bytes();
+        let bytes = Bytes::from(fin.to_bytes());
         assert!(bytes.len() >= SHARE_FROM_BYTES);
-        let (a, b) =
-            (State::parse(b"k", &bytes).expect("parses"), State::parse(b"k", &bytes).expect("parses"));
-        assert_eq!(a, fin);
-        match (a, b) {
-            (State::Final { participants: a, .. }, State::Final { participants: b, .. }) => {
-                assert!(Arc::ptr_eq(&a, &b), "parsed twice")
-            }
-            other => panic!("{other:?}"),
-        }
+        // The same buffer, and a copy of it (as a backend that reads each value afresh gives).
+        let copy = Bytes::copy_from_slice(&bytes);
+        let parsed = [&bytes, &bytes, &copy].map(|b| State::parse(b"k", b).expect("parses"));
+        assert_eq!(parsed[0], fin);
+        let lists: Vec<_> = parsed
+            .iter()
+            .map(|s| match s {
+                State::Final { participants, .. } => participants.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert!(lists.iter().all(|l| Arc::ptr_eq(l, &lists[0])), "parsed more than once");
         // A different value is never taken for a remembered one.
         let other = State::Final { version: 10, participants: vec![p("x")].into(), confirmed: None };
-        assert_eq!(State::parse(b"k", &other.to_bytes()).expect("parses"), other);
+        assert_eq!(State::parse(b"k", &Bytes::from(other.to_bytes())).expect("parses"), other);
     }
 
     #[test]
     fn ignores_unknown_fields() {
-        let s = State::parse(b"k", br#"{"status":"joinable","version":7,"future":[1,2]}"#).expect("parses");
+        let value = Bytes::from_static(br#"{"status":"joinable","version":7,"future":[1,2]}"#);
+        let s = State::parse(b"k", &value).expect("parses");
         assert_eq!(s, State::Joinable { version: 7 });
     }
 
@@ -284,7 +300,7 @@ mod tests {
             b"\xff\xfe",
             br#"[1,2,3]"#,
         ] {
-            match State::parse(b"/p/run_x/rdzv/active_version", bad) {
+            match State::parse(b"/p/run_x/rdzv/active_version", &Bytes::from_static(bad)) {
                 Err(RendezvousError::State { key, .. }) => assert_eq!(key, "/p/run_x/rdzv/active_version"),
                 other => panic!("{bad:?} gave {other:?}"),
             }

@@ -307,7 +307,7 @@ mod tests {
                 kind: EventKind::Put,
                 kv: KeyValue {
                     key: key.to_vec(),
-                    value: Vec::new(),
+                    value: Default::default(),
                     create_revision: 1,
                     mod_revision: 1,
                     version: 1,

@@ -16,9 +16,12 @@ pub async fn create_if_absent_conflict_returns_current(kv: Arc<dyn Kv>, ns: Vec<
     let PutOutcome::Conflict { current: Some(current) } = second else {
         panic!("create of an existing key must conflict with it: {second:?}");
     };
-    assert_eq!((current.key, current.value, current.mod_revision), (k.clone(), b"first".to_vec(), revision));
+    assert_eq!(
+        (current.key, current.value.to_vec(), current.mod_revision),
+        (k.clone(), b"first".to_vec(), revision)
+    );
     let now = within("get", kv.get(&k)).await.expect("get").kv.expect("exists");
-    assert_eq!(now.value, b"first", "a failed create must not write");
+    assert_eq!(now.value, &b"first"[..], "a failed create must not write");
 }
 
 /// Many tasks create the same key at once: exactly one wins, every loser gets the winner's
@@ -50,7 +53,7 @@ pub async fn create_if_absent_race_has_one_winner(kv: Arc<dyn Kv>, ns: Vec<u8>) 
         let PutOutcome::Conflict { current: Some(current) } = outcome else {
             panic!("a losing create must see the winner's key: {outcome:?}");
         };
-        assert_eq!((&current.value, current.mod_revision), (winner_value, *revision));
+        assert_eq!((&current.value.to_vec(), current.mod_revision), (winner_value, *revision));
     }
 }
 
@@ -71,7 +74,10 @@ pub async fn swap_on_stale_revision_returns_winner(kv: Arc<dyn Kv>, ns: Vec<u8>)
     let PutOutcome::Conflict { current: Some(current) } = lost else {
         panic!("swap on a stale revision must conflict: {lost:?}");
     };
-    assert_eq!((current.value, current.mod_revision, current.version), (b"winner".to_vec(), won_at, 2));
+    assert_eq!(
+        (current.value.to_vec(), current.mod_revision, current.version),
+        (b"winner".to_vec(), won_at, 2)
+    );
     let next = within(
         "swap on the winner's revision",
         kv.put(&k, b"next", PutOptions::new(PutMode::Update(won_at))),
@@ -105,7 +111,7 @@ pub async fn delete_on_stale_revision_returns_current(kv: Arc<dyn Kv>, ns: Vec<u
     let DeleteOutcome::Conflict { current: Some(current) } = outcome else {
         panic!("delete on a stale revision must conflict: {outcome:?}");
     };
-    assert_eq!((current.value, current.mod_revision), (b"new".to_vec(), new));
+    assert_eq!((current.value.to_vec(), current.mod_revision), (b"new".to_vec(), new));
     assert!(within("get", kv.get(&k)).await.expect("get").kv.is_some(), "a failed delete must not delete");
 }
 

@@ -27,7 +27,7 @@ pub async fn put_then_get_round_trips_metadata(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     assert_eq!(c1, r1, "a creating write's create revision is its revision");
     let got = within("reading it", kv.get(&k)).await.expect("get").kv.expect("the key exists");
     assert_eq!(got.key, k);
-    assert_eq!(got.value, b"one");
+    assert_eq!(got.value, &b"one"[..]);
     assert_eq!((got.create_revision, got.mod_revision, got.version, got.lease), (r1, r1, 1, None));
 
     let second = within("overwriting it", kv.put(&k, b"two", PutOptions::OVERWRITE)).await.expect("put");
@@ -37,7 +37,7 @@ pub async fn put_then_get_round_trips_metadata(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     assert!(r2 > r1);
     assert_eq!(c2, r1, "an overwrite keeps the create revision");
     let got = within("reading it again", kv.get(&k)).await.expect("get").kv.expect("the key exists");
-    assert_eq!(got.value, b"two");
+    assert_eq!(got.value, &b"two"[..]);
     assert_eq!((got.create_revision, got.mod_revision, got.version), (r1, r2, 2));
 }
 

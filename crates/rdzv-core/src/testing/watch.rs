@@ -36,7 +36,7 @@ pub async fn watch_replays_exactly_from_past_revision(kv: Arc<dyn Kv>, ns: Vec<u
     let mut events = watch(&*kv, &ns, WatchScope::Prefix, from).await;
     let replayed = next_events(&mut events, 3, "replaying history").await;
     let seen: Vec<_> =
-        replayed.iter().map(|e| (e.kind, e.kv.key.clone(), e.kv.value.clone(), e.revision())).collect();
+        replayed.iter().map(|e| (e.kind, e.kv.key.clone(), e.kv.value.to_vec(), e.revision())).collect();
     assert_eq!(
         seen,
         vec![
