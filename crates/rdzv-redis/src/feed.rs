@@ -88,11 +88,16 @@ impl FeedState {
         // Under the slot's lock, so nothing is pushed between the snapshot and the
         // subscription.
         let rx = self.tx.subscribe();
-        let replay = (cursor >= self.floor).then(|| {
+        Joined { rx, replay: self.after(cursor, usize::MAX) }
+    }
+
+    /// Up to `max` recent entries right after `cursor` (`None`: the memory does not reach
+    /// back that far).
+    fn after(&self, cursor: EntryId, max: usize) -> Option<Vec<Arc<Entry>>> {
+        (cursor >= self.floor).then(|| {
             let after = self.recent.partition_point(|e| e.id <= cursor);
-            self.recent.range(after..).cloned().collect()
-        });
-        Joined { rx, replay }
+            self.recent.range(after..).take(max).cloned().collect()
+        })
     }
 
     fn push(&mut self, entry: Arc<Entry>) {
@@ -314,6 +319,13 @@ pub(crate) async fn subscribe(
     *lock(slot) = Some(state);
     tokio::spawn(run(log.clone(), slot.clone(), conn, start));
     Ok(joined)
+}
+
+/// Up to `max` entries right after `cursor` from the running feed's memory, for a watch
+/// that fell behind the broadcast (`None`: no feed runs, or its memory no longer reaches back
+/// to `cursor`; read the log).
+pub(crate) fn recent_after(slot: &FeedSlot, cursor: EntryId, max: usize) -> Option<Vec<Arc<Entry>>> {
+    lock(slot).as_ref().and_then(|f| f.after(cursor, max))
 }
 
 fn lock(slot: &FeedSlot) -> std::sync::MutexGuard<'_, Option<FeedState>> {
