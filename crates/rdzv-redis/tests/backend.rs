@@ -580,11 +580,15 @@ async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
     let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
     let mut events = within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap();
     // Not consumed: the watch and its feed buffer some events, then it stops reading while the
-    // log moves on and is trimmed past it, and the feed's memory (4096 events) too.
-    let writes = 6000;
-    for i in 1..=writes {
-        put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+    // log moves on and is trimmed past it. So does the feed's memory (32 MiB): the small
+    // writes put the watch behind the feed's broadcast, the large ones push them out of memory.
+    let (small, large) = (2000, 40);
+    let value = vec![b'x'; 1 << 20];
+    for i in 1..=small + large {
+        let value: &[u8] = if i > small { &value } else { b"v" };
+        put(&*kv, format!("/p/{i}").as_bytes(), value, PutOptions::OVERWRITE).await;
     }
+    let writes = small + large;
     let mut expected = start;
     let error = loop {
         match next(&mut events).await {
@@ -615,14 +619,15 @@ async fn watches_that_fall_behind_the_feed_catch_up_from_its_memory_not_the_log(
     // Busy consumers, as a thousand workers of one process are in a burst: nobody reads these
     // watches for now, so each buffers a few hundred events and then stops taking the feed's,
     // which moves on by more than its broadcast holds (1024 entries) and less than its memory
-    // (4096). A round's prefix delete or its joins are such a burst.
+    // (32 768). A round's prefix delete or its joins are such a burst.
     let mut watches = Vec::new();
     for _ in 0..64 {
         watches.push(within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap());
     }
     let mut conn = raw(&server).await;
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await.unwrap();
-    let writes = 3000;
+    // More than one round of 1024 workers adds (about 4100 entries).
+    let writes = 6000;
     for i in 1..=writes {
         put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
     }
