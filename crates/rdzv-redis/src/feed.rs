@@ -49,12 +49,25 @@ pub(crate) enum FeedItem {
     Failed(Arc<KvError>),
 }
 
-/// Recent entries the feed keeps for watches that start now: a watch from a revision the
-/// feed has already passed replays them from memory instead of reading the log again
-/// (a thousand workers watching from "my write + 1" would otherwise each re-read the
-/// others' writes). Bounded in entries and in value bytes.
-const RECENT_ENTRIES: usize = 4096;
+/// Recent entries the feed keeps for watches that start now or fell behind: a watch from a
+/// revision the feed has already passed replays them from memory instead of reading the log
+/// again (a thousand workers watching from "my write + 1" would otherwise each re-read the
+/// others' writes, and a thousand watches lagging after a burst would each re-read the
+/// burst). Bounded in entries and in bytes. A rendezvous round of N workers appends about
+/// 4 N entries, so the count holds two rounds of 4096 workers: fewer, and a burst leaves
+/// the watches of a busy process behind the memory, every one of them re-reads the round
+/// with `XRANGE` at once, and the shared connection carries the same entries a thousand
+/// times over (with 2048 workers on one core, rounds of minutes).
+const RECENT_ENTRIES: usize = 32 * 1024;
 const RECENT_BYTES: usize = 32 << 20;
+
+/// What an entry costs in memory besides its key and value (the `Arc`'d entry, the
+/// allocations' headers, its slot in the queue), counted against `RECENT_BYTES`.
+const ENTRY_OVERHEAD: usize = 192;
+
+fn footprint(entry: &Entry) -> usize {
+    entry.event.kv.key.len() + entry.event.kv.value.len() + ENTRY_OVERHEAD
+}
 
 /// Entries a starting feed reads back from the log (one read; with very large values this
 /// is the feed's largest allocation, trimmed to `RECENT_BYTES` right after).
@@ -88,20 +101,25 @@ impl FeedState {
         // Under the slot's lock, so nothing is pushed between the snapshot and the
         // subscription.
         let rx = self.tx.subscribe();
-        let replay = (cursor >= self.floor).then(|| {
+        Joined { rx, replay: self.after(cursor, usize::MAX) }
+    }
+
+    /// Up to `max` recent entries right after `cursor` (`None`: the memory does not reach
+    /// back that far).
+    fn after(&self, cursor: EntryId, max: usize) -> Option<Vec<Arc<Entry>>> {
+        (cursor >= self.floor).then(|| {
             let after = self.recent.partition_point(|e| e.id <= cursor);
-            self.recent.range(after..).cloned().collect()
-        });
-        Joined { rx, replay }
+            self.recent.range(after..).take(max).cloned().collect()
+        })
     }
 
     fn push(&mut self, entry: Arc<Entry>) {
-        self.recent_bytes += entry.event.kv.value.len();
+        self.recent_bytes += footprint(&entry);
         self.recent.push_back(entry.clone());
         while self.recent.len() > RECENT_ENTRIES || self.recent_bytes > RECENT_BYTES {
             match self.recent.pop_front() {
                 Some(old) => {
-                    self.recent_bytes -= old.event.kv.value.len();
+                    self.recent_bytes -= footprint(&old);
                     self.floor = old.id;
                 }
                 None => break,
@@ -314,6 +332,13 @@ pub(crate) async fn subscribe(
     *lock(slot) = Some(state);
     tokio::spawn(run(log.clone(), slot.clone(), conn, start));
     Ok(joined)
+}
+
+/// Up to `max` entries right after `cursor` from the running feed's memory, for a watch
+/// that fell behind the broadcast (`None`: no feed runs, or its memory no longer reaches back
+/// to `cursor`; read the log).
+pub(crate) fn recent_after(slot: &FeedSlot, cursor: EntryId, max: usize) -> Option<Vec<Arc<Entry>>> {
+    lock(slot).as_ref().and_then(|f| f.after(cursor, max))
 }
 
 fn lock(slot: &FeedSlot) -> std::sync::MutexGuard<'_, Option<FeedState>> {

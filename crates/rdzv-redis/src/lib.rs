@@ -48,10 +48,10 @@
 //! it got. Each client tails that stream with one blocking `XREAD` on a connection of its
 //! own (started with its first watch, ended with its last) and hands every entry to all its
 //! watches, which filter by key or prefix in memory: a thousand watches cost Redis one
-//! blocked reader. The feed keeps the latest entries in memory (a few thousand, at most
-//! 32 MiB of values), so a watch from a recent revision — the usual "my write + 1" — replays
-//! them without touching Redis; older history, and whatever the feed went past while a
-//! watch lagged, is read with `XRANGE` on the shared connection. Because every revision
+//! blocked reader. The feed keeps the latest entries in memory (at most 32 768 of them and
+//! 32 MiB), so a watch from a recent revision — the usual "my write + 1" — replays them
+//! without touching Redis, and so does a watch that fell behind the feed (its consumer was
+//! busy during a burst); older history is read with `XRANGE` on the shared connection. Because every revision
 //! has at least one entry and a revision's entries are appended atomically, a watch detects
 //! any hole: after a broken connection the feed resumes from its last entry, and if the
 //! entries a watch needs were trimmed it ends with

@@ -1,6 +1,7 @@
-//! Watches: each one subscribes to its client's [feed](crate::feed), reads the history it
-//! asked for (and anything the feed went past while it lagged) with `XRANGE` on the shared
-//! connection, and filters by key or prefix.
+//! Watches: each one subscribes to its client's [feed](crate::feed), takes the history it
+//! asked for (and anything the feed went past while it lagged) from the feed's recent
+//! entries, or with `XRANGE` on the shared connection when those no longer reach back that
+//! far, and filters by key or prefix.
 //!
 //! Gaps are detected, never skipped: every revision has at least one log entry and a
 //! revision's entries are appended by one script, so the entry after `<r>-<n>` must be
@@ -117,8 +118,34 @@ impl Watch {
         }
     }
 
-    /// Reads the log from the cursor to its end with `XRANGE`, delivering as it goes.
+    /// Delivers what the watch missed: from the feed's memory while it reaches back to the
+    /// cursor, else from the log. A burst of more entries than the broadcast holds (one
+    /// prefix delete of a round's keys, a thousand joins) leaves every busy watch of the
+    /// client lagging at once; had each re-read the log, a thousand watches would send
+    /// thousands of `XRANGE`s of the same entries (large round states among them) down the
+    /// shared connection, and every request of the client, writes included, would queue
+    /// behind them for seconds.
     async fn catch_up(&mut self) -> KvResult<()> {
+        loop {
+            let Some(batch) = crate::feed::recent_after(&self.shared.feed, self.cursor, BATCH) else {
+                return self.read_log().await;
+            };
+            let n = batch.len();
+            for entry in batch {
+                if !follows(self.cursor, entry.id) {
+                    // Only the log can tell a compacted gap from lost history.
+                    return self.read_log().await;
+                }
+                self.deliver(entry.id, &entry.event).await?;
+            }
+            if n < BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads the log from the cursor to its end with `XRANGE`, delivering as it goes.
+    async fn read_log(&mut self) -> KvResult<()> {
         loop {
             let ids = self.range().await?;
             let n = ids.len();

@@ -580,11 +580,15 @@ async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
     let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
     let mut events = within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap();
     // Not consumed: the watch and its feed buffer some events, then it stops reading while the
-    // log moves on and is trimmed past it.
-    let writes = 2000;
-    for i in 1..=writes {
-        put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+    // log moves on and is trimmed past it. So does the feed's memory (32 MiB): the small
+    // writes put the watch behind the feed's broadcast, the large ones push them out of memory.
+    let (small, large) = (2000, 40);
+    let value = vec![b'x'; 1 << 20];
+    for i in 1..=small + large {
+        let value: &[u8] = if i > small { &value } else { b"v" };
+        put(&*kv, format!("/p/{i}").as_bytes(), value, PutOptions::OVERWRITE).await;
     }
+    let writes = small + large;
     let mut expected = start;
     let error = loop {
         match next(&mut events).await {
@@ -604,6 +608,43 @@ async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
     }
     assert!(expected < start + writes, "the watch should have fallen behind");
     assert!(within("watch end", events.next()).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_that_fall_behind_the_feed_catch_up_from_its_memory_not_the_log() {
+    // A server of its own: the test counts the commands it served.
+    let server = RedisServer::start().expect("redis-server");
+    let kv = connect(server.config("lag")).await;
+    let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
+    // Busy consumers, as a thousand workers of one process are in a burst: nobody reads these
+    // watches for now, so each buffers a few hundred events and then stops taking the feed's,
+    // which moves on by more than its broadcast holds (1024 entries) and less than its memory
+    // (32 768). A round's prefix delete or its joins are such a burst.
+    let mut watches = Vec::new();
+    for _ in 0..64 {
+        watches.push(within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap());
+    }
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await.unwrap();
+    // More than one round of 1024 workers adds (about 4100 entries).
+    let writes = 6000;
+    for i in 1..=writes {
+        put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+    }
+    for events in watches.iter_mut() {
+        for revision in start..start + writes {
+            assert_eq!(next(events).await.unwrap().revision(), revision, "no gap, no duplicate");
+        }
+    }
+    // Re-reading the log instead, 64 watches send ~1500 `XRANGE`s down the client's one shared
+    // connection (a thousand watches, ~10 000, large round states among the entries), and the
+    // client's writes queue behind them for seconds.
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+    let log_reads = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xrange:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap());
+    assert_eq!(log_reads, 0, "lagging watches re-read the log:\n{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
