@@ -1,5 +1,6 @@
-//! `rdzv bench`: N in-process workers on one backend client, R rounds; latency, backend
-//! operations per worker and round, peak memory.
+//! `rdzv bench`: N in-process workers on one backend client (or, with
+//! `--client-per-worker`, one client each), R rounds; latency, backend operations per worker
+//! and round, peak memory.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,12 +25,22 @@ p50, p95, max over the rounds), the backend writes and reads per worker per roun
 counting wrapper; lease keep-alives excluded, the bootstrap exchange through the round's
 Store included), and the peak memory of the process (VmHWM).
 
+With --client-per-worker, each worker connects its own backend client instead (its own
+connections, as N separate hosts would: what the server sees from N machines), and the
+operations are counted per client and summed. Each etcd or Redis client holds two or three
+connections (requests, lease keep-alives, and on Redis its key-event feed), so N workers
+need 2N-3N open files here and in the server: raise the limit first if needed
+(`ulimit -n 8192`).
+On mem:// every client is the same process-wide store, so only the counting and the
+keep-alive driver are per worker. Creating the clients is not in the round latency.
+
 min_workers = max_workers = N unless the URL says otherwise. Each invocation uses a fresh
 run id (the URL's with a unique suffix) unless --run-id is given.
 
 Examples:
   rdzv bench 'etcd://127.0.0.1:2379/bench' --workers 64 --rounds 5
-  rdzv bench 'mem://b/bench' --workers 512 --format json";
+  rdzv bench 'mem://b/bench' --workers 512 --format json
+  rdzv bench 'etcd://127.0.0.1:2379/bench' --workers 1024 --rounds 1 --client-per-worker";
 
 /// Arguments of `rdzv bench`.
 #[derive(Debug, clap::Args)]
@@ -47,9 +58,79 @@ pub struct BenchArgs {
     /// Use this run id as is (default: the URL's run id plus a unique suffix).
     #[arg(long, value_name = "ID", value_parser = crate::args::run_id)]
     run_id: Option<String>,
+    /// Give each worker its own backend client and connections (as separate hosts would)
+    /// instead of one client shared by all.
+    #[arg(long)]
+    client_per_worker: bool,
     /// How to print the results.
     #[arg(long, value_enum, default_value = "text")]
     format: ReportFormat,
+}
+
+/// How many clients are connected at once while creating them (a burst of thousands of
+/// simultaneous connects would only queue in the server's accept backlog).
+const CONNECTING_AT_ONCE: usize = 64;
+
+/// The workers' backend clients, each wrapped in its own [`CountingKv`]: one shared by all
+/// workers, or one per worker.
+struct Clients {
+    counting: Vec<Arc<CountingKv>>,
+}
+
+impl Clients {
+    /// One client (`first`, already connected) for all workers; or, if `per_worker`, `first`
+    /// for worker 0 and `workers - 1` more connected from `url`.
+    async fn connect(
+        url: &str,
+        first: Arc<dyn Kv>,
+        workers: usize,
+        per_worker: bool,
+    ) -> Result<Clients, CliError> {
+        let mut counting = vec![CountingKv::new(first)];
+        if !per_worker {
+            return Ok(Clients { counting });
+        }
+        let mut pending = JoinSet::new();
+        let mut next = 1;
+        while counting.len() < workers {
+            while next < workers && pending.len() < CONNECTING_AT_ONCE {
+                let url = url.to_string();
+                pending.spawn(async move { (next, RunTarget::connect(&url).await) });
+                next += 1;
+            }
+            let Some(joined) = pending.join_next().await else { break };
+            let (i, connected) =
+                joined.map_err(|e| CliError::other(format!("connecting a client failed: {e}")))?;
+            let target = connected.map_err(|e| {
+                CliError::from(e).context(format_args!(
+                    "cannot connect the client of worker {i} of {workers} (--client-per-worker opens two or three \
+                     connections per worker: if this says too many open files, raise `ulimit -n`)"
+                ))
+            })?;
+            counting.push(CountingKv::new(target.kv));
+        }
+        Ok(Clients { counting })
+    }
+
+    /// The client of worker `i`.
+    fn of(&self, i: usize) -> Arc<dyn Kv> {
+        self.counting[i % self.counting.len()].clone()
+    }
+
+    /// How many clients there are.
+    fn len(&self) -> usize {
+        self.counting.len()
+    }
+
+    /// The operations of all clients so far, summed.
+    fn snapshot(&self) -> OpCounts {
+        self.counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()))
+    }
+
+    /// The backend's name.
+    fn backend(&self) -> &'static str {
+        self.counting[0].inner().name()
+    }
 }
 
 /// One measured round.
@@ -66,17 +147,16 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let run_id =
         args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.address.run_id, unique_suffix()));
     let params = target.params(n, n, Some(&run_id))?;
-    let kv = CountingKv::new(target.kv.clone());
-    let shared: Arc<dyn Kv> = kv.clone();
+    let clients = Clients::connect(&args.url, target.kv.clone(), n, args.client_per_worker).await?;
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
         let mut params = params.clone();
         params.node_id = Some(format!("bench-{i}"));
-        workers.push(Rendezvous::new(shared.clone(), params).await?);
+        workers.push(Rendezvous::new(clients.of(i), params).await?);
     }
     let mut stats = Vec::new();
     for _ in 0..args.rounds {
-        let before = kv.snapshot();
+        let before = clients.snapshot();
         let started = Instant::now();
         let mut set = JoinSet::new();
         for w in &workers {
@@ -86,12 +166,13 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         while let Some(joined) = set.join_next().await {
             joined.map_err(|e| CliError::other(format!("a bench worker failed: {e}")))??;
         }
-        stats.push(RoundStats { latency: started.elapsed(), ops: kv.snapshot() - before });
+        stats.push(RoundStats { latency: started.elapsed(), ops: clients.snapshot() - before });
     }
     for w in &workers {
         let _ = w.shutdown().await;
     }
-    let report = Report::new(&stats, n, kv.inner().name(), &run_id, peak_memory_kib());
+    let report =
+        Report::new(&stats, n, clients.backend(), &run_id, peak_memory_kib()).with_clients(clients.len());
     let text = match args.format {
         ReportFormat::Json => format!("{}\n", report.json()),
         ReportFormat::Text => report.text(),
@@ -111,6 +192,8 @@ struct Report {
     writes_per_worker_round: f64,
     reads_per_worker_round: f64,
     peak_memory_kib: Option<u64>,
+    /// How many backend clients the workers used (1: shared; `workers`: one each).
+    clients: usize,
 }
 
 impl Report {
@@ -132,7 +215,12 @@ impl Report {
             writes_per_worker_round: total.writes() as f64 / per,
             reads_per_worker_round: total.reads() as f64 / per,
             peak_memory_kib: peak,
+            clients: 1,
         }
+    }
+
+    fn with_clients(self, clients: usize) -> Report {
+        Report { clients, ..self }
     }
 
     fn json(&self) -> serde_json::Value {
@@ -145,6 +233,7 @@ impl Report {
             "writes_per_worker_round": self.writes_per_worker_round,
             "reads_per_worker_round": self.reads_per_worker_round,
             "peak_memory_kib": self.peak_memory_kib,
+            "clients": self.clients,
         })
     }
 
@@ -152,8 +241,13 @@ impl Report {
         let ms = |v: f64| seconds(Duration::from_secs_f64(v / 1000.0));
         let memory =
             self.peak_memory_kib.map_or("unknown".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        let clients = if self.clients == 1 {
+            "one shared client".to_string()
+        } else {
+            format!("{} clients", self.clients)
+        };
         format!(
-            "{} workers on {} (run {}), {} rounds\n\
+            "{} workers on {} ({clients}; run {}), {} rounds\n\
              round latency: p50 {}, p95 {}, max {}\n\
              backend per worker per round: {:.2} writes, {:.2} reads (lease keep-alives excluded)\n\
              peak memory: {memory}\n",
@@ -237,6 +331,41 @@ mod tests {
         assert_eq!(r.latency_ms[2], 30.0);
         assert_eq!(r.json()["latency_ms"]["p50"], 10.0);
         assert!(r.text().contains("2.0 MiB"), "{}", r.text());
+    }
+
+    #[tokio::test]
+    async fn one_client_per_worker_counted_and_summed() {
+        let url = "mem://bench-clients/b";
+        let first = RunTarget::connect(url).await.unwrap().kv;
+        let shared = Clients::connect(url, first.clone(), 5, false).await.unwrap();
+        assert_eq!(shared.len(), 1);
+        assert!(Arc::ptr_eq(&shared.of(0), &shared.of(4)));
+
+        let own = Clients::connect(url, first, 5, true).await.unwrap();
+        assert_eq!(own.len(), 5);
+        for i in 0..5 {
+            for j in 0..i {
+                assert!(!Arc::ptr_eq(&own.of(i), &own.of(j)), "workers {i} and {j} share a client");
+            }
+        }
+        for i in 0..5 {
+            own.of(i).get(format!("/k{i}").as_bytes()).await.unwrap();
+        }
+        own.of(2).get(b"/again").await.unwrap();
+        assert_eq!(own.snapshot().gets, 6, "{:?}", own.snapshot());
+        assert_eq!(own.backend(), "mem");
+    }
+
+    #[test]
+    fn report_names_its_clients() {
+        let ops = OpCounts { puts: 2, ..OpCounts::default() };
+        let stats = [RoundStats { latency: Duration::from_millis(10), ops }];
+        let shared = Report::new(&stats, 2, "etcd", "b", None);
+        assert_eq!(shared.json()["clients"], 1);
+        assert!(shared.text().contains("one shared client"), "{}", shared.text());
+        let own = shared.with_clients(2);
+        assert_eq!(own.json()["clients"], 2);
+        assert!(own.text().contains("2 clients"), "{}", own.text());
     }
 
     #[test]
