@@ -336,12 +336,12 @@ mod tests {
     #[tokio::test]
     async fn one_client_per_worker_counted_and_summed() {
         let url = "mem://bench-clients/b";
-        let first = RunTarget::connect(url).await.unwrap().kv;
-        let shared = Clients::connect(url, first.clone(), 5, false).await.unwrap();
+        let first = RunTarget::connect(url).await.expect("a mem:// backend").kv;
+        let shared = Clients::connect(url, first.clone(), 5, false).await.expect("one shared client");
         assert_eq!(shared.len(), 1);
         assert!(Arc::ptr_eq(&shared.of(0), &shared.of(4)));
 
-        let own = Clients::connect(url, first, 5, true).await.unwrap();
+        let own = Clients::connect(url, first, 5, true).await.expect("a client per worker");
         assert_eq!(own.len(), 5);
         for i in 0..5 {
             for j in 0..i {
@@ -349,9 +349,9 @@ mod tests {
             }
         }
         for i in 0..5 {
-            own.of(i).get(format!("/k{i}").as_bytes()).await.unwrap();
+            own.of(i).get(format!("/k{i}").as_bytes()).await.expect("a get");
         }
-        own.of(2).get(b"/again").await.unwrap();
+        own.of(2).get(b"/again").await.expect("a get");
         assert_eq!(own.snapshot().gets, 6, "{:?}", own.snapshot());
         assert_eq!(own.backend(), "mem");
     }
