@@ -16,8 +16,8 @@
 # called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
 # RDZV_BENCH_URL / RDZV_BENCH_BACKENDS are passed to the benches (see benches/common/mod.rs).
 #
-# Open files: one client per worker holds 2–3 connections in this process and as many in
-# etcd, so the soft limit is raised to 16384 (or the hard limit, if lower) for everything
+# Open files: with one client per worker, each worker holds about 3 open files in the bench
+# (2 connections) and etcd one per connection, so the soft limit is raised to 16384 (or the hard limit, if lower) for everything
 # started here; the limit in force is recorded in machine.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."

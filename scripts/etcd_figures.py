@@ -44,7 +44,8 @@ def delta(before, after, key, n, scale=1.0):
 
 def raise_open_files(want):
     """Raises the soft limit on open files to `want` (or the hard limit, if lower), for this
-    process and what it starts: N clients hold 2-3 connections each, here and in etcd."""
+    process and what it starts: each worker holds about 3 open files here (2 connections to
+    etcd) and etcd one per connection."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = want if hard == resource.RLIM_INFINITY else min(want, hard)
     if soft != resource.RLIM_INFINITY and soft < target:

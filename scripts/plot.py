@@ -192,8 +192,8 @@ def extra_figures(md, res, cost_rounds):
         md.append("### One client per worker (what the server sees from separate hosts)")
         md.append("")
         md.append("`rdzv bench <etcd> --workers N --rounds 1 --client-per-worker` (`scripts/etcd_figures.py clients`): "
-                  "N in-process workers, each with its own etcd client and connections (two each: requests and "
-                  "lease keep-alives), against a local etcd on tmpfs. Time: the round, from all workers calling "
+                  "N in-process workers, each on a thread and runtime of its own with its own etcd client and "
+                  "connections (as on N hosts), against a local etcd on tmpfs. Time: the round, from all workers calling "
                   "until the last returned (creating the clients and sessions is not in it). Writes and reads per "
                   "worker: counted by the clients, in the round. The server's side is read around the whole "
                   "command (creating N sessions, the round, N workers leaving): etcd's committed proposals and "

@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::Rendezvous;
 use rdzv::core::Kv;
+use rdzv::{Rendezvous, RendezvousParams};
 use rdzv_core::testing::{CountingKv, OpCounts};
 use serde_json::json;
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -25,14 +26,14 @@ p50, p95, max over the rounds), the backend writes and reads per worker per roun
 counting wrapper; lease keep-alives excluded, the bootstrap exchange through the round's
 Store included), and the peak memory of the process (VmHWM).
 
-With --client-per-worker, each worker connects its own backend client instead (its own
-connections, as N separate hosts would: what the server sees from N machines), and the
-operations are counted per client and summed. Each etcd or Redis client holds two or three
-connections (requests, lease keep-alives, and on Redis its key-event feed), so N workers
-need 2N-3N open files here and in the server: raise the limit first if needed
-(`ulimit -n 8192`).
-On mem:// every client is the same process-wide store, so only the counting and the
-keep-alive driver are per worker. Creating the clients is not in the round latency.
+With --client-per-worker, each worker runs as on a host of its own instead: on a thread
+and runtime of its own, with its own backend client and connections (what the server sees
+from N machines); the operations are counted per client and summed, and the rounds are
+started together from the main thread. Counted in this process, an etcd worker holds about
+3 open files (2 connections) and a Redis worker about 6 (3 connections), and the server one
+per connection: raise the limit first if needed (`ulimit -n 8192` for 1024 workers). On
+mem:// all workers share the one process-wide store. Creating the workers is not in the
+round latency.
 
 min_workers = max_workers = N unless the URL says otherwise. Each invocation uses a fresh
 run id (the URL's with a unique suffix) unless --run-id is given.
@@ -58,8 +59,8 @@ pub struct BenchArgs {
     /// Use this run id as is (default: the URL's run id plus a unique suffix).
     #[arg(long, value_name = "ID", value_parser = crate::args::run_id)]
     run_id: Option<String>,
-    /// Give each worker its own backend client and connections (as separate hosts would)
-    /// instead of one client shared by all.
+    /// Give each worker its own thread, runtime, backend client and connections (as separate
+    /// hosts would) instead of one client shared by all.
     #[arg(long)]
     client_per_worker: bool,
     /// How to print the results.
@@ -67,71 +68,12 @@ pub struct BenchArgs {
     format: ReportFormat,
 }
 
-/// How many clients are connected at once while creating them (a burst of thousands of
+/// How many workers connect at once while they are created (a burst of thousands of
 /// simultaneous connects would only queue in the server's accept backlog).
 const CONNECTING_AT_ONCE: usize = 64;
 
-/// The workers' backend clients, each wrapped in its own [`CountingKv`]: one shared by all
-/// workers, or one per worker.
-struct Clients {
-    counting: Vec<Arc<CountingKv>>,
-}
-
-impl Clients {
-    /// One client (`first`, already connected) for all workers; or, if `per_worker`, `first`
-    /// for worker 0 and `workers - 1` more connected from `url`.
-    async fn connect(
-        url: &str,
-        first: Arc<dyn Kv>,
-        workers: usize,
-        per_worker: bool,
-    ) -> Result<Clients, CliError> {
-        let mut counting = vec![CountingKv::new(first)];
-        if !per_worker {
-            return Ok(Clients { counting });
-        }
-        let mut pending = JoinSet::new();
-        let mut next = 1;
-        while counting.len() < workers {
-            while next < workers && pending.len() < CONNECTING_AT_ONCE {
-                let url = url.to_string();
-                pending.spawn(async move { (next, RunTarget::connect(&url).await) });
-                next += 1;
-            }
-            let Some(joined) = pending.join_next().await else { break };
-            let (i, connected) =
-                joined.map_err(|e| CliError::other(format!("connecting a client failed: {e}")))?;
-            let target = connected.map_err(|e| {
-                CliError::from(e).context(format_args!(
-                    "cannot connect the client of worker {i} of {workers} (--client-per-worker opens two or three \
-                     connections per worker: if this says too many open files, raise `ulimit -n`)"
-                ))
-            })?;
-            counting.push(CountingKv::new(target.kv));
-        }
-        Ok(Clients { counting })
-    }
-
-    /// The client of worker `i`.
-    fn of(&self, i: usize) -> Arc<dyn Kv> {
-        self.counting[i % self.counting.len()].clone()
-    }
-
-    /// How many clients there are.
-    fn len(&self) -> usize {
-        self.counting.len()
-    }
-
-    /// The operations of all clients so far, summed.
-    fn snapshot(&self) -> OpCounts {
-        self.counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()))
-    }
-
-    /// The backend's name.
-    fn backend(&self) -> &'static str {
-        self.counting[0].inner().name()
-    }
-}
+/// The round number that tells the workers of `--client-per-worker` to leave.
+const LEAVE: u32 = u32::MAX;
 
 /// One measured round.
 #[derive(Clone, Copy, Debug)]
@@ -147,16 +89,39 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let run_id =
         args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.address.run_id, unique_suffix()));
     let params = target.params(n, n, Some(&run_id))?;
-    let clients = Clients::connect(&args.url, target.kv.clone(), n, args.client_per_worker).await?;
+    let (stats, clients) = if args.client_per_worker {
+        let (stats, counting) = own_clients(&args.url, &params, n, args.rounds).await?;
+        (stats, counting.len())
+    } else {
+        (shared_client(target.kv.clone(), &params, n, args.rounds).await?, 1)
+    };
+    let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib()).with_clients(clients);
+    let text = match args.format {
+        ReportFormat::Json => format!("{}\n", report.json()),
+        ReportFormat::Text => report.text(),
+    };
+    print_flush(&text);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `n` workers on this runtime, all on the one client `kv`, `rounds` rounds.
+async fn shared_client(
+    kv: Arc<dyn Kv>,
+    params: &RendezvousParams,
+    n: usize,
+    rounds: u32,
+) -> Result<Vec<RoundStats>, CliError> {
+    let kv = CountingKv::new(kv);
+    let shared: Arc<dyn Kv> = kv.clone();
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
         let mut params = params.clone();
         params.node_id = Some(format!("bench-{i}"));
-        workers.push(Rendezvous::new(clients.of(i), params).await?);
+        workers.push(Rendezvous::new(shared.clone(), params).await?);
     }
     let mut stats = Vec::new();
-    for _ in 0..args.rounds {
-        let before = clients.snapshot();
+    for _ in 0..rounds {
+        let before = kv.snapshot();
         let started = Instant::now();
         let mut set = JoinSet::new();
         for w in &workers {
@@ -166,19 +131,164 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         while let Some(joined) = set.join_next().await {
             joined.map_err(|e| CliError::other(format!("a bench worker failed: {e}")))??;
         }
-        stats.push(RoundStats { latency: started.elapsed(), ops: clients.snapshot() - before });
+        stats.push(RoundStats { latency: started.elapsed(), ops: kv.snapshot() - before });
     }
     for w in &workers {
         let _ = w.shutdown().await;
     }
-    let report =
-        Report::new(&stats, n, clients.backend(), &run_id, peak_memory_kib()).with_clients(clients.len());
-    let text = match args.format {
-        ReportFormat::Json => format!("{}\n", report.json()),
-        ReportFormat::Text => report.text(),
+    Ok(stats)
+}
+
+/// `n` workers, each on a thread and runtime of its own with its own client connected from
+/// `url` (as on a host of its own: a client is shared only within one runtime), `rounds`
+/// rounds started together from here. The stats of each round, and each worker's counter.
+async fn own_clients(
+    url: &str,
+    params: &RendezvousParams,
+    n: usize,
+    rounds: u32,
+) -> Result<(Vec<RoundStats>, Vec<Arc<CountingKv>>), CliError> {
+    let (go, _) = watch::channel(0u32);
+    let (ready_tx, mut ready) = mpsc::unbounded_channel();
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let connecting = Arc::new(Semaphore::new(CONNECTING_AT_ONCE));
+    let mut threads = Vec::with_capacity(n);
+    let mut started = Ok(());
+    for i in 0..n {
+        let mut params = params.clone();
+        params.node_id = Some(format!("bench-{i}"));
+        let worker = OwnWorker {
+            index: i,
+            url: url.to_string(),
+            params,
+            go: go.subscribe(),
+            ready: ready_tx.clone(),
+            done: done_tx.clone(),
+            connecting: connecting.clone(),
+        };
+        match std::thread::Builder::new().name(format!("bench-{i}")).spawn(move || worker.run()) {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                started = Err(CliError::other(format!(
+                    "cannot start the thread of worker {i} of {n}: {e} (--client-per-worker runs one thread \
+                     per worker)"
+                )));
+                break;
+            }
+        }
+    }
+    drop((ready_tx, done_tx));
+    let result = match started {
+        Ok(()) => drive(&go, &mut ready, &mut done, n, rounds).await,
+        Err(e) => Err(e),
     };
-    print_flush(&text);
-    Ok(ExitCode::SUCCESS)
+    go.send_replace(LEAVE);
+    // Every worker leaves the run before this returns (a thread has nothing left to block on).
+    let _ = tokio::task::spawn_blocking(move || {
+        for thread in threads {
+            let _ = thread.join();
+        }
+    })
+    .await;
+    result
+}
+
+/// Waits for the `n` workers to be ready, then starts `rounds` rounds one after the other
+/// and times each until the last worker returned.
+async fn drive(
+    go: &watch::Sender<u32>,
+    ready: &mut mpsc::UnboundedReceiver<Result<Arc<CountingKv>, CliError>>,
+    done: &mut mpsc::UnboundedReceiver<Result<(), CliError>>,
+    n: usize,
+    rounds: u32,
+) -> Result<(Vec<RoundStats>, Vec<Arc<CountingKv>>), CliError> {
+    let ended = || CliError::other("a bench worker's thread ended unexpectedly");
+    let mut counting = Vec::with_capacity(n);
+    while counting.len() < n {
+        counting.push(ready.recv().await.ok_or_else(ended)??);
+    }
+    let snapshot = |counting: &[Arc<CountingKv>]| {
+        counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()))
+    };
+    let mut stats = Vec::new();
+    for round in 1..=rounds {
+        let before = snapshot(&counting);
+        let started = Instant::now();
+        go.send_replace(round);
+        for _ in 0..n {
+            done.recv().await.ok_or_else(ended)??;
+        }
+        stats.push(RoundStats { latency: started.elapsed(), ops: snapshot(&counting) - before });
+    }
+    Ok((stats, counting))
+}
+
+/// One worker of `--client-per-worker`, on its own thread.
+struct OwnWorker {
+    index: usize,
+    url: String,
+    params: RendezvousParams,
+    /// The round to run (1, 2, …), or [`LEAVE`].
+    go: watch::Receiver<u32>,
+    ready: mpsc::UnboundedSender<Result<Arc<CountingKv>, CliError>>,
+    done: mpsc::UnboundedSender<Result<(), CliError>>,
+    connecting: Arc<Semaphore>,
+}
+
+impl OwnWorker {
+    fn run(self) {
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime.block_on(self.rendezvous()),
+            Err(e) => {
+                let message = format!("cannot start the runtime of worker {}: {e}", self.index);
+                let _ = self.ready.send(Err(CliError::other(message)));
+            }
+        }
+    }
+
+    async fn rendezvous(mut self) {
+        let worker = match self.connect().await {
+            Ok((kv, worker)) => {
+                let _ = self.ready.send(Ok(kv));
+                worker
+            }
+            Err(e) => {
+                let _ = self.ready.send(Err(e));
+                return;
+            }
+        };
+        let mut round = 0;
+        loop {
+            let Ok(next) = self.go.wait_for(|&r| r > round).await.map(|r| *r) else { break };
+            if next == LEAVE {
+                break;
+            }
+            round = next;
+            let result = tokio::select! {
+                r = worker.next_rendezvous() => r.map(|_| ()).map_err(CliError::from),
+                _ = self.go.wait_for(|&r| r == LEAVE) => break,
+            };
+            if self.done.send(result).is_err() {
+                break;
+            }
+        }
+        let _ = worker.shutdown().await;
+    }
+
+    async fn connect(&self) -> Result<(Arc<CountingKv>, Rendezvous), CliError> {
+        let _turn = self.connecting.acquire().await.map_err(|e| CliError::other(e.to_string()))?;
+        let target = RunTarget::connect(&self.url).await.map_err(|e| {
+            CliError::from(e).context(format_args!(
+                "worker {} cannot connect its client (--client-per-worker opens connections per \
+                 worker, in this process and in the server: if this says too many open files, raise \
+                 `ulimit -n`)",
+                self.index
+            ))
+        })?;
+        let kv = CountingKv::new(target.kv);
+        let worker = Rendezvous::new(kv.clone(), self.params.clone()).await?;
+        Ok((kv, worker))
+    }
 }
 
 /// The summary of a bench.
@@ -333,27 +443,35 @@ mod tests {
         assert!(r.text().contains("2.0 MiB"), "{}", r.text());
     }
 
-    #[tokio::test]
-    async fn one_client_per_worker_counted_and_summed() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_client_per_worker_each_counted_and_summed() {
         let url = "mem://bench-clients/b";
-        let first = RunTarget::connect(url).await.expect("a mem:// backend").kv;
-        let shared = Clients::connect(url, first.clone(), 5, false).await.expect("one shared client");
-        assert_eq!(shared.len(), 1);
-        assert!(Arc::ptr_eq(&shared.of(0), &shared.of(4)));
-
-        let own = Clients::connect(url, first, 5, true).await.expect("a client per worker");
-        assert_eq!(own.len(), 5);
-        for i in 0..5 {
-            for j in 0..i {
-                assert!(!Arc::ptr_eq(&own.of(i), &own.of(j)), "workers {i} and {j} share a client");
+        let target = RunTarget::connect(url).await.expect("a mem:// backend");
+        let params = target.params(4, 4, Some("own")).expect("parameters");
+        let (stats, counting) = own_clients(url, &params, 4, 2).await.expect("two rounds of 4");
+        assert_eq!(stats.len(), 2);
+        assert_eq!(counting.len(), 4);
+        for (i, c) in counting.iter().enumerate() {
+            // A lease grant and a join write at least, on each worker's own client.
+            assert!(c.snapshot().writes() >= 2, "worker {i}: {:?}", c.snapshot());
+            for other in &counting[..i] {
+                assert!(!Arc::ptr_eq(c, other), "two workers share a client");
             }
         }
-        for i in 0..5 {
-            own.of(i).get(format!("/k{i}").as_bytes()).await.expect("a get");
-        }
-        own.of(2).get(b"/again").await.expect("a get");
-        assert_eq!(own.snapshot().gets, 6, "{:?}", own.snapshot());
-        assert_eq!(own.backend(), "mem");
+        let total = counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()));
+        let rounds = add(stats[0].ops, stats[1].ops);
+        assert!(rounds.writes() >= 2 * 4, "{rounds:?}");
+        assert!(rounds.writes() <= total.writes(), "{rounds:?} {total:?}");
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_cannot_connect_fails_the_bench() {
+        let port =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port();
+        let url = format!("etcd://127.0.0.1:{port}/b?connect_timeout=1s");
+        let params = RendezvousParams::new("b", 2, 2).expect("parameters");
+        let Err(e) = own_clients(&url, &params, 2, 1).await else { panic!("no server, yet the bench ran") };
+        assert!(e.message.contains("cannot connect its client"), "{}", e.message);
     }
 
     #[test]
