@@ -515,7 +515,9 @@ def main():
               "client wrapped in `CountingKv`. Writes = puts, deletes, lease grants/revokes (lease refreshes "
               "aside); reads = gets and ranges; on etcd also the server's own committed Raft proposals "
               "(`etcd_server_proposals_committed_total` before and after the round, so it includes every "
-              "write the server made, lease refreshes excepted as etcd does not propose them). Round 1 is "
+              "write the server made, lease refreshes excepted as etcd does not propose them), the key "
+              "ranges it read (`etcd_mvcc_range_total`: range requests and transactions' compares and reads) "
+              "and its CPU time (`process_cpu_seconds_total`, per 1000 workers). Round 1 is "
               "the first rendezvous, round 2 everyone calling `next_rendezvous` again. `setup` is creating "
               "the workers (session and run leases). These counts do not depend on the machine.")
     md.append("")
