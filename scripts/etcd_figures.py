@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 
+# Importing multiproc.py would otherwise leave a scripts/__pycache__ in the work tree.
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from multiproc import Etcd, show  # noqa: E402
 
