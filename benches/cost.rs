@@ -56,10 +56,14 @@ async fn server(backend: &common::Backend) -> Option<ServerCounters> {
     let text = backend.etcd()?.metrics().await.expect("etcd /metrics");
     let value =
         |name: &str| metric_value(&text, name).unwrap_or_else(|| panic!("no `{name}` in etcd's /metrics"));
+    // Etcd 3.4 has both range counters (the debugging one is older); an etcd with neither, or
+    // without the process collector, records null (NaN becomes null in JSON).
+    let optional =
+        |names: &[&str]| names.iter().find_map(|name| metric_value(&text, name)).unwrap_or(f64::NAN);
     Some(ServerCounters {
         proposals: value(PROPOSALS_COMMITTED),
-        ranges: value("etcd_mvcc_range_total"),
-        cpu_s: value("process_cpu_seconds_total"),
+        ranges: optional(&["etcd_mvcc_range_total", "etcd_debugging_mvcc_range_total"]),
+        cpu_s: optional(&["process_cpu_seconds_total"]),
     })
 }
 
