@@ -2,10 +2,14 @@
 //! (min = max = N) on one shared client, the backend writes and reads per worker per round
 //! (counted by `CountingKv`; lease refreshes aside, like docs/PROTOCOL.md's cost section), and on etcd
 //! the server's own committed Raft proposals per worker (`etcd_server_proposals_committed_total`
-//! from its `/metrics`, before and after the round). Round 1 is a first rendezvous; round 2
+//! from its `/metrics`, before and after the round), with the server's key ranges read
+//! (`etcd_mvcc_range_total`: range requests and a transaction's compares and reads) and its
+//! CPU time (`process_cpu_seconds_total`, utime + stime of the etcd process, reported per
+//! 1000 workers). Round 1 is a first rendezvous; round 2
 //! is everyone calling `next_rendezvous` again (a re-rendezvous). Creating the workers is
 //! reported apart (`setup`). The process's peak resident memory (VmHWM, reset before each
-//! size where the kernel allows) is reported too.
+//! size where the kernel allows) is reported too, and at the end whether all N handlers
+//! leaving at once on the one client did so without a failed request (`leave`).
 //!
 //! `cargo bench --bench cost [-- --sizes 16,64 --backends mem,etcd]`; results go to stdout
 //! and `<results>/cost.jsonl`.
@@ -18,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
 use rdzv_core::testing::{CountingKv, OpCounts};
+use rdzv_etcd::testing::{PROPOSALS_COMMITTED, metric_value};
 
 const SIZES: [usize; 5] = [16, 64, 128, 512, 1024];
 
@@ -39,11 +44,49 @@ fn reset_peak_memory() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
-async fn proposals(backend: &common::Backend) -> Option<u64> {
-    match backend.etcd() {
-        Some(server) => Some(server.proposals_committed().await.expect("etcd /metrics")),
-        None => None,
+/// What the etcd server reports about its own work, from its `/metrics`.
+#[derive(Clone, Copy)]
+struct ServerCounters {
+    proposals: f64,
+    ranges: f64,
+    cpu_s: f64,
+}
+
+async fn server(backend: &common::Backend) -> Option<ServerCounters> {
+    let text = backend.etcd()?.metrics().await.expect("etcd /metrics");
+    let value =
+        |name: &str| metric_value(&text, name).unwrap_or_else(|| panic!("no `{name}` in etcd's /metrics"));
+    // Etcd 3.4 has both range counters (the debugging one is older); an etcd with neither, or
+    // without the process collector, records null (NaN becomes null in JSON).
+    let optional =
+        |names: &[&str]| names.iter().find_map(|name| metric_value(&text, name)).unwrap_or(f64::NAN);
+    Some(ServerCounters {
+        proposals: value(PROPOSALS_COMMITTED),
+        ranges: optional(&["etcd_mvcc_range_total", "etcd_debugging_mvcc_range_total"]),
+        cpu_s: optional(&["process_cpu_seconds_total"]),
+    })
+}
+
+/// The server's work between two readings, as JSON fields: proposals and ranges per worker,
+/// CPU seconds per 1000 workers (null off etcd).
+fn server_json(before: Option<ServerCounters>, after: Option<ServerCounters>, n: usize) -> serde_json::Value {
+    match (before, after) {
+        (Some(a), Some(b)) => serde_json::json!({
+            "proposals": (b.proposals - a.proposals) / n as f64,
+            "server_ranges": (b.ranges - a.ranges) / n as f64,
+            "server_cpu_s": b.cpu_s - a.cpu_s,
+            "server_cpu_s_per_1000": (b.cpu_s - a.cpu_s) * 1000.0 / n as f64,
+        }),
+        _ => serde_json::json!({"proposals": null}),
     }
+}
+
+/// `base` with the fields of `extra` added.
+fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(base), serde_json::Value::Object(extra)) = (base.as_object_mut(), extra) {
+        base.extend(extra);
+    }
+    base
 }
 
 fn per_worker(x: u64, n: usize) -> f64 {
@@ -71,7 +114,7 @@ async fn measure(backend: &common::Backend, n: usize) {
     params.timeout = Duration::from_secs(60);
 
     let before = counting.snapshot();
-    let p0 = proposals(backend).await;
+    let s0 = server(backend).await;
     let created = (0..n).map(|i| {
         let mut p = params.clone();
         p.node_id = Some(format!("w{i}"));
@@ -80,25 +123,27 @@ async fn measure(backend: &common::Backend, n: usize) {
     });
     let handlers = futures::future::join_all(created).await;
     let setup = counting.snapshot() - before;
-    let setup_proposals = match (p0, proposals(backend).await) {
-        (Some(a), Some(b)) => Some(per_worker(b - a, n)),
-        _ => None,
-    };
+    let setup_server = server_json(s0, server(backend).await, n);
     println!(
         "{label} N={n} setup: {:.2} writes/worker, {:.2} reads/worker{}",
         per_worker(setup.writes(), n),
         per_worker(setup.reads(), n),
-        setup_proposals.map(|p| format!(", {p:.2} etcd proposals/worker")).unwrap_or_default()
+        setup_server["proposals"]
+            .as_f64()
+            .map(|p| format!(", {p:.2} etcd proposals/worker"))
+            .unwrap_or_default()
     );
     common::record(
         "cost",
-        serde_json::json!({"backend": label, "workers": n, "round": "setup",
-            "counts": counts_json(&setup, n), "proposals": setup_proposals}),
+        merged(
+            serde_json::json!({"backend": label, "workers": n, "round": "setup", "counts": counts_json(&setup, n)}),
+            setup_server,
+        ),
     );
 
     for round in [1, 2] {
         let before = counting.snapshot();
-        let p0 = proposals(backend).await;
+        let s0 = server(backend).await;
         let started = Instant::now();
         let tasks: Vec<_> = handlers
             .iter()
@@ -143,10 +188,8 @@ async fn measure(backend: &common::Backend, n: usize) {
         }
         let took = started.elapsed();
         let used = counting.snapshot() - before;
-        let p = match (p0, proposals(backend).await) {
-            (Some(a), Some(b)) => Some(per_worker(b - a, n)),
-            _ => None,
-        };
+        let server_used = server_json(s0, server(backend).await, n);
+        let p = server_used["proposals"].as_f64();
         assert!(infos.iter().all(|i| i.world_size == n && i.version == infos[0].version), "one round of {n}");
         let writes = per_worker(used.writes(), n);
         let reads = per_worker(used.reads(), n);
@@ -156,16 +199,24 @@ async fn measure(backend: &common::Backend, n: usize) {
             "{label} N={n} round {round}: {took:.3?}; {writes:.2} writes/worker, {reads:.2} reads/worker, \
              {:.2} watches/worker{}; slowest joined {:.3}s frozen {:.3}s ({used:?})",
             per_worker(used.watches, n),
-            p.map(|p| format!(", {p:.2} etcd proposals/worker")).unwrap_or_default(),
+            p.map(|p| format!(
+                ", {p:.2} etcd proposals/worker, {:.2} etcd ranges/worker, {:.3} etcd CPU s per 1000 workers",
+                server_used["server_ranges"].as_f64().unwrap_or_default(),
+                server_used["server_cpu_s_per_1000"].as_f64().unwrap_or_default()
+            ))
+            .unwrap_or_default(),
             slowest(|i| i.timings.joined),
             slowest(|i| i.timings.frozen),
         );
         common::record(
             "cost",
-            serde_json::json!({"backend": label, "workers": n, "round": round,
-                "seconds": took.as_secs_f64(), "counts": counts_json(&used, n), "proposals": p,
-                "max_joined": slowest(|i| i.timings.joined), "max_frozen": slowest(|i| i.timings.frozen),
-                "max_completed": slowest(|i| i.timings.completed)}),
+            merged(
+                serde_json::json!({"backend": label, "workers": n, "round": round,
+                    "seconds": took.as_secs_f64(), "counts": counts_json(&used, n),
+                    "max_joined": slowest(|i| i.timings.joined), "max_frozen": slowest(|i| i.timings.frozen),
+                    "max_completed": slowest(|i| i.timings.completed)}),
+                server_used,
+            ),
         );
     }
     let (hwm, _) = memory();
@@ -180,12 +231,28 @@ async fn measure(backend: &common::Backend, n: usize) {
         serde_json::json!({"backend": label, "workers": n, "round": "memory",
             "vmhwm_kib": hwm, "rss_before_kib": rss_before, "peak_reset": reset}),
     );
+    // All handlers leave at once on the one client: every request of it must still succeed.
+    let started = Instant::now();
     let gone = handlers.iter().map(|h| h.shutdown());
+    let mut errors: Vec<String> = Vec::new();
     for r in futures::future::join_all(gone).await {
         if let Err(e) = r {
-            eprintln!("{label} N={n}: a worker could not leave: {e}");
+            errors.push(e.to_string());
         }
     }
+    let took = started.elapsed();
+    let failed = errors.len();
+    errors.sort();
+    errors.dedup();
+    if failed > 0 {
+        eprintln!("{label} N={n}: {failed} of {n} workers could not leave: {errors:?}");
+    }
+    println!("{label} N={n} leave: {took:.3?}, {failed} failed");
+    common::record(
+        "cost",
+        serde_json::json!({"backend": label, "workers": n, "round": "leave", "seconds": took.as_secs_f64(),
+            "failed_leaves": failed, "errors": errors}),
+    );
 }
 
 fn main() {

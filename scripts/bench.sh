@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md and its plots from scratch: builds the benches (release), runs
 # every criterion bench and the cost figures on in-memory, a real etcd and a real Redis
-# (started by the benches themselves), the multi-process runs against a local etcd, and
-# scripts/plot.py. Takes ~10–15 minutes on 2 cores. Not part of CI.
+# (started by the benches themselves), the multi-process runs against a local etcd (on
+# tmpfs, on disk, and a 3-member cluster), one client per worker (`rdzv bench
+# --client-per-worker`), the failure-detection runs (scripts/etcd_figures.py), and
+# scripts/plot.py. Takes ~20–25 minutes on 2 cores (a cost size that hangs adds up to its
+# 10-minute limit). Not part of CI.
 #
 #   scripts/bench.sh
 #
 # Environment: CARGO_TARGET_DIR (default target); MP_RUNS (multi-process runs per size,
-# default 5); MP_SIZES (default 16,64,128); RDZV_JOIN_BIN (a worker command for the
-# multi-process runs, called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
+# default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
+# default 16,64,128,256); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
+# COST_SIZES (default 16,64,128,512,1024,4096); CLIENTS_WORKERS (default 1024);
+# DETECT_TTLS (default 2,5,10); RDZV_JOIN_BIN (a worker command for the multi-process runs,
+# called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
 # RDZV_BENCH_URL / RDZV_BENCH_BACKENDS are passed to the benches (see benches/common/mod.rs).
+#
+# Open files: with one client per worker, each worker holds about 3 open files in the bench
+# (2 connections) and etcd one per connection, so the soft limit is raised to 16384 (or the hard limit, if lower) for everything
+# started here; the limit in force is recorded in machine.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,6 +28,19 @@ results="$root/benches/results"
 export RDZV_BENCH_OUT="$results"
 mkdir -p "$results"
 rm -f "$results"/*.jsonl "$results"/machine.json
+
+want_files=16384
+soft_files=$(ulimit -Sn)
+hard_files=$(ulimit -Hn)
+if [ "$soft_files" != unlimited ] && [ "$soft_files" -lt "$want_files" ]; then
+    if [ "$hard_files" = unlimited ] || [ "$hard_files" -ge "$want_files" ]; then
+        ulimit -Sn "$want_files"
+    else
+        ulimit -Sn "$hard_files"
+        echo "bench: the open-file limit is $hard_files (hard); one client per worker may run out of files"
+    fi
+fi
+open_files=$(ulimit -Sn)
 
 echo "== building (release)"
 # Build once, then run the executables: the work tree may change meanwhile, and a rebuild
@@ -47,10 +70,24 @@ if [ -n "${RDZV_BENCH_URL:-}" ]; then
     "${exe[cost]}" --bench
 else
     # One process (and one fresh server) per backend and size: the peak memory (VmHWM) is
-    # then this size's own, and no earlier size's leftovers load the server.
+    # then this size's own, and no earlier size's leftovers load the server. A size that
+    # crashes or outlasts its time limit is recorded as failed, and the script goes on.
     for backend in $(echo "${RDZV_BENCH_BACKENDS:-mem,etcd,redis}" | tr ',' ' '); do
-        for n in 16 64 128 512 1024; do
-            "${exe[cost]}" --bench --backends "$backend" --sizes "$n" || echo "cost: $backend N=$n failed"
+        for n in $(echo "${COST_SIZES:-16,64,128,512,1024,4096}" | tr ',' ' '); do
+            started=$(date +%s.%N)
+            status=0
+            timeout 600 "${exe[cost]}" --bench --backends "$backend" --sizes "$n" || status=$?
+            if [ "$status" -ne 0 ]; then
+                echo "cost: $backend N=$n failed (exit $status)"
+                python3 - "$results/cost.jsonl" "$backend" "$n" "$status" "$started" <<'PY'
+import json, sys, time
+path, backend, n, status, started = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+why = "killed at the 600 s time limit" if status == 124 else f"the bench process exited with status {status}"
+with open(path, "a") as f:
+    f.write(json.dumps({"backend": backend, "workers": n, "round": "crashed", "failed": why,
+                        "seconds": time.time() - started}) + "\n")
+PY
+            fi
         done
     done
 fi
@@ -65,12 +102,31 @@ python3 scripts/multiproc.py --worker "${worker%% *}" --worker-args "$(echo "$wo
 # gate there, so the time includes spawning; it leaves the run after printing.
 cli="${RDZV_CLI_BIN:-$CARGO_TARGET_DIR/release/rdzv}"
 if [ -x "$cli" ]; then
-    python3 scripts/multiproc.py --worker "$cli" --worker-args "join --hold 0s --format json" --no-gate \
-        --sizes "${MP_SIZES:-16,64,128}" --runs 3 --out "$results/multiproc_cli.jsonl"
+    join_args="join --hold 0s --format json"
+    python3 scripts/multiproc.py --worker "$cli" --worker-args "$join_args" --no-gate \
+        --sizes "${MP_CLI_SIZES:-16,64,128,256}" --runs 3 --out "$results/multiproc_cli.jsonl"
+
+    echo "== etcd with its data on disk, and a 3-member cluster"
+    # The same CLI runs at one size: etcd's data directory on disk (every commit fsynced)
+    # instead of tmpfs, then three etcd processes on loopback (the URL lists all three).
+    python3 scripts/multiproc.py --worker "$cli" --worker-args "$join_args" --no-gate \
+        --sizes "${MP_EXTRA_SIZE:-128}" --runs 3 --data-on-disk --label disk --out "$results/multiproc_disk.jsonl" ||
+        echo "bench: the on-disk etcd runs failed"
+    python3 scripts/multiproc.py --worker "$cli" --worker-args "$join_args" --no-gate \
+        --sizes "${MP_EXTRA_SIZE:-128}" --runs 3 --members 3 --label cluster-3 \
+        --out "$results/multiproc_cluster.jsonl" || echo "bench: the 3-member etcd runs failed"
+
+    echo "== one client per worker (rdzv bench --client-per-worker) on etcd"
+    python3 scripts/etcd_figures.py clients --rdzv "$cli" --workers "${CLIENTS_WORKERS:-1024}" --runs 3 \
+        --out "$results/clients.jsonl" || echo "bench: the client-per-worker runs failed"
+
+    echo "== failure detection: survivors told of a SIGKILLed member, against the keep-alive TTL"
+    python3 scripts/etcd_figures.py detect --rdzv "$cli" --workers 8 --ttls "${DETECT_TTLS:-2,5,10}" --runs 3 \
+        --out "$results/detect.jsonl" || echo "bench: the failure-detection runs failed"
 fi
 
 load_after=$(load)
-python3 - "$results/machine.json" "$load_before" "$load_after" <<'PY'
+python3 - "$results/machine.json" "$load_before" "$load_after" "$open_files" <<'PY'
 import json, os, platform, re, subprocess, sys
 def run(*cmd):
     try:
@@ -89,6 +145,7 @@ m = {
     "rustc": run("rustc", "--version"),
     "load_before": f"load average {sys.argv[2]} (1/5/15 min) when the benches started",
     "load_after": f"load average {sys.argv[3]} when they ended",
+    "open_files": f"{sys.argv[4]} (soft limit on open files of the bench processes and the servers they started)",
     "git": run("git", "rev-parse", "--short", "HEAD"),
 }
 json.dump(m, open(sys.argv[1], "w"), indent=1)
@@ -96,4 +153,4 @@ PY
 
 echo "== BENCHMARKS.md"
 python3 scripts/plot.py "$results" BENCHMARKS.md "$results"
-echo "done: BENCHMARKS.md, $results/latency.svg, $results/cost.svg"
+echo "done: BENCHMARKS.md and its plots in $results"

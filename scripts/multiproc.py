@@ -2,9 +2,16 @@
 """Multi-process rendezvous benchmark: N separate worker processes, all started at the same
 instant against a local etcd started here, min = max = N. One measurement is the time from
 the common start (just before the first process is spawned) until the last one exited
-after returning its round. Also reads etcd's committed Raft proposals around each run.
+after returning its round. Also reads, around each run, etcd's committed Raft proposals, the
+key ranges it read (`etcd_mvcc_range_total`) and the CPU time of its process(es) (utime +
+stime from /proc/<pid>/stat).
 
 usage: multiproc.py --worker BIN [--worker-args ARGS] --sizes 16,64,128 --runs 5 --out FILE
+                    [--members 3] [--data-on-disk [--data-parent DIR]] [--label NAME]
+
+--members 3 starts a cluster of three etcd processes on loopback (the URL lists all three);
+--data-on-disk puts etcd's data directory on disk (default parent: the system's temporary
+directory) instead of tmpfs (/dev/shm), so every commit waits for an fsync.
 
 BIN is called as `BIN [ARGS...] <url>` and must print one JSON line when its round completed
 (the `join_once` example; `rdzv join … --format json` with --no-gate). Results: one JSON
@@ -29,59 +36,126 @@ def free_port():
         return s.getsockname()[1]
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process, in seconds (Linux), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces: count from its closing parenthesis.
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def metric(text, name):
+    """The value of an unlabelled Prometheus metric, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
 class Etcd:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="rdzv-bench-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self.client, self.peer, self.metrics = free_port(), free_port(), free_port()
-        self.log = open(os.path.join(self.dir, "etcd.log"), "w")
-        self.proc = subprocess.Popen(
-            [
-                shutil.which("etcd") or "/usr/bin/etcd",
-                "--name", "bench",
-                "--data-dir", os.path.join(self.dir, "data"),
-                "--listen-client-urls", f"http://127.0.0.1:{self.client}",
-                "--advertise-client-urls", f"http://127.0.0.1:{self.client}",
-                "--listen-peer-urls", f"http://127.0.0.1:{self.peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer}",
-                "--initial-cluster", f"bench=http://127.0.0.1:{self.peer}",
-                "--listen-metrics-urls", f"http://127.0.0.1:{self.metrics}",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 30
-        while True:
+    """A local etcd of `members` processes on loopback, data on tmpfs (or on disk)."""
+
+    def __init__(self, members=1, on_disk=False, data_parent=None):
+        parent = data_parent if on_disk else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self.dir = tempfile.mkdtemp(prefix="rdzv-bench-etcd-", dir=parent)
+        self.on_disk = on_disk
+        ports = [(free_port(), free_port(), free_port()) for _ in range(members)]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
+        self.members = []  # (process, client port, metrics port, log)
+        for i, (client, peer, metrics_port) in enumerate(ports):
+            log = open(os.path.join(self.dir, f"etcd-{i}.log"), "w")
+            proc = subprocess.Popen(
+                [
+                    shutil.which("etcd") or "/usr/bin/etcd",
+                    "--name", f"m{i}",
+                    "--data-dir", os.path.join(self.dir, f"data-{i}"),
+                    "--listen-client-urls", f"http://127.0.0.1:{client}",
+                    "--advertise-client-urls", f"http://127.0.0.1:{client}",
+                    "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                    "--initial-cluster", cluster,
+                    "--initial-cluster-state", "new",
+                    "--initial-cluster-token", os.path.basename(self.dir),
+                    "--listen-metrics-urls", f"http://127.0.0.1:{metrics_port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            self.members.append((proc, client, metrics_port, log))
+        self.client = ports[0][0]
+        # The URL's host part: every member (etcd clients spread over them and fail over).
+        self.hosts = ",".join(f"127.0.0.1:{client}" for client, _, _ in ports)
+        deadline = time.time() + 60
+        for proc, client, _, _ in self.members:
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{client}/health", timeout=1) as r:
+                        if b'"true"' in r.read():
+                            break
+                except OSError:
+                    pass
+                if time.time() > deadline or proc.poll() is not None:
+                    logs = self.dir
+                    self.stop(keep=True)
+                    sys.exit(f"multiproc: etcd did not start; see its logs in {logs}")
+                time.sleep(0.1)
+
+    def pids(self):
+        return [proc.pid for proc, _, _, _ in self.members]
+
+    def counters(self):
+        """proposals (committed, as the first member counts them: every member commits the same
+        entries), ranges (key ranges read, summed over members) and CPU seconds (summed over
+        the members' processes). Any may be None."""
+        proposals, ranges, cpu = None, 0.0, 0.0
+        for i, (proc, _, metrics_port, _) in enumerate(self.members):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.client}/health", timeout=1) as r:
-                    if b'"true"' in r.read():
-                        return
+                with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
             except OSError:
-                pass
-            if time.time() > deadline or self.proc.poll() is not None:
-                self.stop()
-                sys.exit(f"multiproc: etcd did not start; see its log above ({self.dir})")
-            time.sleep(0.1)
+                return {"proposals": None, "ranges": None, "cpu_s": None}
+            if i == 0:
+                proposals = metric(text, "etcd_server_proposals_committed_total")
+            r = metric(text, "etcd_mvcc_range_total")
+            if r is None:
+                r = metric(text, "etcd_debugging_mvcc_range_total")
+            ranges = None if r is None or ranges is None else ranges + r
+            c = cpu_seconds(proc.pid)
+            cpu = None if c is None or cpu is None else cpu + c
+        return {"proposals": proposals, "ranges": ranges, "cpu_s": cpu}
 
     def proposals(self):
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=5) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("etcd_server_proposals_committed_total"):
-                    return float(line.split()[-1])
-        return None
+        return self.counters()["proposals"]
 
     def version(self):
         out = subprocess.run([shutil.which("etcd") or "/usr/bin/etcd", "--version"], capture_output=True, text=True)
         return out.stdout.splitlines()[0].split(":")[-1].strip() if out.stdout else "?"
 
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    def stop(self, keep=False):
+        for proc, _, _, _ in self.members:
+            proc.terminate()
+        for proc, _, _, log in self.members:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        if not keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def per(delta_of, key, n, scale=1.0):
+    a, b = delta_of
+    if a.get(key) is None or b.get(key) is None:
+        return None
+    return (b[key] - a[key]) * scale / n
 
 
 def one_run(etcd, worker, n, run, timeout, gate):
@@ -90,8 +164,8 @@ def one_run(etcd, worker, n, run, timeout, gate):
     the launcher's spawn speed is out of the figure; the time runs from that instant to the
     last worker's end (their clocks are this machine's). Without, from the first spawn."""
     run_id = f"mp-{os.getpid()}-{n}-{run}-{time.time_ns()}"
-    url = f"etcd://127.0.0.1:{etcd.client}/{run_id}?min_workers={n}&max_workers={n}&timeout=120s"
-    before = etcd.proposals()
+    url = f"etcd://{etcd.hosts}/{run_id}?min_workers={n}&max_workers={n}&timeout=120s"
+    before = etcd.counters()
     env = dict(os.environ)
     start_at = time.time() + 0.5 + 0.02 * n if gate else None
     if gate:
@@ -124,7 +198,7 @@ def one_run(etcd, worker, n, run, timeout, gate):
             reports.append({})
     wall = time.monotonic() - start
     shutil.rmtree(outdir, ignore_errors=True)
-    after = etcd.proposals()
+    after = etcd.counters()
     ends = [r["end_unix_s"] for r in reports if "end_unix_s" in r]
     return {
         "workers": n,
@@ -137,12 +211,34 @@ def one_run(etcd, worker, n, run, timeout, gate):
         "max_late_s": max((r.get("late_s", 0) for r in reports), default=None),
         "failures": len(failures),
         "failure_sample": failures[:2],
-        "proposals_per_worker": (after - before) / n if before is not None and after is not None else None,
+        "proposals_per_worker": per((before, after), "proposals", n),
+        # Key ranges the server read, and its CPU seconds per 1000 workers (all members).
+        "ranges_per_worker": per((before, after), "ranges", n),
+        "server_cpu_s": per((before, after), "cpu_s", 1),
+        "server_cpu_s_per_1000": per((before, after), "cpu_s", n, 1000.0),
         "max_connect_s": max((r.get("connect_s", 0) for r in reports), default=None),
         "max_completed_s": max((r.get("completed_s", 0) for r in reports), default=None),
         "max_total_s": max((r.get("total_s", 0) for r in reports), default=None),
         "end_spread_s": (max(ends) - min(ends)) if ends else None,
     }
+
+
+def show(x):
+    return "?" if x is None else f"{x:.2f}"
+
+
+def filesystem_of(path):
+    """The type of the file system holding `path` (from /proc/mounts), e.g. tmpfs, ext4."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 2 and (path + "/").startswith(parts[1].rstrip("/") + "/") and len(parts[1]) >= len(best):
+                    best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return kind
 
 
 def main():
@@ -157,9 +253,16 @@ def main():
                     help="seconds to wait before each size's first run, for earlier leases to expire")
     ap.add_argument("--no-gate", action="store_true",
                     help="time from the first spawn (for workers that do not read RDZV_START_AT)")
+    ap.add_argument("--members", type=int, default=1, help="etcd cluster members (processes), on loopback")
+    ap.add_argument("--data-on-disk", action="store_true",
+                    help="etcd's data directory on disk (fsync) instead of tmpfs")
+    ap.add_argument("--data-parent", default=None,
+                    help="with --data-on-disk: where to create the data directory (default: the temp dir)")
+    ap.add_argument("--label", default=None, help="recorded in every result (e.g. disk, cluster-3)")
     a = ap.parse_args()
     worker = [a.worker] + a.worker_args.split()
-    etcd = Etcd()
+    etcd = Etcd(members=a.members, on_disk=a.data_on_disk, data_parent=a.data_parent)
+    data_fs = filesystem_of(etcd.dir)
     try:
         with open(a.out, "a") as out:
             for n in [int(s) for s in a.sizes.split(",")]:
@@ -174,9 +277,14 @@ def main():
                     r["proposals_clean"] = run == 0
                     r["worker"] = " ".join(worker)
                     r["etcd_version"] = etcd.version()
+                    r["etcd_members"] = a.members
+                    r["etcd_data"] = data_fs
+                    if a.label:
+                        r["label"] = a.label
                     print(f"multiproc N={n} run {run}: {r['seconds']:.3f}s (spawning took {r['spawn_seconds']:.2f}s, "
                           f"latest start {r['max_late_s']}s late), "
-                          f"{r['proposals_per_worker']} proposals/worker, {r['failures']} failures", flush=True)
+                          f"{show(r['proposals_per_worker'])} proposals/worker, {show(r['ranges_per_worker'])} "
+                          f"ranges/worker, etcd CPU {show(r['server_cpu_s'])} s, {r['failures']} failures", flush=True)
                     out.write(json.dumps(r) + "\n")
                     out.flush()
     finally:

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Turns the raw benchmark results (JSON lines written by benches/*.rs and
-scripts/multiproc.py) into BENCHMARKS.md and two SVG plots. No dependencies beyond Python 3.
+"""Turns the raw benchmark results (JSON lines written by benches/*.rs, scripts/multiproc.py
+and scripts/etcd_figures.py) into BENCHMARKS.md and its SVG plots. No dependencies beyond
+Python 3.
 
 usage: plot.py RESULTS_DIR OUT_MD PLOT_DIR
 RESULTS_DIR holds cas_contention.jsonl, rendezvous_latency.jsonl, store_ops.jsonl,
-cost.jsonl, multiproc.jsonl, machine.json and (optionally) notes.md, appended verbatim.
+cost.jsonl, multiproc.jsonl, multiproc_cli.jsonl, machine.json and, when they were run,
+multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl; notes.md (optional)
+is appended verbatim. A missing file leaves its rows or section out.
 """
 
 import json
 import math
 import os
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -19,6 +23,14 @@ REFERENCE = {16: (1.9, 16, 77), 64: (11.0, 49, 283), 128: (46.0, 114, 607)}
 REFERENCE_TIME_TEXT = {16: "1.9 s", 64: "10–12 s", 128: "46 s"}
 COLORS = {"mem": "#1b9e77", "etcd": "#d95f02", "redis": "#7570b3", "etcd, processes": "#e7298a",
           "reference (processes)": "#666666"}
+MIB = 1024.0
+
+# The targets (issue 16, "Scale"), where a figure has one: in-process workers on one shared
+# client, by backend and N (seconds a round, peak MiB); the cold-start processes (`rdzv join`).
+TIME_TARGETS = {("mem", 1024): 1.0, ("etcd", 1024): 1.5, ("redis", 1024): 1.5, ("etcd", 4096): 5.0,
+                ("redis", 4096): 5.0}
+MEMORY_TARGETS = {1024: 128, 4096: 512}
+CLI_TIME_TARGETS = {128: "≤ 0.8 s", 256: "≤ 1.5 s"}
 
 
 def load(dirname, name):
@@ -54,6 +66,29 @@ def fmt_n(x, digits=2):
 def spread(values):
     """(median, min, max)"""
     return statistics.median(values), min(values), max(values)
+
+
+def fmt_spread(values, unit="runs"):
+    """`median (min–max, k runs)` of seconds, or – when there are none."""
+    if not values:
+        return "–"
+    med, lo, hi = spread(values)
+    return f"{fmt_s(med)} ({fmt_s(lo)}–{fmt_s(hi)}, {len(values)} {unit})"
+
+
+def median_of(rows, key, digits=2):
+    """The median of `key` over the rows that have it, formatted; – if none."""
+    v = [r[key] for r in rows if r.get(key) is not None]
+    return fmt_n(statistics.median(v), digits) if v else "–"
+
+
+def by_workers(rows):
+    """Rows without failures, grouped by N."""
+    out = defaultdict(list)
+    for r in rows:
+        if not r.get("failures", 0) and not r.get("failed"):
+            out[r["workers"]].append(r)
+    return out
 
 
 # ---------------------------------------------------------------- SVG, by hand
@@ -140,6 +175,135 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def extra_figures(md, res, cost_rounds):
+    """The figures recorded without a target: one client per worker, etcd on disk and as a
+    3-member cluster, failure detection against the keep-alive TTL, etcd's CPU time."""
+    clients = load(res, "clients.jsonl")
+    cli = load(res, "multiproc_cli.jsonl")
+    disk, cluster = load(res, "multiproc_disk.jsonl"), load(res, "multiproc_cluster.jsonl")
+    detect = load(res, "detect.jsonl")
+    mp = load(res, "multiproc.jsonl")
+    etcd_cost = [r for r in cost_rounds if r.get("server_cpu_s_per_1000") is not None]
+    if not (clients or disk or cluster or detect or etcd_cost):
+        return
+    md.append("## Figures without a target")
+    md.append("")
+    if clients:
+        md.append("### One client per worker (what the server sees from separate hosts)")
+        md.append("")
+        md.append("`rdzv bench <etcd> --workers N --rounds 1 --client-per-worker` (`scripts/etcd_figures.py clients`): "
+                  "N in-process workers, each on a thread and runtime of its own with its own etcd client and "
+                  "connections (as on N hosts), against a local etcd on tmpfs. Time: the round, from all workers calling "
+                  "until the last returned (creating the clients and sessions is not in it). Writes and reads per "
+                  "worker: counted by the clients, in the round. The server's side is read around the whole "
+                  "command (creating N sessions, the round, N workers leaving): etcd's committed proposals and "
+                  "the key ranges it read (`etcd_mvcc_range_total`: range requests and transactions' compares "
+                  "and reads) per worker, and its CPU time per 1000 workers.")
+        md.append("")
+        rows = []
+        for n in sorted({r["workers"] for r in clients}):
+            rs = [r for r in clients if r["workers"] == n]
+            ok = [r for r in rs if not r.get("failed")]
+            rows.append([n, f"{len(ok)} of {len(rs)}", fmt_spread([r["seconds"] for r in ok]),
+                         median_of(ok, "writes_per_worker_round"), median_of(ok, "reads_per_worker_round"),
+                         median_of(ok, "proposals_per_worker"), median_of(ok, "ranges_per_worker"),
+                         median_of(ok, "server_cpu_s_per_1000"),
+                         f"{statistics.median(r['peak_memory_kib'] for r in ok) / MIB:.0f} MiB"
+                         if ok and all(r.get("peak_memory_kib") for r in ok) else "–",
+                         fmt_s(statistics.median(r["wall_seconds"] for r in ok)) if ok else "–"])
+        md.append(table(["N", "runs completed", "round: median (min–max)", "writes / worker (round)",
+                         "reads / worker (round)", "etcd proposals / worker (whole command)",
+                         "etcd key ranges read / worker (whole command)", "etcd CPU s / 1000 workers (whole command)",
+                         "peak memory of the bench", "whole command"], rows))
+        bad = [r for r in clients if r.get("failed")]
+        if bad:
+            md.append("")
+            md.append("Failed: " + "; ".join(f"N = {r['workers']}, run {r['run']}: {r['failed'][:300]}" for r in bad))
+        md.append("")
+    if disk or cluster:
+        md.append("### etcd with its data on disk, and a 3-member cluster")
+        md.append("")
+        md.append("The cold-start runs above (`rdzv join … --hold 0s` processes, started one after the other from "
+                  "the first spawn, leave included) at one size, against three etcd set-ups: one member with its data "
+                  "on tmpfs (the tables above), one member with its data on disk (every commit waits for an fsync), "
+                  "and three members on loopback (the URL lists all three; each process talks to one of them, and "
+                  "every commit needs a majority). Proposals are as one member counts them; key ranges read and "
+                  "CPU time are summed over the members (each member applies every transaction, compares "
+                  "included).")
+        md.append("")
+        rows = []
+        sizes = sorted({r["workers"] for r in disk + cluster})
+        for label, rs_all in [("1 member, tmpfs", cli), ("1 member, on disk", disk), ("3 members, tmpfs", cluster)]:
+            for n in sizes:
+                rs = by_workers(rs_all).get(n, [])
+                failed = [r for r in rs_all if r["workers"] == n and (r.get("failures") or r.get("failed"))]
+                if not rs and not failed:
+                    continue
+                data = sorted({r.get("etcd_data", "?") for r in rs_all if r["workers"] == n})
+                rows.append([label, ", ".join(data), n, fmt_spread([r["seconds"] for r in rs]),
+                             median_of(rs, "proposals_per_worker"), median_of(rs, "ranges_per_worker"),
+                             median_of(rs, "server_cpu_s_per_1000"), len(failed)])
+        md.append(table(["etcd", "data on", "N", "time: median (min–max)", "proposals / process",
+                         "key ranges read / process", "etcd CPU s / 1000 workers", "runs with failures"], rows))
+        md.append("")
+    if detect:
+        md.append("### Failure detection against the keep-alive TTL")
+        md.append("")
+        workers = sorted({r["workers"] for r in detect})
+        md.append(f"`scripts/etcd_figures.py detect`: {', '.join(map(str, workers))} `rdzv join … --hold` processes "
+                  "on etcd form a round (min = N − 1, max = N, `last_call_timeout=1s`, `keep_alive_ttl` as below); "
+                  "about 1 s later one member (not rank 0) is killed with SIGKILL, so its lease is neither "
+                  "refreshed nor revoked. Told: from the kill until a survivor printed that its round is over "
+                  "(`Rendezvous::round_broken`: the member's keep-alive key went when its lease expired on the "
+                  "server). Next round: until the last survivor printed the round of N − 1. Medians over runs "
+                  "(min–max of the last survivor told).")
+        md.append("")
+        rows = []
+        for ttl in sorted({r["ttl_s"] for r in detect}):
+            rs = [r for r in detect if r["ttl_s"] == ttl and not r.get("failed")]
+            bad = [r for r in detect if r["ttl_s"] == ttl and r.get("failed")]
+            last = [r["told_last_s"] for r in rs]
+            nexts = [r["next_round_last_s"] for r in rs if r.get("next_round_last_s") is not None]
+            rows.append([f"{ttl} s", len(rs), median_of(rs, "told_first_s"),
+                         f"{fmt_n(statistics.median(last))} ({fmt_n(min(last))}–{fmt_n(max(last))})" if last else "–",
+                         f"{statistics.median(last) / ttl:.2f}" if last else "–",
+                         fmt_n(statistics.median(nexts)) if nexts else "–", len(bad)])
+        md.append(table(["keep_alive_ttl", "runs", "first survivor told (s)", "last survivor told (s)",
+                         "last told / TTL", "next round, last survivor (s)", "failed runs"], rows))
+        reasons = sorted({re.sub(r"rank \d+", "rank k", x) for r in detect for x in r.get("reasons", [])})
+        if reasons:
+            md.append("")
+            md.append("Reasons the survivors gave: " + "; ".join(f"“{x}”" for x in reasons[:4]) + ".")
+        bad = [r for r in detect if r.get("failed")]
+        if bad:
+            md.append("")
+            md.append("Failed: " + "; ".join(f"TTL {r['ttl_s']} s, run {r['run']}: {r['failed'][:200]}" for r in bad))
+        md.append("")
+    cpu_rows = []
+    for n in sorted({r["workers"] for r in etcd_cost}):
+        for rnd in (1, 2):
+            v = [r["server_cpu_s_per_1000"] for r in etcd_cost if r["workers"] == n and r["round"] == rnd]
+            if v:
+                cpu_rows.append([f"in-process, one client (`cost` bench, round {rnd})", n, fmt_n(statistics.median(v))])
+    for label, rows_all in [("processes (`join_once`, gated; creation included)", mp),
+                            ("processes (`rdzv join`, cold; creation and leave included)", cli),
+                            ("one client per worker (`rdzv bench --client-per-worker`, whole command)", clients)]:
+        for n, rs in sorted(by_workers(rows_all).items()):
+            v = [r["server_cpu_s_per_1000"] for r in rs if r.get("server_cpu_s_per_1000") is not None]
+            if v:
+                cpu_rows.append([label, n, f"{fmt_n(statistics.median(v))} ({fmt_n(min(v))}–{fmt_n(max(v))})"])
+    if cpu_rows:
+        md.append("### etcd's CPU time per 1000 workers")
+        md.append("")
+        md.append("utime + stime of the etcd process over a round (`process_cpu_seconds_total` from its `/metrics` "
+                  "in the `cost` bench; `/proc/<pid>/stat` in the scripts), divided by N / 1000: the server's "
+                  "cost of a rendezvous of 1000 workers, on this machine's cores. Median (min–max) over runs; "
+                  "the counters tick in 10 ms, so small N are coarse.")
+        md.append("")
+        md.append(table(["workers", "N", "etcd CPU s / 1000 workers"], cpu_rows))
+        md.append("")
+
+
 def main():
     res, out_md, plot_dir = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(plot_dir, exist_ok=True)
@@ -189,11 +353,43 @@ def main():
         lat_by[(r["backend"], r["workers"])].append(r["seconds"])
     for (b, n), v in sorted(lat_by.items()):
         if n == 1024:
-            med, lo, hi = spread(v)
-            rows.append([f"1024 in-process workers, {b}", f"{fmt_s(med)} ({fmt_s(lo)}–{fmt_s(hi)}, {len(v)} rounds)", "–", "≤ 3 s"])
-    cost_failed = [r for r in cost if r.get("failed")]
+            target = TIME_TARGETS.get((b, n))
+            rows.append([f"1024 in-process workers, {b}", fmt_spread(v, "rounds"), "–",
+                         f"≤ {target:g} s" if target else "–"])
+    cost_crashed = [r for r in cost if r.get("round") == "crashed"]
+    cost_failed = [r for r in cost if r.get("failed") and r.get("round") != "crashed"]
     cost = [r for r in cost if not r.get("failed")]
     cost_rounds = [r for r in cost if r["round"] in (1, 2)]
+    for (b, n), target in sorted(TIME_TARGETS.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if n == 1024:
+            continue
+        v = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == n]
+        failed = [r for r in cost_failed + cost_crashed if r["backend"] == b and r["workers"] == n]
+        measured = fmt_spread(v, "rounds") if v else "–"
+        if failed:
+            measured += f" ({len(failed)} failed: see the cost section)"
+        if v or failed:
+            rows.append([f"{n} in-process workers, {b} (`cost` bench, rounds 1 and 2)", measured, "–",
+                         f"≤ {target:g} s, every worker completing"])
+    cli_by = by_workers(load(res, "multiproc_cli.jsonl"))
+    for n in sorted(cli_by):
+        if n in CLI_TIME_TARGETS:
+            rows.append([f"{n} `rdzv join` processes started cold, etcd: time from the first spawn",
+                         fmt_spread([r["seconds"] for r in cli_by[n]]), REFERENCE_TIME_TEXT.get(n, "–"),
+                         CLI_TIME_TARGETS[n]])
+            rows.append([f"{n} `rdzv join` processes: etcd proposals per process (lease grant and leave included)",
+                         median_of(cli_by[n], "proposals_per_worker"), str(REFERENCE.get(n, (0, "–"))[1]), "≤ 4"])
+    clients_rows = load(res, "clients.jsonl")
+    for n in sorted({r["workers"] for r in clients_rows}):
+        rs = [r for r in clients_rows if r["workers"] == n]
+        ok = [r["seconds"] for r in rs if not r.get("failed")]
+        rows.append([f"{n} workers on etcd, one client each (`rdzv bench --client-per-worker`)",
+                     f"{len(ok)} of {len(rs)} runs completed; {fmt_spread(ok)}", "–", "completes"])
+    leaves = [r for r in cost if r["round"] == "leave"]
+    for r in sorted(leaves, key=lambda r: (r["workers"], r["backend"])):
+        if r["workers"] == 4096:
+            rows.append([f"4096 handlers leaving at once on one client, {r['backend']}: failed requests",
+                         str(r["failed_leaves"]), "–", "0"])
     for key, label, target in [("writes", "writes per worker per round (max over N, rounds)", "≤ 4"),
                                ("reads", "reads per worker per round (max over N, rounds)", "≤ 4")]:
         for b in sorted({r["backend"] for r in cost_rounds}):
@@ -203,10 +399,10 @@ def main():
     if props:
         rows.append(["etcd proposals per worker per round, in-process (max over N, rounds)", fmt_n(max(props)),
                      "16 / 49 / 114 (N = 16 / 64 / 128)", "≤ 4"])
-    for r in cost:
-        if r["round"] == "memory" and r["workers"] == 1024:
-            rows.append([f"peak memory, 1024 in-process workers, {r['backend']} (VmHWM of the whole process)",
-                         f"{r['vmhwm_kib'] / 1024:.0f} MiB", "–", "≤ 256 MiB"])
+    for r in sorted((r for r in cost if r["round"] == "memory"), key=lambda r: (r["workers"], r["backend"])):
+        if r["workers"] in MEMORY_TARGETS:
+            rows.append([f"peak memory, {r['workers']} in-process workers, {r['backend']} (VmHWM of the whole process)",
+                         f"{r['vmhwm_kib'] / MIB:.0f} MiB", "–", f"≤ {MEMORY_TARGETS[r['workers']]} MiB"])
     md.append(table(["figure", "measured", "reference", "target"], rows))
     md.append("")
 
@@ -295,12 +491,12 @@ def main():
         rows = []
         for n in sorted(by):
             med, lo, hi = spread([r["seconds"] for r in by[n]])
-            props = [r["proposals_per_worker"] for r in by[n] if r.get("proposals_per_worker") is not None]
             rows.append([n, len(by[n]), fmt_s(med), f"{fmt_s(lo)}–{fmt_s(hi)}",
                          fmt_s(statistics.median(r["spawn_seconds"] for r in by[n])),
-                         fmt_n(statistics.median(props)) if props else "–", REFERENCE_TIME_TEXT.get(n, "–")])
+                         median_of(by[n], "proposals_per_worker"), median_of(by[n], "ranges_per_worker"),
+                         median_of(by[n], "server_cpu_s_per_1000"), REFERENCE_TIME_TEXT.get(n, "–")])
         md.append(table(["N", "runs", "median", "min–max", "spawning all", "etcd proposals / worker (leave included)",
-                         "reference time"], rows))
+                         "etcd key ranges read / worker", "etcd CPU s / 1000 workers", "reference time"], rows))
         bad = [r for r in cli if r.get("failures", 0)]
         if bad:
             md.append("")
@@ -319,7 +515,9 @@ def main():
               "client wrapped in `CountingKv`. Writes = puts, deletes, lease grants/revokes (lease refreshes "
               "aside); reads = gets and ranges; on etcd also the server's own committed Raft proposals "
               "(`etcd_server_proposals_committed_total` before and after the round, so it includes every "
-              "write the server made, lease refreshes excepted as etcd does not propose them). Round 1 is "
+              "write the server made, lease refreshes excepted as etcd does not propose them), the key "
+              "ranges it read (`etcd_mvcc_range_total`: range requests and transactions' compares and reads) "
+              "and its CPU time (`process_cpu_seconds_total`, per 1000 workers). Round 1 is "
               "the first rendezvous, round 2 everyone calling `next_rendezvous` again. `setup` is creating "
               "the workers (session and run leases). These counts do not depend on the machine.")
     md.append("")
@@ -328,10 +526,18 @@ def main():
         if r["round"] in (1, 2, "setup"):
             c = r["counts"]
             rows.append([r["backend"], r["workers"], r["round"], fmt_n(c["writes"]), fmt_n(c["reads"]),
-                         fmt_n(c["watches"]), fmt_n(r.get("proposals")), fmt_s(r.get("seconds"))])
+                         fmt_n(c["watches"]), fmt_n(r.get("proposals")), fmt_n(r.get("server_ranges")),
+                         fmt_n(r.get("server_cpu_s_per_1000")), fmt_s(r.get("seconds"))])
     md.append(table(["backend", "N", "round", "writes / worker", "reads / worker", "watches / worker",
-                     "etcd proposals / worker", "time"], rows))
+                     "etcd proposals / worker", "etcd key ranges read / worker", "etcd CPU s / 1000 workers",
+                     "time"], rows))
     md.append("")
+    if cost_crashed:
+        md.append("**Sizes whose bench process did not finish** (`scripts/bench.sh` records these and goes on):")
+        md.append("")
+        for r in cost_crashed:
+            md.append(f"- {r['backend']}, N = {r['workers']}: {r['failed']}, after {fmt_s(r.get('seconds'))}")
+        md.append("")
     if cost_failed:
         md.append("**Failed rounds** (left out of the table):")
         md.append("")
@@ -348,6 +554,40 @@ def main():
     md.append("")
     md.append(table(["backend", "N", "peak (VmHWM)", "RSS before", "peak reset before this size"], rows))
     md.append("")
+    cost_backends = sorted({r["backend"] for r in cost if r["round"] in (1, 2, "memory")}
+                           | {r["backend"] for r in cost_failed + cost_crashed})
+    cost_sizes = sorted({r["workers"] for r in cost if r["round"] in (1, 2, "memory")}
+                        | {r["workers"] for r in cost_failed + cost_crashed})
+    if cost_backends:
+        md.append("Time and peak memory against N (the plots below): a round's time (median of rounds 1 and 2, "
+                  "min–max) and the peak memory; `failed` where a round or the whole process failed at that size.")
+        md.append("")
+        rows = []
+        for n in cost_sizes:
+            row = [n]
+            for b in cost_backends:
+                v = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == n]
+                peak = [r["vmhwm_kib"] for r in cost if r["round"] == "memory" and r["backend"] == b and r["workers"] == n]
+                bad = [r for r in cost_failed + cost_crashed if r["backend"] == b and r["workers"] == n]
+                cell = fmt_spread(v, "rounds") if v else ("failed" if bad else "–")
+                if v and bad:
+                    cell += ", then failed"
+                row += [cell, f"{peak[0] / MIB:.0f} MiB" if peak else "–"]
+            rows.append(row)
+        md.append(table(["N"] + [h for b in cost_backends for h in (f"{b}: time", f"{b}: peak memory")], rows))
+        md.append("")
+    leaves = [r for r in cost if r["round"] == "leave"]
+    if leaves:
+        md.append("All N handlers leaving at once on the one client (`shutdown`, after the rounds): time and "
+                  "failed requests.")
+        md.append("")
+        md.append(table(["backend", "N", "time", "failed leaves", "errors"],
+                        [[r["backend"], r["workers"], fmt_s(r["seconds"]), r["failed_leaves"],
+                          "; ".join(r.get("errors", []))[:200] or "–"] for r in leaves]))
+        md.append("")
+
+    # ---- figures without a target
+    extra_figures(md, res, cost_rounds)
 
     # ---- CAS
     md.append("## CAS contention")
@@ -420,8 +660,8 @@ def main():
         series["etcd, processes"] = [(n, *spread([r["seconds"] for r in rs])) for n, rs in sorted(mp_by.items())]
     series["reference (processes)"] = [(n, t, None, None) for n, (t, _, _) in sorted(REFERENCE.items())]
     svg_chart(os.path.join(plot_dir, "latency.svg"), "Rendezvous latency vs N (min = max = N)", series,
-              "N workers", "seconds until all returned (log)", logy=True, hlines=[(1.0, "target: 128 processes ≤ 1 s"),
-                                                                         (3.0, "target: 1024 in-process ≤ 3 s")])
+              "N workers", "seconds until all returned (log)", logy=True, hlines=[(1.0, "target: 128 processes, 1024 in-process (mem) ≤ 1 s"),
+                                                                         (1.5, "1024 in-process (etcd, Redis) ≤ 1.5 s")])
     series = {}
     for b in sorted({r["backend"] for r in cost_rounds}):
         for rnd in (1, 2):
@@ -438,24 +678,50 @@ def main():
     series["reference: proposals"] = [(n, p, None, None) for n, (_, p, _) in sorted(REFERENCE.items())]
     svg_chart(os.path.join(plot_dir, "cost.svg"), "Backend operations per worker per round vs N", series,
               "N workers", "per worker (log)", logy=True, hlines=[(4.0, "target ≤ 4")])
+    time_series, memory_series = {}, {}
+    for b in sorted({r["backend"] for r in cost_rounds}):
+        pts = []
+        for n in sorted({r["workers"] for r in cost_rounds if r["backend"] == b}):
+            v = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == n]
+            pts.append((n, *spread(v)))
+        time_series[b] = pts
+    for b in sorted({r["backend"] for r in cost if r["round"] == "memory"}):
+        memory_series[b] = sorted((r["workers"], r["vmhwm_kib"] / MIB, None, None)
+                                  for r in cost if r["round"] == "memory" and r["backend"] == b)
+    have_time = svg_chart(os.path.join(plot_dir, "time.svg"),
+                          "Round time vs N, in-process workers on one client (cost bench)", time_series,
+                          "N workers", "seconds a round (log)", logy=True,
+                          hlines=[(1.0, "1 s (mem, 1024)"), (1.5, "1.5 s (etcd, Redis, 1024)"),
+                                  (5.0, "5 s (etcd, Redis, 4096)")])
+    have_memory = svg_chart(os.path.join(plot_dir, "memory.svg"),
+                            "Peak memory vs N, in-process workers on one client (cost bench)", memory_series,
+                            "N workers", "peak resident MiB, VmHWM (log)", logy=True,
+                            hlines=[(128, "128 MiB (1024)"), (512, "512 MiB (4096)")])
     md.append("## Plots")
     md.append("")
     md.append(f"![latency vs N]({rel_plot}/latency.svg)")
     md.append("")
     md.append(f"![operations per worker vs N]({rel_plot}/cost.svg)")
     md.append("")
+    if have_time:
+        md.append(f"![round time vs N, every backend]({rel_plot}/time.svg)")
+        md.append("")
+    if have_memory:
+        md.append(f"![peak memory vs N, every backend]({rel_plot}/memory.svg)")
+        md.append("")
     notes = os.path.join(res, "notes.md")
     if os.path.exists(notes):
         md.append(open(notes).read().rstrip())
         md.append("")
     md.append("## Regenerate")
     md.append("")
-    md.append("```sh\nscripts/bench.sh            # everything: ~8 minutes on 2 cores once built (plus the release build)\n"
+    md.append("```sh\nscripts/bench.sh            # everything: ~20–25 minutes on 2 cores once built (plus the release build)\n"
               "RDZV_BENCH_URL='etcd://my-etcd:2379/bench' cargo bench --bench rendezvous_latency   # your own server\n```")
     md.append("")
     md.append("`scripts/bench.sh` builds the benches (release), starts its own etcd and Redis, runs "
               "`cargo bench` for `cas_contention`, `store_ops`, `rendezvous_latency` and `cost`, the "
-              "multi-process runs, and then `scripts/plot.py`. `RDZV_BENCH_URL` points any bench at your "
+              "multi-process runs, `scripts/etcd_figures.py` (one client per worker, failure detection), and "
+              "then `scripts/plot.py`. `RDZV_BENCH_URL` points any bench at your "
               "server instead of the built-in ones; `RDZV_BENCH_BACKENDS=mem,etcd` picks built-in backends.")
     with open(out_md, "w") as f:
         f.write("\n".join(md) + "\n")

@@ -101,6 +101,29 @@ async fn bench_on_mem_prints_json() {
     assert!(v["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
     assert!(v["writes_per_worker_round"].as_f64().unwrap() > 0.0);
     assert!(v["peak_memory_kib"].as_u64().unwrap() > 0);
+    assert_eq!(v["clients"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_client_per_worker_on_mem() {
+    let (code, out, err) = run_once(&[
+        "bench",
+        "mem://bench-clients/b",
+        "--workers",
+        "8",
+        "--rounds",
+        "2",
+        "--client-per-worker",
+        "--format",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["clients"], 8, "{v}");
+    // Counted over all eight clients: one alone would see about an eighth of this.
+    assert!(v["writes_per_worker_round"].as_f64().unwrap() >= 1.5, "{v}");
+    assert!(v["reads_per_worker_round"].as_f64().unwrap() >= 1.5, "{v}");
 }
 
 /// Run ids and node ids follow one rule at every entry point of the binary (flags, the

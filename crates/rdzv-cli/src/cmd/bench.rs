@@ -1,14 +1,16 @@
-//! `rdzv bench`: N in-process workers on one backend client, R rounds; latency, backend
-//! operations per worker and round, peak memory.
+//! `rdzv bench`: N in-process workers on one backend client (or, with
+//! `--client-per-worker`, one client each), R rounds; latency, backend operations per worker
+//! and round, peak memory.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::Rendezvous;
 use rdzv::core::Kv;
+use rdzv::{Rendezvous, RendezvousParams};
 use rdzv_core::testing::{CountingKv, OpCounts};
 use serde_json::json;
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -24,12 +26,22 @@ p50, p95, max over the rounds), the backend writes and reads per worker per roun
 counting wrapper; lease keep-alives excluded, the bootstrap exchange through the round's
 Store included), and the peak memory of the process (VmHWM).
 
+With --client-per-worker, each worker runs as on a host of its own instead: on a thread
+and runtime of its own, with its own backend client and connections (what the server sees
+from N machines); the operations are counted per client and summed, and the rounds are
+started together from the main thread. Counted in this process, an etcd worker holds about
+3 open files (2 connections) and a Redis worker about 6 (3 connections), and the server one
+per connection: raise the limit first if needed (`ulimit -n 8192` for 1024 workers). On
+mem:// all workers share the one process-wide store. Creating the workers is not in the
+round latency.
+
 min_workers = max_workers = N unless the URL says otherwise. Each invocation uses a fresh
 run id (the URL's with a unique suffix) unless --run-id is given.
 
 Examples:
   rdzv bench 'etcd://127.0.0.1:2379/bench' --workers 64 --rounds 5
-  rdzv bench 'mem://b/bench' --workers 512 --format json";
+  rdzv bench 'mem://b/bench' --workers 512 --format json
+  rdzv bench 'etcd://127.0.0.1:2379/bench' --workers 1024 --rounds 1 --client-per-worker";
 
 /// Arguments of `rdzv bench`.
 #[derive(Debug, clap::Args)]
@@ -47,10 +59,21 @@ pub struct BenchArgs {
     /// Use this run id as is (default: the URL's run id plus a unique suffix).
     #[arg(long, value_name = "ID", value_parser = crate::args::run_id)]
     run_id: Option<String>,
+    /// Give each worker its own thread, runtime, backend client and connections (as separate
+    /// hosts would) instead of one client shared by all.
+    #[arg(long)]
+    client_per_worker: bool,
     /// How to print the results.
     #[arg(long, value_enum, default_value = "text")]
     format: ReportFormat,
 }
+
+/// How many workers connect at once while they are created (a burst of thousands of
+/// simultaneous connects would only queue in the server's accept backlog).
+const CONNECTING_AT_ONCE: usize = 64;
+
+/// The round number that tells the workers of `--client-per-worker` to leave.
+const LEAVE: u32 = u32::MAX;
 
 /// One measured round.
 #[derive(Clone, Copy, Debug)]
@@ -66,7 +89,29 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let run_id =
         args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.address.run_id, unique_suffix()));
     let params = target.params(n, n, Some(&run_id))?;
-    let kv = CountingKv::new(target.kv.clone());
+    let (stats, clients) = if args.client_per_worker {
+        let (stats, counting) = own_clients(&args.url, &params, n, args.rounds).await?;
+        (stats, counting.len())
+    } else {
+        (shared_client(target.kv.clone(), &params, n, args.rounds).await?, 1)
+    };
+    let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib()).with_clients(clients);
+    let text = match args.format {
+        ReportFormat::Json => format!("{}\n", report.json()),
+        ReportFormat::Text => report.text(),
+    };
+    print_flush(&text);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `n` workers on this runtime, all on the one client `kv`, `rounds` rounds.
+async fn shared_client(
+    kv: Arc<dyn Kv>,
+    params: &RendezvousParams,
+    n: usize,
+    rounds: u32,
+) -> Result<Vec<RoundStats>, CliError> {
+    let kv = CountingKv::new(kv);
     let shared: Arc<dyn Kv> = kv.clone();
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
@@ -75,7 +120,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         workers.push(Rendezvous::new(shared.clone(), params).await?);
     }
     let mut stats = Vec::new();
-    for _ in 0..args.rounds {
+    for _ in 0..rounds {
         let before = kv.snapshot();
         let started = Instant::now();
         let mut set = JoinSet::new();
@@ -91,13 +136,159 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     for w in &workers {
         let _ = w.shutdown().await;
     }
-    let report = Report::new(&stats, n, kv.inner().name(), &run_id, peak_memory_kib());
-    let text = match args.format {
-        ReportFormat::Json => format!("{}\n", report.json()),
-        ReportFormat::Text => report.text(),
+    Ok(stats)
+}
+
+/// `n` workers, each on a thread and runtime of its own with its own client connected from
+/// `url` (as on a host of its own: a client is shared only within one runtime), `rounds`
+/// rounds started together from here. The stats of each round, and each worker's counter.
+async fn own_clients(
+    url: &str,
+    params: &RendezvousParams,
+    n: usize,
+    rounds: u32,
+) -> Result<(Vec<RoundStats>, Vec<Arc<CountingKv>>), CliError> {
+    let (go, _) = watch::channel(0u32);
+    let (ready_tx, mut ready) = mpsc::unbounded_channel();
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let connecting = Arc::new(Semaphore::new(CONNECTING_AT_ONCE));
+    let mut threads = Vec::with_capacity(n);
+    let mut started = Ok(());
+    for i in 0..n {
+        let mut params = params.clone();
+        params.node_id = Some(format!("bench-{i}"));
+        let worker = OwnWorker {
+            index: i,
+            url: url.to_string(),
+            params,
+            go: go.subscribe(),
+            ready: ready_tx.clone(),
+            done: done_tx.clone(),
+            connecting: connecting.clone(),
+        };
+        match std::thread::Builder::new().name(format!("bench-{i}")).spawn(move || worker.run()) {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                started = Err(CliError::other(format!(
+                    "cannot start the thread of worker {i} of {n}: {e} (--client-per-worker runs one thread \
+                     per worker)"
+                )));
+                break;
+            }
+        }
+    }
+    drop((ready_tx, done_tx));
+    let result = match started {
+        Ok(()) => drive(&go, &mut ready, &mut done, n, rounds).await,
+        Err(e) => Err(e),
     };
-    print_flush(&text);
-    Ok(ExitCode::SUCCESS)
+    go.send_replace(LEAVE);
+    // Every worker leaves the run before this returns (a thread has nothing left to block on).
+    let _ = tokio::task::spawn_blocking(move || {
+        for thread in threads {
+            let _ = thread.join();
+        }
+    })
+    .await;
+    result
+}
+
+/// Waits for the `n` workers to be ready, then starts `rounds` rounds one after the other
+/// and times each until the last worker returned.
+async fn drive(
+    go: &watch::Sender<u32>,
+    ready: &mut mpsc::UnboundedReceiver<Result<Arc<CountingKv>, CliError>>,
+    done: &mut mpsc::UnboundedReceiver<Result<(), CliError>>,
+    n: usize,
+    rounds: u32,
+) -> Result<(Vec<RoundStats>, Vec<Arc<CountingKv>>), CliError> {
+    let ended = || CliError::other("a bench worker's thread ended unexpectedly");
+    let mut counting = Vec::with_capacity(n);
+    while counting.len() < n {
+        counting.push(ready.recv().await.ok_or_else(ended)??);
+    }
+    let snapshot = |counting: &[Arc<CountingKv>]| {
+        counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()))
+    };
+    let mut stats = Vec::new();
+    for round in 1..=rounds {
+        let before = snapshot(&counting);
+        let started = Instant::now();
+        go.send_replace(round);
+        for _ in 0..n {
+            done.recv().await.ok_or_else(ended)??;
+        }
+        stats.push(RoundStats { latency: started.elapsed(), ops: snapshot(&counting) - before });
+    }
+    Ok((stats, counting))
+}
+
+/// One worker of `--client-per-worker`, on its own thread.
+struct OwnWorker {
+    index: usize,
+    url: String,
+    params: RendezvousParams,
+    /// The round to run (1, 2, …), or [`LEAVE`].
+    go: watch::Receiver<u32>,
+    ready: mpsc::UnboundedSender<Result<Arc<CountingKv>, CliError>>,
+    done: mpsc::UnboundedSender<Result<(), CliError>>,
+    connecting: Arc<Semaphore>,
+}
+
+impl OwnWorker {
+    fn run(self) {
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime.block_on(self.rendezvous()),
+            Err(e) => {
+                let message = format!("cannot start the runtime of worker {}: {e}", self.index);
+                let _ = self.ready.send(Err(CliError::other(message)));
+            }
+        }
+    }
+
+    async fn rendezvous(mut self) {
+        let worker = match self.connect().await {
+            Ok((kv, worker)) => {
+                let _ = self.ready.send(Ok(kv));
+                worker
+            }
+            Err(e) => {
+                let _ = self.ready.send(Err(e));
+                return;
+            }
+        };
+        let mut round = 0;
+        loop {
+            let Ok(next) = self.go.wait_for(|&r| r > round).await.map(|r| *r) else { break };
+            if next == LEAVE {
+                break;
+            }
+            round = next;
+            let result = tokio::select! {
+                r = worker.next_rendezvous() => r.map(|_| ()).map_err(CliError::from),
+                _ = self.go.wait_for(|&r| r == LEAVE) => break,
+            };
+            if self.done.send(result).is_err() {
+                break;
+            }
+        }
+        let _ = worker.shutdown().await;
+    }
+
+    async fn connect(&self) -> Result<(Arc<CountingKv>, Rendezvous), CliError> {
+        let _turn = self.connecting.acquire().await.map_err(|e| CliError::other(e.to_string()))?;
+        let target = RunTarget::connect(&self.url).await.map_err(|e| {
+            CliError::from(e).context(format_args!(
+                "worker {} cannot connect its client (--client-per-worker opens connections per \
+                 worker, in this process and in the server: if this says too many open files, raise \
+                 `ulimit -n`)",
+                self.index
+            ))
+        })?;
+        let kv = CountingKv::new(target.kv);
+        let worker = Rendezvous::new(kv.clone(), self.params.clone()).await?;
+        Ok((kv, worker))
+    }
 }
 
 /// The summary of a bench.
@@ -111,6 +302,8 @@ struct Report {
     writes_per_worker_round: f64,
     reads_per_worker_round: f64,
     peak_memory_kib: Option<u64>,
+    /// How many backend clients the workers used (1: shared; `workers`: one each).
+    clients: usize,
 }
 
 impl Report {
@@ -132,7 +325,12 @@ impl Report {
             writes_per_worker_round: total.writes() as f64 / per,
             reads_per_worker_round: total.reads() as f64 / per,
             peak_memory_kib: peak,
+            clients: 1,
         }
+    }
+
+    fn with_clients(self, clients: usize) -> Report {
+        Report { clients, ..self }
     }
 
     fn json(&self) -> serde_json::Value {
@@ -145,6 +343,7 @@ impl Report {
             "writes_per_worker_round": self.writes_per_worker_round,
             "reads_per_worker_round": self.reads_per_worker_round,
             "peak_memory_kib": self.peak_memory_kib,
+            "clients": self.clients,
         })
     }
 
@@ -152,8 +351,13 @@ impl Report {
         let ms = |v: f64| seconds(Duration::from_secs_f64(v / 1000.0));
         let memory =
             self.peak_memory_kib.map_or("unknown".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        let clients = if self.clients == 1 {
+            "one shared client".to_string()
+        } else {
+            format!("{} clients", self.clients)
+        };
         format!(
-            "{} workers on {} (run {}), {} rounds\n\
+            "{} workers on {} ({clients}; run {}), {} rounds\n\
              round latency: p50 {}, p95 {}, max {}\n\
              backend per worker per round: {:.2} writes, {:.2} reads (lease keep-alives excluded)\n\
              peak memory: {memory}\n",
@@ -237,6 +441,49 @@ mod tests {
         assert_eq!(r.latency_ms[2], 30.0);
         assert_eq!(r.json()["latency_ms"]["p50"], 10.0);
         assert!(r.text().contains("2.0 MiB"), "{}", r.text());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_client_per_worker_each_counted_and_summed() {
+        let url = "mem://bench-clients/b";
+        let target = RunTarget::connect(url).await.expect("a mem:// backend");
+        let params = target.params(4, 4, Some("own")).expect("parameters");
+        let (stats, counting) = own_clients(url, &params, 4, 2).await.expect("two rounds of 4");
+        assert_eq!(stats.len(), 2);
+        assert_eq!(counting.len(), 4);
+        for (i, c) in counting.iter().enumerate() {
+            // A lease grant and a join write at least, on each worker's own client.
+            assert!(c.snapshot().writes() >= 2, "worker {i}: {:?}", c.snapshot());
+            for other in &counting[..i] {
+                assert!(!Arc::ptr_eq(c, other), "two workers share a client");
+            }
+        }
+        let total = counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()));
+        let rounds = add(stats[0].ops, stats[1].ops);
+        assert!(rounds.writes() >= 2 * 4, "{rounds:?}");
+        assert!(rounds.writes() <= total.writes(), "{rounds:?} {total:?}");
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_cannot_connect_fails_the_bench() {
+        let port =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port();
+        let url = format!("etcd://127.0.0.1:{port}/b?connect_timeout=1s");
+        let params = RendezvousParams::new("b", 2, 2).expect("parameters");
+        let Err(e) = own_clients(&url, &params, 2, 1).await else { panic!("no server, yet the bench ran") };
+        assert!(e.message.contains("cannot connect its client"), "{}", e.message);
+    }
+
+    #[test]
+    fn report_names_its_clients() {
+        let ops = OpCounts { puts: 2, ..OpCounts::default() };
+        let stats = [RoundStats { latency: Duration::from_millis(10), ops }];
+        let shared = Report::new(&stats, 2, "etcd", "b", None);
+        assert_eq!(shared.json()["clients"], 1);
+        assert!(shared.text().contains("one shared client"), "{}", shared.text());
+        let own = shared.with_clients(2);
+        assert_eq!(own.json()["clients"], 2);
+        assert!(own.text().contains("2 clients"), "{}", own.text());
     }
 
     #[test]

@@ -590,6 +590,35 @@ pub async fn bench(url: UrlFn<'_>) {
     let writes = v["writes_per_worker_round"].as_f64().expect("writes");
     assert!(writes > 0.0 && writes < 20.0, "{v}");
     assert!(v["latency_ms"]["max"].as_f64().expect("max") >= v["latency_ms"]["p50"].as_f64().expect("p50"));
+    assert_eq!(v["clients"], 1, "{v}");
+}
+
+/// `rdzv bench --client-per-worker`: every worker on a client of its own, and the operations
+/// of all clients counted (a worker makes at least two writes and two reads in a first round,
+/// a few more at N = 8 where the round's own writes are shared by few: the counts of one
+/// client alone would be under one per worker).
+pub async fn bench_client_per_worker(url: UrlFn<'_>) {
+    let url = url(&run_id("bench-clients"), "keep_alive_ttl=2s&timeout=20s");
+    let (code, out, err) = run_once(&[
+        "bench",
+        &url,
+        "--workers",
+        "8",
+        "--rounds",
+        "1",
+        "--client-per-worker",
+        "--format",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(out.trim()).expect("bench json");
+    assert_eq!(v["workers"], 8, "{v}");
+    assert_eq!(v["clients"], 8, "{v}");
+    let writes = v["writes_per_worker_round"].as_f64().expect("writes");
+    let reads = v["reads_per_worker_round"].as_f64().expect("reads");
+    assert!((1.5..=8.0).contains(&writes), "{v}");
+    assert!((1.5..=8.0).contains(&reads), "{v}");
 }
 
 /// Each scenario is bounded here as a whole, whatever its own deadlines.
@@ -605,7 +634,7 @@ macro_rules! cli_scenarios {
         $crate::cli_scenarios!(@cases $url_fn;
             four_form_a_round, min_below_max_last_call, six_with_max_four_then_sigkill,
             graceful_leave, close_while_waiting, too_few_workers, run_end_to_end,
-            run_failure_is_seen, run_admits_a_waiter, bench);
+            run_failure_is_seen, run_admits_a_waiter, bench, bench_client_per_worker);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn server_down() {

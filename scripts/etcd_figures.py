@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Figures on a local etcd started here (scripts/multiproc.py's `Etcd`), with the `rdzv` binary.
+
+usage:
+  etcd_figures.py clients --rdzv BIN --workers 1024 --runs 3 --out FILE
+  etcd_figures.py detect  --rdzv BIN --workers 8 --ttls 2,5,10 --runs 2 --out FILE
+
+clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
+  with its own client and connections (what the server sees from N hosts). Records the round's
+  latency, the bench's client-side writes and reads per worker, and the server's side around the
+  whole command (creating the N clients and sessions, the round, leaving): etcd's committed
+  proposals and key ranges read per worker and its CPU seconds per 1000 workers.
+
+detect: N `rdzv join URL --hold … --format json` processes with keep_alive_ttl=T form one round
+  (min = N - 1, max = N, last_call_timeout=1s); then one of them (not rank 0) is killed with
+  SIGKILL, and each survivor's stderr is watched for its "round … is over" line (the round-broken
+  notification, `Rendezvous::round_broken`) and its stdout for the next round (N - 1 workers).
+  Records, per TTL and run, the time from the kill to the first and the last survivor told,
+  and to the last survivor in the next round.
+
+Results: one JSON line per run, appended to FILE.
+"""
+
+import argparse
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+# Importing multiproc.py would otherwise leave a scripts/__pycache__ in the work tree.
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multiproc import Etcd, show  # noqa: E402
+
+
+def delta(before, after, key, n, scale=1.0):
+    if before.get(key) is None or after.get(key) is None:
+        return None
+    return (after[key] - before[key]) * scale / n
+
+
+def raise_open_files(want):
+    """Raises the soft limit on open files to `want` (or the hard limit, if lower), for this
+    process and what it starts: each worker holds about 3 open files here (2 connections to
+    etcd) and etcd one per connection."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def clients(a):
+    open_files = raise_open_files(max(16384, 4 * a.workers))
+    etcd = Etcd()
+    try:
+        with open(a.out, "a") as out:
+            for run in range(a.runs):
+                run_id = f"clients-{os.getpid()}-{run}-{time.time_ns()}"
+                url = f"etcd://{etcd.hosts}/{run_id}?timeout={a.timeout:.0f}s"
+                before = etcd.counters()
+                started = time.monotonic()
+                try:
+                    p = subprocess.run(
+                        [a.rdzv, "bench", url, "--workers", str(a.workers), "--rounds", "1",
+                         "--client-per-worker", "--format", "json"],
+                        capture_output=True, text=True, timeout=a.timeout + 60)
+                    code, stdout, stderr = p.returncode, p.stdout, p.stderr
+                except subprocess.TimeoutExpired as e:
+                    code, stdout, stderr = None, "", f"timed out after {a.timeout + 60:.0f} s: {e.stderr or ''}"
+                wall = time.monotonic() - started
+                after = etcd.counters()
+                r = {"workers": a.workers, "run": run, "clients": None, "wall_seconds": wall,
+                     "proposals_per_worker": delta(before, after, "proposals", a.workers),
+                     "ranges_per_worker": delta(before, after, "ranges", a.workers),
+                     "server_cpu_s": delta(before, after, "cpu_s", 1),
+                     "server_cpu_s_per_1000": delta(before, after, "cpu_s", a.workers, 1000.0),
+                     "etcd_version": etcd.version(), "open_files": open_files}
+                report = None
+                if code == 0:
+                    try:
+                        report = json.loads(stdout.strip().splitlines()[-1])
+                    except (json.JSONDecodeError, IndexError):
+                        report = None
+                if report is None:
+                    tail = stderr.strip()[-400:] if isinstance(stderr, str) else str(stderr)[-400:]
+                    r["failed"] = f"exit {code}: {tail or stdout.strip()[-400:]}"
+                else:
+                    r.update({"clients": report.get("clients"), "seconds": report["latency_ms"]["max"] / 1000.0,
+                              "writes_per_worker_round": report["writes_per_worker_round"],
+                              "reads_per_worker_round": report["reads_per_worker_round"],
+                              "peak_memory_kib": report.get("peak_memory_kib")})
+                print(f"clients N={a.workers} run {run}: "
+                      + (f"round {r['seconds']:.3f}s, " if "seconds" in r else f"FAILED ({r['failed'][:200]}), ")
+                      + f"whole command {wall:.1f}s, {show(r['proposals_per_worker'])} proposals/worker, "
+                      f"{show(r['ranges_per_worker'])} ranges/worker, etcd CPU {show(r['server_cpu_s'])} s", flush=True)
+                out.write(json.dumps(r) + "\n")
+                out.flush()
+    finally:
+        etcd.stop()
+
+
+class Worker:
+    """One `rdzv join` process whose output lines are timestamped as they arrive."""
+
+    def __init__(self, cmd, index):
+        self.index = index
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.rounds = []  # (time, parsed JSON line)
+        self.errors = []  # (time, line)
+        self.changed = threading.Condition()
+        for stream, sink, parse in ((self.proc.stdout, self.rounds, True), (self.proc.stderr, self.errors, False)):
+            threading.Thread(target=self._read, args=(stream, sink, parse), daemon=True).start()
+
+    def _read(self, stream, sink, parse):
+        for line in stream:
+            now = time.monotonic()
+            value = line.strip()
+            if parse:
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    continue
+            with self.changed:
+                sink.append((now, value))
+                self.changed.notify_all()
+
+    def wait_for(self, predicate, deadline):
+        with self.changed:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None and not predicate(self):
+                    return predicate(self)
+                self.changed.wait(min(left, 0.2))
+            return True
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: it leaves the run
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def told(w):
+    return next((t for t, line in w.errors if "is over" in line), None)
+
+
+def detect_once(etcd, a, ttl, run):
+    n = a.workers
+    run_id = f"detect-{os.getpid()}-{ttl}-{run}-{time.time_ns()}"
+    url = (f"etcd://{etcd.hosts}/{run_id}?min_workers={n - 1}&max_workers={n}&keep_alive_ttl={ttl}s"
+           f"&last_call_timeout=1s&timeout=120s")
+    workers = [Worker([a.rdzv, "join", url, "--hold", "600s", "--format", "json", "--node-id", f"w{i}"], i)
+               for i in range(n)]
+    r = {"workers": n, "ttl_s": ttl, "run": run}
+    try:
+        deadline = time.monotonic() + 60
+        if not all(w.wait_for(lambda w: w.rounds, deadline) for w in workers):
+            r["failed"] = "the first round did not form within 60 s: " + "; ".join(
+                line for w in workers for _, line in w.errors[-1:])[:400]
+            return r
+        sizes = {w.rounds[0][1].get("world_size") for w in workers}
+        if sizes != {n}:
+            r["failed"] = f"the first round had world sizes {sorted(sizes)}, not {n}"
+            return r
+        victim = next(w for w in workers if w.rounds[0][1].get("rank") not in (0, None))
+        survivors = [w for w in workers if w is not victim]
+        # Kill it a little after the round formed, so that its lease refreshes are in their
+        # steady rhythm (the detection time depends on when its last refresh went out).
+        time.sleep(a.after)
+        killed = time.monotonic()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        deadline = killed + 3 * ttl + 30
+        for w in survivors:
+            w.wait_for(lambda w: told(w) is not None and len(w.rounds) >= 2, deadline)
+        notices = [told(w) for w in survivors]
+        nexts = [w.rounds[1][0] if len(w.rounds) >= 2 else None for w in survivors]
+        if any(t is None for t in notices):
+            r["failed"] = (f"{sum(t is None for t in notices)} of {len(survivors)} survivors were not told "
+                           f"within {3 * ttl + 30} s")
+            return r
+        notices = [t - killed for t in notices]
+        r.update({"told_first_s": min(notices), "told_median_s": statistics.median(notices),
+                  "told_last_s": max(notices),
+                  # `rdzv: round V is over (WHY); joining the next round`
+                  "reasons": sorted({line.split(" is over (", 1)[-1].rsplit("); joining", 1)[0]
+                                     for w in survivors for _, line in w.errors if "is over" in line})})
+        if all(t is not None for t in nexts):
+            r["next_round_last_s"] = max(nexts) - killed
+            r["next_world_sizes"] = sorted({w.rounds[1][1].get("world_size") for w in survivors})
+        return r
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def detect(a):
+    etcd = Etcd()
+    try:
+        with open(a.out, "a") as out:
+            for ttl in [float(t) for t in a.ttls.split(",")]:
+                ttl = int(ttl) if ttl == int(ttl) else ttl
+                for run in range(a.runs):
+                    r = detect_once(etcd, a, ttl, run)
+                    r["etcd_version"] = etcd.version()
+                    print(f"detect N={a.workers} ttl={ttl}s run {run}: "
+                          + (f"told after {r['told_first_s']:.2f}–{r['told_last_s']:.2f} s, next round of "
+                             f"{r.get('next_world_sizes')} after {r.get('next_round_last_s', float('nan')):.2f} s"
+                             if "failed" not in r else f"FAILED: {r['failed']}"), flush=True)
+                    out.write(json.dumps(r) + "\n")
+                    out.flush()
+    finally:
+        etcd.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("clients", help="rdzv bench --client-per-worker on etcd")
+    c.add_argument("--workers", type=int, default=1024)
+    c.add_argument("--runs", type=int, default=3)
+    c.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    d = sub.add_parser("detect", help="time for survivors to learn of a SIGKILLed member")
+    d.add_argument("--workers", type=int, default=8)
+    d.add_argument("--ttls", default="2,5,10", help="keep_alive_ttl values, seconds")
+    d.add_argument("--runs", type=int, default=2)
+    d.add_argument("--after", type=float, default=1.0, help="seconds between the round and the kill")
+    for p in (c, d):
+        p.add_argument("--rdzv", required=True, help="the rdzv binary")
+        p.add_argument("--out", required=True)
+    a = ap.parse_args()
+    clients(a) if a.what == "clients" else detect(a)
+
+
+if __name__ == "__main__":
+    main()
