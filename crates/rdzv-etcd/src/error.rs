@@ -235,6 +235,25 @@ fn classify_answer(
 /// (`InvalidArgument` for a wrong password, `FailedPrecondition` when auth is off). Only for
 /// errors of the login itself (connecting with credentials makes no other request); a
 /// retryable failure of the login stays as it is.
+/// The error etcd put in a lease grant's answer (its `error` field, not a gRPC status): an
+/// overloaded or leaderless server ("too many requests", "timed out", "no leader", "leader
+/// changed") is retryable, as the same words in a status are; anything else is not.
+pub(crate) fn grant_answer(message: &str, endpoints: &str) -> KvError {
+    const PASSING: [&str; 5] = ["too many requests", "timed out", "no leader", "leader changed", "unhealthy"];
+    if PASSING.iter().any(|w| message.contains(w)) {
+        KvError::Unavailable {
+            backend: BACKEND,
+            endpoint: endpoints.to_string(),
+            message: format!(
+                "lease_grant failed: {message} (the server is busy or electing a leader; retry)"
+            ),
+            source: None,
+        }
+    } else {
+        KvError::backend(BACKEND, format!("lease_grant failed: {message}"))
+    }
+}
+
 pub(crate) fn login_refused(error: EtcdError) -> EtcdError {
     match server_code(&error) {
         Some(Code::InvalidArgument | Code::FailedPrecondition | Code::PermissionDenied | Code::NotFound) => {
@@ -397,6 +416,10 @@ mod tests {
             assert!(is_unreachable(&answer(Code::Unavailable, message)), "fails over: {message}");
             assert!(!never_sent(&answer(Code::Unavailable, message)), "it was sent: {message}");
         }
+        // etcd may answer a lease grant with its error in the response instead of a status.
+        assert!(grant_answer("etcdserver: too many requests", "h:1").is_retryable());
+        assert!(grant_answer("etcdserver: request timed out", "h:1").is_retryable());
+        assert!(!grant_answer("etcdserver: lease already exists", "h:1").is_retryable());
         for code in [Code::Cancelled, Code::Aborted, Code::ResourceExhausted] {
             let err = classified(answer(code, "etcdserver: too many requests, or anything"), None);
             assert!(err.is_retryable(), "{code:?}: {err:?}");

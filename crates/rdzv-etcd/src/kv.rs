@@ -534,7 +534,7 @@ impl Kv for EtcdKv {
             })
             .await?;
         if !response.error().is_empty() {
-            return Err(KvError::backend(BACKEND, format!("lease_grant failed: {}", response.error())));
+            return Err(error::grant_answer(response.error(), &self.shared.endpoints));
         }
         let id = response.id();
         self.shared.remember_ttl(id, response.ttl());
