@@ -375,16 +375,14 @@ impl Driver {
         }
     }
 
-    /// The group a new watch can join: same key or prefix, covering its start, and created
-    /// (or being created) on the current stream.
+    /// The group a new watch can join: same key or prefix, covering its start, on a live
+    /// stream (where every group is created or being created: `connect` and every new or
+    /// restarted group send their create on it).
     fn joinable(&self, request: &Request) -> Option<u64> {
         self.link.as_ref()?;
         self.groups
             .iter()
-            .find(|(gid, g)| {
-                g.serves(&request.key, &request.range_end, request.start)
-                    && (g.id.is_some() || self.creating.contains(gid))
-            })
+            .find(|(_, g)| g.serves(&request.key, &request.range_end, request.start))
             .map(|(gid, _)| *gid)
     }
 

@@ -62,9 +62,8 @@ pub(crate) struct State {
     history_limit: usize,
     /// The oldest revision a watch may start from; older ones are compacted.
     first_available: Revision,
-    /// Live watchers by filter, and each watcher's filter.
+    /// Live watchers by filter.
     watchers: HashMap<Filter, HashMap<u64, Watcher>>,
-    filters: HashMap<u64, Filter>,
     next_watcher: u64,
 }
 
@@ -81,7 +80,6 @@ impl State {
             history_limit: history_limit.max(1),
             first_available: 1,
             watchers: HashMap::new(),
-            filters: HashMap::new(),
             next_watcher: 0,
         }
     }
@@ -233,17 +231,10 @@ impl State {
             return;
         }
         self.revision += 1;
-        let filters = &mut self.filters;
         self.watchers.retain(|filter, watchers| {
             for event in events.iter().filter(|e| filter.matches(&e.kv.key)) {
-                watchers.retain(|id, tx| {
-                    // A failed send: the stream was dropped; forget the watcher.
-                    let alive = tx.send(Ok(event.clone())).is_ok();
-                    if !alive {
-                        filters.remove(id);
-                    }
-                    alive
-                });
+                // A failed send: the stream was dropped; forget the watcher.
+                watchers.retain(|_, tx| tx.send(Ok(event.clone())).is_ok());
             }
             !watchers.is_empty()
         });
@@ -285,14 +276,15 @@ impl State {
     }
 
     /// Registers a watcher after queueing the retained events from `start` on, so that it
-    /// sees every later write exactly once. Fails with `Compacted` if `start` is too old.
+    /// sees every later write exactly once; returns what [`State::unwatch`] takes. Fails with
+    /// `Compacted` if `start` is too old.
     pub(crate) fn watch(
         &mut self,
         key: &[u8],
         scope: WatchScope,
         start: Revision,
         tx: UnboundedSender<KvResult<Event>>,
-    ) -> KvResult<u64> {
+    ) -> KvResult<(Filter, u64)> {
         let start = start.max(1);
         if start < self.first_available {
             return Err(KvError::Compacted { requested: start, oldest: self.first_available });
@@ -307,22 +299,21 @@ impl State {
         let id = self.next_watcher;
         self.next_watcher += 1;
         self.watchers.entry(filter.clone()).or_default().insert(id, tx);
-        self.filters.insert(id, filter);
-        Ok(id)
+        Ok((filter, id))
     }
 
-    pub(crate) fn unwatch(&mut self, id: u64) {
-        let Some(filter) = self.filters.remove(&id) else { return };
-        if let Some(watchers) = self.watchers.get_mut(&filter) {
+    /// Forgets the watcher `id` of `filter` (its stream was dropped).
+    pub(crate) fn unwatch(&mut self, filter: &Filter, id: u64) {
+        if let Some(watchers) = self.watchers.get_mut(filter) {
             watchers.remove(&id);
             if watchers.is_empty() {
-                self.watchers.remove(&filter);
+                self.watchers.remove(filter);
             }
         }
     }
 
     pub(crate) fn watcher_count(&self) -> usize {
-        self.filters.len()
+        self.watchers.values().map(HashMap::len).sum()
     }
 
     pub(crate) fn lease_grant(&mut self, ttl: Duration, now: Instant) -> KvResult<LeaseId> {

@@ -11,7 +11,7 @@ use rdzv_core::{Event, KvResult, Revision, WatchScope, WatchStream};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::shared::Shared;
-use crate::state::State;
+use crate::state::{Filter, State};
 
 /// Opens a watch; `state` is the locked state of `shared`.
 pub(crate) fn open(
@@ -23,7 +23,7 @@ pub(crate) fn open(
 ) -> KvResult<WatchStream> {
     let (tx, rx) = unbounded_channel();
     match state.watch(key, scope, start, tx) {
-        Ok(id) => Ok(Box::pin(Events { rx, id, shared: Arc::downgrade(shared) })),
+        Ok((filter, id)) => Ok(Box::pin(Events { rx, filter, id, shared: Arc::downgrade(shared) })),
         // The compacted error is delivered as the stream's only item, as the contract says.
         Err(e) => Ok(Box::pin(futures::stream::iter([Err(e)]))),
     }
@@ -32,6 +32,7 @@ pub(crate) fn open(
 /// The stream of one watcher.
 struct Events {
     rx: UnboundedReceiver<KvResult<Event>>,
+    filter: Filter,
     id: u64,
     shared: Weak<Shared>,
 }
@@ -47,7 +48,7 @@ impl Stream for Events {
 impl Drop for Events {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.lock().unwatch(self.id);
+            shared.lock().unwatch(&self.filter, self.id);
         }
     }
 }
