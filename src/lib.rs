@@ -40,8 +40,8 @@ mod rendezvous;
 pub use bootstrap::{Bootstrap, MASTER_ADDR_KEY, MASTER_PORT_KEY};
 pub use rdzv_core as core;
 pub use rdzv_core::{
-    ConfigError, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
-    RoundBroken, RoundTimings,
+    ConfigError, Participant, RankOrder, RendezvousError, RendezvousHandler, RendezvousInfo,
+    RendezvousParams, RoundBroken, RoundChanges, RoundTimings, RunOutcome, Waiting,
 };
 pub use rdzv_mem as mem;
 pub use rdzv_store as store;

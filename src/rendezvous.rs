@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use rdzv_core::{
     Kv, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken,
+    RunOutcome, Waiting,
 };
 use rdzv_store::Store;
 
@@ -94,10 +95,18 @@ impl Rendezvous {
         self.handler.round_broken().await
     }
 
-    /// How many workers wait for the next round while the current one runs (0 when no
-    /// round is running). An agent uses it to decide to re-rendezvous and admit them.
+    /// How many waiting workers the next round could admit while the current one runs (0
+    /// when no round is running, and 0 when it is full and intact: the workers beyond
+    /// `max_workers` are spares). An agent re-enters when this is above 0, to admit them. See
+    /// [`RendezvousHandler::num_nodes_waiting`].
     pub async fn num_nodes_waiting(&self) -> Result<usize, RendezvousError> {
         self.handler.num_nodes_waiting().await
+    }
+
+    /// The workers waiting for the next round, in the order it would take them, and how many
+    /// of them it could admit (the rest are spares). See [`RendezvousHandler::waiting`].
+    pub async fn waiting(&self) -> Result<Waiting, RendezvousError> {
+        self.handler.waiting().await
     }
 
     /// Whether the run is closed.
@@ -110,6 +119,12 @@ impl Rendezvous {
     /// [`RendezvousError::Closed`].
     pub async fn set_closed(&self) -> Result<(), RendezvousError> {
         self.handler.set_closed().await
+    }
+
+    /// Closes the run saying how the job ended (see [`RendezvousHandler::set_closed_with`]):
+    /// spares and late arrivals of a job that succeeded end cleanly.
+    pub async fn set_closed_with(&self, outcome: RunOutcome) -> Result<(), RendezvousError> {
+        self.handler.set_closed_with(outcome).await
     }
 
     /// Leaves: revokes this worker's session lease, so its keys vanish at once and the other

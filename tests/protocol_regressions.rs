@@ -249,12 +249,50 @@ fn keys_stay_bounded_over_many_rounds() {
         // state, the counter and the run lease.
         assert!(most <= 16, "{most} keys under the run after 150 rounds");
 
-        // A waiter that times out is no longer counted as waiting.
+        // A spare (behind the full round) waits beyond its timeout; once its call ends (here
+        // cancelled), it is no longer counted as waiting.
         let mut p = params(2, 2, "late");
         p.timeout = Duration::from_secs(3);
         let late = RendezvousHandler::new(kv.clone(), p).await.unwrap();
-        assert!(matches!(late.next_rendezvous().await, Err(RendezvousError::Timeout { .. })));
-        assert_eq!(workers[0].num_nodes_waiting().await.unwrap(), 0, "a timed-out waiter still counts");
+        let pending = tokio::spawn(async move { late.next_rendezvous().await });
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!pending.is_finished(), "a spare timed out behind a full round");
+        assert_eq!(workers[0].waiting().await.unwrap().waiters.len(), 1);
+        assert_eq!(
+            workers[0].num_nodes_waiting().await.unwrap(),
+            0,
+            "a spare counts as waiting to be admitted"
+        );
+        pending.abort();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(workers[0].waiting().await.unwrap().waiters.is_empty(), "a cancelled waiter still counts");
+    });
+}
+
+/// A spare waits as long as the round it waits behind is full and intact, whatever its
+/// timeout; when a member leaves, the spare gets a whole timeout again to form the next round.
+#[test]
+fn a_spare_waits_without_a_deadline_then_gets_a_whole_timeout() {
+    paused().block_on(async {
+        let kv: Arc<dyn Kv> = Arc::new(MemKv::new());
+        let (a, b) = (handler(kv.clone(), 2, 2, "a").await, handler(kv.clone(), 2, 2, "b").await);
+        let (x, y) = tokio::join!(a.next_rendezvous(), b.next_rendezvous());
+        let first = x.unwrap().version;
+        assert_eq!(y.unwrap().version, first);
+        let mut p = params(2, 2, "spare");
+        p.timeout = Duration::from_secs(3);
+        let spare = RendezvousHandler::new(kv.clone(), p).await.unwrap();
+        let pending = tokio::spawn(async move { spare.next_rendezvous().await });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!pending.is_finished(), "the spare's deadline ran behind a full round");
+        // b leaves; a re-enters 2 s later (within the spare's fresh 3 s, beyond any old one).
+        b.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let again = tokio::time::timeout(Duration::from_secs(5), a.next_rendezvous()).await.unwrap().unwrap();
+        let promoted = tokio::time::timeout(Duration::from_secs(5), pending).await.unwrap().unwrap().unwrap();
+        assert_eq!((again.version, again.rank), (promoted.version, 0), "a keeps its rank");
+        assert_eq!(promoted.rank, 1);
+        assert!(promoted.version > first);
     });
 }
 
@@ -423,5 +461,50 @@ fn a_failed_bootstrap_write_does_not_fail_a_complete_round() {
         assert_eq!(addr.unwrap().unwrap(), master.bootstrap.master_addr.as_bytes());
         let broken = tokio::time::timeout(Duration::from_secs(5), a.round_broken()).await;
         assert!(broken.is_err(), "the round broke: {broken:?}");
+    });
+}
+
+/// Issue 23, defect 6: a key a call writes for itself is registered for clean-up before the
+/// write. When the write takes effect but its answer is lost and the call then ends (here it
+/// is cancelled), nothing of it may stay bound to the still-live session: neither a `setup`
+/// (every other worker would wait on it) nor a join key (it would be frozen into a round as
+/// a ghost, which then stalls for the frozen lease).
+#[test]
+fn a_lost_answer_then_an_ended_call_leaves_no_setup_and_no_ghost_join_key() {
+    paused().block_on(async {
+        // The setup of the first round.
+        let kv: Arc<dyn Kv> = Arc::new(MemKv::new());
+        let link = FaultyKv::new(kv.clone(), 1);
+        let creator = RendezvousHandler::new(link.clone(), params(1, 1, "a")).await.unwrap();
+        link.set_fail_after_applying(true);
+        link.fail_next("put");
+        assert!(tokio::time::timeout(Duration::from_millis(10), creator.next_rendezvous()).await.is_err());
+        link.clear();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let other = handler(kv.clone(), 1, 1, "b").await;
+        let round = tokio::time::timeout(Duration::from_secs(1), other.next_rendezvous()).await;
+        assert!(matches!(round, Ok(Ok(_))), "a lost setup blocked the run: {round:?}");
+
+        // A join key.
+        let kv: Arc<dyn Kv> = Arc::new(MemKv::new());
+        let first = handler(kv.clone(), 2, 2, "b").await;
+        let waiting = {
+            let first = first.clone();
+            tokio::spawn(async move { first.next_rendezvous().await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let link = FaultyKv::new(kv.clone(), 2);
+        let ghost = RendezvousHandler::new(link.clone(), params(2, 2, "a")).await.unwrap();
+        link.set_fail_after_applying(true);
+        link.fail_next("put");
+        assert!(tokio::time::timeout(Duration::from_millis(10), ghost.next_rendezvous()).await.is_err());
+        link.clear();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let late = handler(kv.clone(), 2, 2, "c").await;
+        let round = tokio::time::timeout(Duration::from_secs(1), late.next_rendezvous()).await;
+        let round = round.expect("a ghost join key stalled the round").unwrap();
+        let theirs = tokio::time::timeout(Duration::from_secs(1), waiting).await.unwrap().unwrap().unwrap();
+        assert_eq!(round.version, theirs.version);
+        assert!(round.participants.iter().all(|p| p.node != "a"), "{:?}", round.participants);
     });
 }

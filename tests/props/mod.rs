@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rdzv::core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
+// (`RendezvousParams` is also what the final-state recorder reads the run's keys from.)
 use rdzv_core::testing::{FaultyKv, Latency};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -294,6 +295,8 @@ impl From<&RendezvousError> for Failure {
 }
 
 /// What happened in a world, with times since its start.
+// A log of a few thousand records per world: boxing the large call results would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Record {
     Call {
@@ -332,9 +335,22 @@ pub enum Record {
     Closed {
         at: Duration,
     },
-    /// Every stayer was told to re-enter.
+    /// Every member of the latest round (these workers) was told to re-enter.
     Rerun {
         at: Duration,
+        members: Vec<usize>,
+    },
+    /// A round became final (as the state key showed it, read on a clean link).
+    Final {
+        at: Duration,
+        version: u64,
+        participants: Vec<String>,
+    },
+    /// The coordinator looked for further rounds after the healed world settled: the latest
+    /// final round then, and again one settle window later (a livelock forms more).
+    Settled {
+        at: Duration,
+        version: Option<u64>,
     },
     /// The key count under the run.
     Keys {
@@ -391,6 +407,7 @@ pub async fn run_world(world: &World, kv: Arc<dyn Kv>, run: &str) -> Vec<Record>
     let (end_tx, end) = watch::channel(false);
     let ctl = Ctl { t0: Instant::now(), log: Arc::default(), rerun, end };
     let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(record_finals(kv.clone(), params_for(world, run), ctl.clone())));
     for (i, plan) in world.plans.iter().enumerate() {
         let (kv, ctl, world, run, plan) =
             (kv.clone(), ctl.clone(), world.clone(), run.to_string(), plan.clone());
@@ -417,9 +434,61 @@ pub async fn run_world(world: &World, kv: Arc<dyn Kv>, run: &str) -> Vec<Record>
     std::mem::take(&mut *ctl.log.lock().unwrap())
 }
 
+/// Records every `final` value of the run's state key until the world ends, reading on the
+/// shared, clean backend (watching from a read; a failed watch reads again).
+async fn record_finals(kv: Arc<dyn Kv>, params: RendezvousParams, ctl: Ctl) {
+    use rdzv::core::{EventKind, KvExt, State, WatchScope};
+    let key = rdzv::core::RunKeys::new(&params.prefix, &params.run_id).state();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut note = |value: &rdzv::core::Bytes| {
+        if let Ok(State::Final { version, participants, .. }) = State::parse(&key, value)
+            && seen.insert(version)
+        {
+            let participants = participants.iter().map(|p| p.node.clone()).collect();
+            ctl.push(Record::Final { at: ctl.now(), version, participants });
+        }
+    };
+    loop {
+        let Ok(read) = kv.get(&key).await else { return };
+        if let Some(kv) = &read.kv {
+            note(&kv.value);
+        }
+        let Ok(mut watch) = kv.watch_from(&key, WatchScope::Key, read.revision + 1).await else { return };
+        loop {
+            tokio::select! {
+                event = watch.next() => match event {
+                    Ok(event) if event.kind == EventKind::Put => note(&event.kv.value),
+                    Ok(_) => {}
+                    Err(_) => break,
+                },
+                _ = ended(ctl.end.clone()) => return,
+            }
+        }
+    }
+}
+
+/// The latest final round recorded so far.
+fn latest_final(ctl: &Ctl) -> Option<(u64, Vec<String>)> {
+    ctl.log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|r| match r {
+            Record::Final { version, participants, .. } => Some((*version, participants.clone())),
+            _ => None,
+        })
+        .max_by_key(|(version, _)| *version)
+}
+
+/// How long a healed group must go without forming a round before it counts as settled: a few
+/// agent polls, a rerun's worth of forming, and slack.
+pub fn settle_window(world: &World) -> Duration {
+    3 * AGENT_POLL + rerun_bound(world) + SLACK
+}
+
 /// Waits for the healed world's witnesses, triggers the rerun, waits for its witnesses,
-/// counts the keys: each stage ends early when done, or at its bound (the check then says
-/// what was missing).
+/// checks that the group settles, counts the keys: each stage ends early when done, or at its
+/// bound (the check then says what was missing).
 async fn coordinate(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl, rerun: &watch::Sender<u32>) {
     let tick = Duration::from_millis(100);
     let heal = world.heal();
@@ -451,10 +520,14 @@ async fn coordinate(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl, rerun
         }
         tokio::time::sleep(tick).await;
     }
-    // Only a group that fits in one round, all of whom completed, reruns.
-    if owed == stayers.len() && witnesses(&ctl.log.lock().unwrap(), heal) >= owed {
+    // Once every owed stayer completed a round, the members re-enter together (spares, if
+    // any, are still waiting in their calls).
+    if witnesses(&ctl.log.lock().unwrap(), heal) >= owed {
         let at = ctl.now();
-        ctl.push(Record::Rerun { at });
+        let members: BTreeSet<usize> = latest_final(ctl)
+            .map(|(_, nodes)| nodes.iter().filter_map(|n| n.strip_prefix('w')?.parse().ok()).collect())
+            .unwrap_or_default();
+        ctl.push(Record::Rerun { at, members: members.iter().copied().collect() });
         rerun.send_replace(1);
         let stage2_end = at + rerun_bound(world) + SLACK;
         loop {
@@ -469,13 +542,19 @@ async fn coordinate(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl, rerun
                         _ => None,
                     })
                     .collect();
-                started_after.len()
+                members.is_subset(&started_after)
             };
-            if done >= owed || ctl.now() >= stage2_end {
+            if done || ctl.now() >= stage2_end {
                 break;
             }
             tokio::time::sleep(tick).await;
         }
+        // Settled: agents that re-enter whenever `num_nodes_waiting() > 0` form no further
+        // round, however many spares wait.
+        tokio::time::sleep(settle_window(world)).await;
+        ctl.push(Record::Settled { at: ctl.now(), version: latest_final(ctl).map(|(v, _)| v) });
+        tokio::time::sleep(settle_window(world)).await;
+        ctl.push(Record::Settled { at: ctl.now(), version: latest_final(ctl).map(|(v, _)| v) });
     }
     count_keys(world, kv, run, ctl).await;
 }
@@ -639,7 +718,8 @@ async fn calls(i: usize, world: &World, h: &RendezvousHandler, ctl: &Ctl, stop: 
                 // A round from the hostile period: re-enter when the world heals.
                 _ = tokio::time::sleep_until(ctl.t0 + heal), if returned < heal => true,
                 _ = async { let _ = rerun.wait_for(|g| *g > generation).await; } => true,
-                _ = tokio::time::sleep(AGENT_POLL), if healed && info.world_size < world.max => {
+                // As the shipped agents do: re-enter whenever nodes wait to be admitted.
+                _ = tokio::time::sleep(AGENT_POLL) => {
                     matches!(h.num_nodes_waiting().await, Ok(n) if n > 0)
                 }
                 _ = stopped() => return,
@@ -710,7 +790,12 @@ pub fn check(world: &World, records: &[Record]) {
 ///   member's death within its TTL, of its leave within slack (a TTL if the leave failed).
 /// - `calm-liveness`: in a calm world the first round completes within the last call of the
 ///   `min`-th arrival.
-/// - `healed-liveness`, `rerun-liveness`: see [`healed_bound`] and [`rerun_bound`].
+/// - `healed-liveness`, `rerun-liveness`: see [`healed_bound`] and [`rerun_bound`] (the
+///   rerun: the members of the latest round re-enter together; spares keep waiting).
+/// - `stable-ranks`: a worker that returned a round and the next final round keeps its rank
+///   while it is below the new world size.
+/// - `settles`: after the rerun the group forms no further round within two
+///   [`settle_window`]s (agents re-enter whenever `num_nodes_waiting() > 0`).
 /// - `key-count`: see [`KEYS_PER_WORKER`].
 pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
     let mut v: Vec<Violation> = Vec::new();
@@ -1080,12 +1165,12 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
             world.owed_witnesses(),
             records.iter().map(brief).collect::<Vec<_>>().join("\n")
         );
-        if let Some(rerun_at) = records.iter().find_map(|r| match r {
-            Record::Rerun { at } => Some(*at),
+        if let Some((rerun_at, members)) = records.iter().find_map(|r| match r {
+            Record::Rerun { at, members } => Some((*at, members)),
             _ => None,
         }) {
             let bound = rerun_at + rerun_bound(world);
-            for &w in &world.stayers() {
+            for &w in members.iter().filter(|w| world.stayers().contains(w)) {
                 let again = calls_of(w).find_map(|(s, ret, r)| (s >= rerun_at && r.is_ok()).then_some(ret));
                 ensure!(
                     v,
@@ -1095,6 +1180,52 @@ pub fn violations(world: &World, records: &[Record]) -> Vec<Violation> {
                 );
             }
         }
+    }
+    // Stable ranks: a worker that returned a round and the next final round of the run keeps
+    // its rank in it while the rank is below the new world size (the survivors of a round keep
+    // their ranks; spares and newcomers only fill holes).
+    let mut finals: Vec<(u64, &Vec<String>)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Final { version, participants, .. } => Some((*version, participants)),
+            _ => None,
+        })
+        .collect();
+    finals.sort_by_key(|(version, _)| *version);
+    for pair in finals.windows(2) {
+        let ((v1, before), (v2, after)) = (pair[0], pair[1]);
+        for (rank, node) in before.iter().enumerate() {
+            let w = worker_of(node).expect("a node id of this world");
+            let returned = |version| versions_of.get(&w).is_some_and(|vs| vs.contains(&version));
+            if !(returned(v1) && returned(v2)) || rank >= after.len() {
+                continue;
+            }
+            ensure!(
+                v,
+                "stable-ranks",
+                after.get(rank) == Some(node),
+                "worker {w} was rank {rank} of round {v1} ({before:?}) and is in round {v2} of {} at rank {:?} ({after:?})",
+                after.len(),
+                after.iter().position(|n| n == node)
+            );
+        }
+    }
+    // Settling: once healed, agents that re-enter whenever `num_nodes_waiting() > 0` stop
+    // forming rounds, however many workers are beyond `max`.
+    let settled: Vec<(Duration, Option<u64>)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Settled { at, version } => Some((*at, *version)),
+            _ => None,
+        })
+        .collect();
+    if let [(t1, first), (t2, second)] = settled[..] {
+        ensure!(
+            v,
+            "settles",
+            first == second,
+            "the healed group formed rounds {first:?} (at {t1:?}) → {second:?} (at {t2:?}) without any fault: a livelock"
+        );
     }
     // Bounded key count.
     for r in records {

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::{Kv, KvExt, PutOptions, RendezvousError, RendezvousHandler, RoundBroken};
+use rdzv::core::{
+    Kv, KvExt, PutOptions, RendezvousError, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges,
+};
 use tokio::time::{Instant, timeout};
 
 use super::{assert_agreement, params, rendezvous_all, run_id, workers};
@@ -44,43 +46,170 @@ pub async fn elastic_last_call(kv: Arc<dyn Kv>) {
     assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(10), "took {took:?}");
 }
 
-pub async fn more_than_max_wait(kv: Arc<dyn Kv>) {
-    let p = params(&run_id("extra"), 4, 4);
-    let ws = workers(&kv, &p, 6).await;
-    let first: Vec<_> = ws[..4].iter().map(|w| w.handler.clone()).collect();
-    let infos: Vec<_> =
-        timeout(LIMIT, rendezvous_all(&first)).await.unwrap().into_iter().map(Result::unwrap).collect();
-    assert_agreement(&infos, 4, 4);
-    // Two late workers wait, and are counted.
-    let late: Vec<_> = ws[4..].iter().map(|w| w.handler.clone()).collect();
-    let late_task = tokio::spawn(async move { rendezvous_all(&late).await });
-    let counted = timeout(LIMIT, async {
-        loop {
-            let n = first[0].num_nodes_waiting().await.unwrap();
-            if n == 2 {
-                return n;
-            }
+/// Waits until `n` workers wait for the next round (as `observer` reads it).
+async fn until_waiting(observer: &RendezvousHandler, n: usize) {
+    timeout(LIMIT, async {
+        while observer.waiting().await.unwrap().waiters.len() < n {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await
     .unwrap();
-    assert_eq!(counted, 2);
-    // The members re-rendezvous to admit them: a round of 4 out of 6 (max = 4) forms, and two wait again.
-    let mut all: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
-    let members = all.drain(..4).collect::<Vec<_>>();
-    let again = tokio::spawn(async move { rendezvous_all(&members).await });
-    let mut results: Vec<_> = timeout(LIMIT, again).await.unwrap().unwrap();
-    let late_results = timeout(Duration::from_secs(5), late_task).await;
-    // Exactly 4 of the 6 are in the new round; whoever is not keeps waiting (still running).
-    if let Ok(Ok(late)) = late_results {
-        results.extend(late);
+}
+
+/// Starts `handler`'s `next_rendezvous` in the background and waits until it waits for the
+/// next round, so that arrival order is known.
+async fn spare(
+    handler: &RendezvousHandler,
+    observer: &RendezvousHandler,
+    waiting_before: usize,
+) -> tokio::task::JoinHandle<Result<RendezvousInfo, RendezvousError>> {
+    let h = handler.clone();
+    let task = tokio::spawn(async move { h.next_rendezvous().await });
+    until_waiting(observer, waiting_before + 1).await;
+    task
+}
+
+/// The info of the member named `node` among `infos`.
+fn of<'a>(infos: &'a [RendezvousInfo], node: &str) -> &'a RendezvousInfo {
+    infos.iter().find(|i| i.participants[i.rank].node == node).unwrap()
+}
+
+/// Workers beyond `max` wait as spares: a full, intact round counts none of them as waiting
+/// (re-forming for them would only trade one worker for another, for ever); a round re-formed
+/// anyway (every member re-enters, as after a worker failure) keeps its members and ranks.
+pub async fn spares_wait_behind_a_full_round(kv: Arc<dyn Kv>) {
+    let mut p = params(&run_id("spares"), 2, 4);
+    // A full round completes at once; it never waits for the last call.
+    p.last_call_timeout = Duration::from_secs(20);
+    let ws = workers(&kv, &p, 6).await;
+    let members: Vec<_> = ws[..4].iter().map(|w| w.handler.clone()).collect();
+    let started = Instant::now();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&first, 4, 4);
+    assert!(started.elapsed() < Duration::from_secs(10), "a full round waited {:?}", started.elapsed());
+    assert!(first.iter().all(|i| i.changes.previous_version.is_none()), "{first:#?}");
+    let spares = [spare(&ws[4].handler, &members[0], 0).await, spare(&ws[5].handler, &members[0], 1).await];
+    let seen = members[0].waiting().await.unwrap();
+    let nodes: Vec<&str> = seen.waiters.iter().map(|j| j.node.as_str()).collect();
+    assert_eq!((nodes, seen.admissible, seen.members_alive), (vec!["node4", "node5"], 0, 4));
+    for h in members.iter().chain([&ws[4].handler]) {
+        assert_eq!(h.num_nodes_waiting().await.unwrap(), 0, "spares are not waiting to be admitted");
     }
-    let ok: Vec<_> = results.into_iter().filter_map(Result::ok).collect();
-    let newest = ok.iter().map(|i| i.version).max().unwrap();
-    let round: Vec<_> = ok.into_iter().filter(|i| i.version == newest).collect();
-    assert!(newest > infos[0].version);
-    assert_agreement(&round, 4, 4);
+    // Every member re-enters: the same four form the next round, each at its rank.
+    let again: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&again, 4, 4);
+    assert!(again[0].version > first[0].version);
+    for info in &again {
+        let node = &info.participants[info.rank].node;
+        assert_eq!(info.rank, of(&first, node).rank, "{node} moved");
+        assert_eq!(info.changes.previous_rank, Some(info.rank));
+        assert!(info.changes.left.is_empty() && info.changes.joined.is_empty(), "{:?}", info.changes);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(spares.iter().all(|t| !t.is_finished()), "a spare was admitted to a full round");
+    until_waiting(&members[0], 2).await;
+    for w in &ws[4..] {
+        w.handler.shutdown().await.unwrap();
+    }
+    for t in spares {
+        assert!(matches!(timeout(LIMIT, t).await.unwrap().unwrap(), Err(RendezvousError::Shutdown)));
+    }
+}
+
+/// When a member dies, the spare that arrived first takes its place as soon as the death is
+/// seen (a full round does not wait for the last call), and every survivor keeps its rank.
+pub async fn a_spare_takes_a_dead_members_place(kv: Arc<dyn Kv>) {
+    let mut p = params(&run_id("promote"), 2, 3);
+    p.last_call_timeout = Duration::from_secs(20);
+    let ws = workers(&kv, &p, 5).await;
+    let members: Vec<_> = ws[..3].iter().map(|w| w.handler.clone()).collect();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&first, 3, 3);
+    let spares = [spare(&ws[3].handler, &members[0], 0).await, spare(&ws[4].handler, &members[0], 1).await];
+    let [promoted, still_spare] = spares;
+    let dead_rank = of(&first, "node1").rank;
+    let killed_at = Instant::now();
+    ws[1].kill();
+    let survivors: Vec<_> = [&ws[0], &ws[2]].iter().map(|w| w.handler.clone()).collect();
+    for h in &survivors {
+        let reason = timeout(LIMIT, h.round_broken()).await.unwrap();
+        assert!(matches!(reason, RoundBroken::MemberGone { .. } | RoundBroken::Ended), "{reason:?}");
+    }
+    let mut next: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&survivors)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let newcomer = timeout(LIMIT, promoted).await.unwrap().unwrap().unwrap();
+    let took = killed_at.elapsed();
+    assert!(took < p.keep_alive_ttl + Duration::from_secs(5), "the spare came in after {took:?}");
+    next.push(newcomer.clone());
+    assert_agreement(&next, 3, 3);
+    assert_eq!(newcomer.participants[newcomer.rank].node, "node3", "the first spare takes the place");
+    assert_eq!(newcomer.rank, dead_rank, "the spare fills the hole");
+    assert_eq!(
+        newcomer.changes,
+        RoundChanges {
+            previous_version: Some(first[0].version),
+            previous_rank: None,
+            left: vec![dead_rank],
+            joined: vec![dead_rank]
+        }
+    );
+    for info in &next[..2] {
+        let node = &info.participants[info.rank].node;
+        assert_eq!(info.rank, of(&first, node).rank, "survivor {node} moved");
+        assert_eq!(info.changes.previous_rank, Some(info.rank));
+        assert_eq!((&info.changes.left, &info.changes.joined), (&vec![dead_rank], &vec![dead_rank]));
+    }
+    assert!(!still_spare.is_finished(), "the second spare stays a spare");
+    ws[4].handler.shutdown().await.unwrap();
+    assert!(matches!(timeout(LIMIT, still_spare).await.unwrap().unwrap(), Err(RendezvousError::Shutdown)));
+}
+
+/// An elastic world that shrinks keeps the survivors' ranks where it can: only a rank beyond
+/// the new world size moves, into the hole.
+pub async fn survivors_keep_their_ranks_when_the_world_shrinks(kv: Arc<dyn Kv>) {
+    let p = params(&run_id("shrink"), 2, 4);
+    let ws = workers(&kv, &p, 4).await;
+    let all: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&all)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&first, 4, 4);
+    let node_at = |rank: usize| first[0].participants[rank].node.clone();
+    let gone = ws.iter().position(|w| w.handler.participant().node == node_at(1)).unwrap();
+    ws[gone].handler.shutdown().await.unwrap();
+    let survivors: Vec<_> =
+        ws.iter().enumerate().filter(|(i, _)| *i != gone).map(|(_, w)| w.handler.clone()).collect();
+    let next: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&survivors)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&next, 2, 4);
+    assert_eq!(next[0].world_size, 3);
+    let nodes: Vec<String> = next[0].participants.iter().map(|p| p.node.clone()).collect();
+    assert_eq!(nodes, [node_at(0), node_at(3), node_at(2)], "only rank 3 moves, into the hole at 1");
+    let mover = of(&next, &node_at(3));
+    assert_eq!((mover.rank, mover.changes.previous_rank), (1, Some(3)));
+    assert_eq!((&mover.changes.left, &mover.changes.joined), (&vec![1], &vec![]));
+}
+
+/// With `rank_order=natural`, newcomers take ranks by address, then node id, digits compared
+/// as numbers.
+pub async fn natural_rank_order(kv: Arc<dyn Kv>) {
+    let mut p = params(&run_id("natural"), 3, 3);
+    p.rank_order = rdzv::core::RankOrder::Natural;
+    let mut handlers = Vec::new();
+    for node in ["node66", "node7", "node10"] {
+        let mut p = p.clone();
+        p.node_id = Some(node.into());
+        p.local_addr = Some("host".into());
+        handlers.push(RendezvousHandler::new(kv.clone(), p).await.unwrap());
+    }
+    let infos: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&infos, 3, 3);
+    let nodes: Vec<&str> = infos[0].participants.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(nodes, ["node7", "node10", "node66"]);
 }
 
 pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
@@ -267,8 +396,9 @@ pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
 macro_rules! rendezvous_scenarios {
     (#[$attr:meta]; $builder:expr) => {
         $crate::rendezvous_scenarios!(@cases $attr; $builder;
-            single_worker, min_equals_max, elastic_last_call, more_than_max_wait,
-            member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
+            single_worker, min_equals_max, elastic_last_call, spares_wait_behind_a_full_round,
+            a_spare_takes_a_dead_members_place, survivors_keep_their_ranks_when_the_world_shrinks,
+            natural_rank_order, member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
             corrupt_state_is_a_state_error, state_deleted_underfoot_recovers,
             leave_is_fast_and_not_close, reentry_leaves_at_once, extra_data_round_trips_and_times_out,
             confirmation_stall_recovers);

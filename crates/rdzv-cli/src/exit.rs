@@ -102,7 +102,7 @@ mod tests {
     #[test]
     fn each_variant_has_its_code() {
         let cases = [
-            (RendezvousError::Closed { run_id: "r".into() }, CLOSED),
+            (RendezvousError::Closed { run_id: "r".into(), outcome: None }, CLOSED),
             (
                 RendezvousError::Timeout {
                     run_id: "r".into(),

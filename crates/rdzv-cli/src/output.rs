@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::io::Write;
 use std::time::Duration;
 
+use rdzv::core::RoundChanges;
 use rdzv::{Participant, Round};
 use serde_json::json;
 
@@ -47,6 +48,13 @@ pub struct RoundView {
     pub master_port: u16,
     /// How long `next_rendezvous` took.
     pub elapsed: Duration,
+    /// What changed since the round before, as this worker knew it.
+    pub changes: RoundChanges,
+}
+
+/// Ranks as a comma-separated list (empty for none).
+pub fn rank_list(ranks: &[usize]) -> String {
+    ranks.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
 }
 
 impl RoundView {
@@ -61,6 +69,7 @@ impl RoundView {
             master_addr: round.bootstrap.master_addr.clone(),
             master_port: round.bootstrap.master_port,
             elapsed,
+            changes: round.info.changes.clone(),
         }
     }
 
@@ -84,6 +93,10 @@ impl RoundView {
             "master_addr": self.master_addr,
             "master_port": self.master_port,
             "elapsed_ms": self.elapsed.as_millis() as u64,
+            "previous_version": self.changes.previous_version,
+            "previous_rank": self.changes.previous_rank,
+            "left": self.changes.left,
+            "joined": self.changes.joined,
         })
         .to_string()
     }
@@ -100,13 +113,32 @@ impl RoundView {
             ("MASTER_PORT", self.master_port.to_string()),
             ("RDZV_PARTICIPANTS", nodes.join(",")),
             ("RDZV_ELAPSED_MS", (self.elapsed.as_millis() as u64).to_string()),
+            ("RDZV_PREVIOUS_VERSION", self.changes.previous_version.map_or(String::new(), |v| v.to_string())),
+            ("RDZV_PREVIOUS_RANK", self.changes.previous_rank.map_or(String::new(), |r| r.to_string())),
+            ("RDZV_LEFT_RANKS", rank_list(&self.changes.left)),
+            ("RDZV_JOINED_RANKS", rank_list(&self.changes.joined)),
         ])
     }
 
-    /// A heading line and the member table.
+    /// A heading line, what changed since the round before (if there was one), and the
+    /// member table.
     pub fn text(&self) -> String {
+        let c = &self.changes;
+        let changes = match c.previous_version {
+            None => String::new(),
+            Some(v) => {
+                let was = c.previous_rank.map_or("not a member".to_string(), |r| format!("rank {r}"));
+                let list =
+                    |ranks: &[usize]| if ranks.is_empty() { "none".to_string() } else { rank_list(ranks) };
+                format!(
+                    "since round {v} (this worker: {was}): ranks left {}, joined {}\n",
+                    list(&c.left),
+                    list(&c.joined)
+                )
+            }
+        };
         format!(
-            "run {} round {}: rank {} of {} (master {}:{}), formed in {}\n{}",
+            "run {} round {}: rank {} of {} (master {}:{}), formed in {}\n{changes}{}",
             printable(&self.run_id),
             self.version,
             self.rank,
@@ -248,6 +280,12 @@ mod tests {
             master_addr: "10.0.0.1".into(),
             master_port: 29500,
             elapsed: Duration::from_millis(1234),
+            changes: RoundChanges {
+                previous_version: Some(2),
+                previous_rank: None,
+                left: vec![1],
+                joined: vec![1],
+            },
         }
     }
 
@@ -265,12 +303,18 @@ mod tests {
             "master_addr",
             "master_port",
             "elapsed_ms",
+            "previous_version",
+            "previous_rank",
+            "left",
+            "joined",
         ] {
             assert!(v.get(field).is_some(), "missing {field}");
         }
         assert_eq!(v["rank"], 1);
         assert_eq!(v["elapsed_ms"], 1234);
         assert_eq!(v["participants"][1]["node"], "b x");
+        assert_eq!((v["previous_version"].clone(), v["previous_rank"].clone()), (json!(2), json!(null)));
+        assert_eq!((v["left"].clone(), v["joined"].clone()), (json!([1]), json!([1])));
     }
 
     #[test]
@@ -280,6 +324,8 @@ mod tests {
         assert!(env.contains("WORLD_SIZE=2\n"));
         assert!(env.contains("MASTER_PORT=29500\n"));
         assert!(env.contains("RDZV_PARTICIPANTS='a,b x'\n"), "{env}");
+        assert!(env.contains("RDZV_PREVIOUS_VERSION=2\nRDZV_PREVIOUS_RANK=''\n"), "{env}");
+        assert!(env.contains("RDZV_LEFT_RANKS=1\nRDZV_JOINED_RANKS=1\n"), "{env}");
     }
 
     #[test]
@@ -293,6 +339,7 @@ mod tests {
     fn text_has_a_table() {
         let text = view().render(JoinFormat::Text);
         assert!(text.starts_with("run job round 3: rank 1 of 2"), "{text}");
+        assert!(text.contains("since round 2 (this worker: not a member): ranks left 1, joined 1"), "{text}");
         assert!(text.contains("rank  node"), "{text}");
         assert!(text.contains("1 *"), "{text}");
         let with_alive = participant_table(&view().participants, Some(&[true, false]), None);
@@ -320,7 +367,7 @@ mod tests {
         v.master_addr = "m\r".into();
         let text = v.render(JoinFormat::Text);
         assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
-        assert_eq!(text.lines().count(), 4, "one heading, one header, two rows: {text}");
+        assert_eq!(text.lines().count(), 5, "one heading, the changes, one header, two rows: {text}");
         assert!(text.contains("n\\u{1b}]0;owned\\u{7}"), "{text}");
         assert!(text.contains("10.0.0.2\\u{a}rank 9"), "{text}");
         // JSON keeps the real value (serde escapes it).

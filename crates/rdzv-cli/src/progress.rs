@@ -64,7 +64,7 @@ async fn describe(worker: &Rendezvous, deadline: Instant) -> String {
         Err(_) => return format!("rdzv: backend not answering… {left} s left"),
     };
     match state {
-        Some(State::Joinable { version }) => {
+        Some(State::Joinable { version, .. }) => {
             let joined = kv.count(&keys.joins(version), None).await.unwrap_or(0);
             format!("rdzv: round {version}: {joined}/{needed} joined, {left} s left")
         }
@@ -78,7 +78,7 @@ async fn describe(worker: &Rendezvous, deadline: Instant) -> String {
         Some(State::Frozen { version, .. }) => {
             format!("rdzv: round {version} is being confirmed, {left} s left")
         }
-        Some(State::Closed) => "rdzv: the run is closed".to_string(),
+        Some(State::Closed { .. }) => "rdzv: the run is closed".to_string(),
         Some(State::Setup) | None => format!("rdzv: starting a round (need {needed}), {left} s left"),
     }
 }

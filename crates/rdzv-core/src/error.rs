@@ -213,10 +213,12 @@ pub enum ConfigError {
 #[non_exhaustive]
 pub enum RendezvousError {
     /// The run was closed (by `set_closed`); no further rounds will form.
-    #[error("rendezvous of run `{run_id}` is closed")]
+    #[error("rendezvous of run `{run_id}` is closed{}", closed_because(*.outcome))]
     Closed {
         /// The run.
         run_id: String,
+        /// How the run ended, if its closer said so.
+        outcome: Option<crate::rendezvous::RunOutcome>,
     },
     /// The call did not complete by its deadline.
     #[error("rendezvous of run `{run_id}` timed out after {after:?} while {phase}")]
@@ -252,6 +254,14 @@ pub enum RendezvousError {
     /// Any other backend error.
     #[error("rendezvous backend error: {0}")]
     Backend(#[source] KvError),
+}
+
+fn closed_because(outcome: Option<crate::rendezvous::RunOutcome>) -> &'static str {
+    match outcome {
+        Some(crate::rendezvous::RunOutcome::Succeeded) => ": the job succeeded",
+        Some(crate::rendezvous::RunOutcome::Failed) => ": the job failed",
+        None => "",
+    }
 }
 
 impl From<KvError> for RendezvousError {

@@ -26,7 +26,7 @@ pub use session::Session;
 // Parameters, URLs and identifiers.
 pub use ids::{ID_PUNCTUATION, ID_RULE, MAX_ID_LEN, is_id_char, validate_id};
 pub use params::{
-    DEFAULT_PREFIX, MAX_DURATION, OPTIONS, RendezvousParams, canonical_option_name, insert_option,
+    DEFAULT_PREFIX, MAX_DURATION, OPTIONS, RankOrder, RendezvousParams, canonical_option_name, insert_option,
     is_rendezvous_option, option_names, parse_duration,
 };
 pub use url::{
@@ -38,8 +38,8 @@ pub use registry::{BackendFactory, Registry};
 
 // The rendezvous.
 pub use rendezvous::{
-    Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundTimings, RunKeys, Sizing, State,
-    free_port,
+    Joiner, LastRound, Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges,
+    RoundTimings, RunKeys, RunOutcome, Sizing, State, Waiting, free_port,
 };
 
 /// The protocol's pure core (docs/PROTOCOL.md): the decision tables and the state machine of
@@ -48,7 +48,7 @@ pub use rendezvous::{
 pub mod protocol {
     pub use crate::rendezvous::decide;
     pub use crate::rendezvous::machine::{
-        Action, Bind, Completed, Input, Leaving, Leftovers, Machine, Observed,
+        Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed,
     };
 }
 

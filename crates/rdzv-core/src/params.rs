@@ -43,6 +43,43 @@ pub struct RendezvousParams {
     pub node_id: Option<String>,
     /// The address this worker advertises (default: its host name).
     pub local_addr: Option<String>,
+    /// In which order newcomers take the free ranks of a round (default: arrival).
+    pub rank_order: RankOrder,
+}
+
+/// In which order the newcomers of a round (workers that were not members of the round
+/// before it) take its free ranks: the `rank_order` option. Survivors of the round before
+/// keep their ranks whatever the order (docs/PROTOCOL.md "Who is in, and their ranks").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RankOrder {
+    /// In the order they arrived in the run (`rank_order=arrival`, the default).
+    #[default]
+    Arrival,
+    /// By advertised address, then node id, in natural order: runs of digits compare as
+    /// numbers, so `node7` comes before `node66` (`rank_order=natural`).
+    Natural,
+}
+
+impl RankOrder {
+    /// The option's value for this order.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RankOrder::Arrival => "arrival",
+            RankOrder::Natural => "natural",
+        }
+    }
+
+    fn parse(value: &str) -> Result<RankOrder, ConfigError> {
+        match value {
+            "arrival" => Ok(RankOrder::Arrival),
+            "natural" => Ok(RankOrder::Natural),
+            _ => Err(ConfigError::InvalidValue {
+                option: "rank_order".into(),
+                value: value.chars().take(80).flat_map(char::escape_debug).collect(),
+                reason: "expected `arrival` (newcomers in order of arrival) or `natural` (by address, then node id, digits as numbers)".into(),
+            }),
+        }
+    }
 }
 
 impl RendezvousParams {
@@ -77,6 +114,7 @@ impl RendezvousParams {
             run_ttl: Duration::from_secs(2 * 3600),
             node_id: None,
             local_addr: None,
+            rank_order: RankOrder::Arrival,
         }
     }
 
@@ -177,6 +215,7 @@ pub const OPTIONS: &[(&str, Option<&str>)] = &[
     ("run_ttl", None),
     ("node_id", None),
     ("local_addr", None),
+    ("rank_order", None),
 ];
 
 /// The canonical names of the rendezvous options, in the order of [`OPTIONS`].
@@ -337,6 +376,9 @@ impl RendezvousParams {
         }
         if let Some(v) = given.get("prefix") {
             params.prefix = v.to_string();
+        }
+        if let Some(v) = given.get("rank_order") {
+            params.rank_order = RankOrder::parse(v)?;
         }
         for (name, target) in [("node_id", &mut params.node_id), ("local_addr", &mut params.local_addr)] {
             if let Some(v) = given.get(name) {

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rdzv_core::RunKeys;
-use rdzv_core::protocol::{Action, Bind, Completed, Input, Machine, Observed};
+use rdzv_core::protocol::decide::Candidate;
+use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
 use rdzv_core::{
-    DeleteMode, EventKind, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RendezvousError,
-    Revision, Sizing,
+    DeleteMode, EventKind, Joiner, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RankOrder,
+    RendezvousError, Revision, Sizing,
 };
 use tokio::time::Instant;
 
@@ -113,8 +114,18 @@ impl World {
                 let me =
                     Participant { node: format!("n{i}"), addr: "h".into(), pid: i as u32, port: Some(1000) };
                 let session = model.next_lease;
-                let mut machine =
-                    Machine::new(me, session, keys.clone(), sizing, "job".into(), base, None, None);
+                let mut machine = Machine::new(Call {
+                    me,
+                    session,
+                    keys: keys.clone(),
+                    sizing,
+                    run_id: "job".into(),
+                    started: base,
+                    leave_first: None,
+                    leaving: None,
+                    last: None,
+                    since: None,
+                });
                 let action = Some(machine.start());
                 Worker { machine, session, action, states_from: None, prefix: None, outcome: None }
             })
@@ -198,16 +209,24 @@ impl World {
                 Input::Count(model.under(prefix).filter(|kv| kv.create_revision <= *revision).count() as u64)
             }
             Action::Count { prefix } => Input::Count(model.under(prefix).count() as u64),
-            Action::ReadJoiners { prefix, limit } => {
+            Action::ReadJoiners { prefix } => {
                 let mut all: Vec<&KeyValue> = model.under(prefix).collect();
                 all.sort_by_key(|kv| kv.create_revision);
-                let joiners = all
+                let candidates = all
                     .iter()
-                    .take(*limit)
-                    .map(|kv| Participant::parse(&kv.key, &kv.value).expect("valid descriptor"))
+                    .map(|kv| Candidate {
+                        joiner: Joiner::parse(&kv.key, &kv.value).expect("valid descriptor"),
+                        created: kv.create_revision,
+                    })
                     .collect();
-                Input::Joiners(joiners, all.len() as u64, model.revision)
+                Input::Joiners(candidates, model.revision)
             }
+            Action::ReadMembers { prefix } => Input::Members(
+                model
+                    .under(prefix)
+                    .map(|kv| Participant::parse(&kv.key, &kv.value).expect("valid descriptor"))
+                    .collect(),
+            ),
             Action::Get { key } => Input::Key(model.keys.get(key).cloned()),
             Action::Delete { key, mode } => {
                 model.delete(key, *mode);
@@ -219,11 +238,13 @@ impl World {
                 }
                 Input::Ack
             }
-            Action::ForgetRound { version } => {
-                let prefix = self.keys.round(*version).into_bytes();
-                let doomed: Vec<Vec<u8>> = model.under(&prefix).map(|kv| kv.key.clone()).collect();
-                for key in doomed {
-                    model.delete(&key, DeleteMode::Any);
+            Action::ForgetRounds { versions } => {
+                for version in versions {
+                    let prefix = self.keys.round(*version).into_bytes();
+                    let doomed: Vec<Vec<u8>> = model.under(&prefix).map(|kv| kv.key.clone()).collect();
+                    for key in doomed {
+                        model.delete(&key, DeleteMode::Any);
+                    }
                 }
                 Input::Ack
             }
@@ -308,7 +329,13 @@ proptest! {
     ) {
         let max = min + extra;
         prop_assume!(n >= min);
-        let sizing = Sizing { min, max, last_call: Duration::from_secs(30), backup: Duration::from_secs(10) };
+        let sizing = Sizing {
+            min,
+            max,
+            last_call: Duration::from_secs(30),
+            backup: Duration::from_secs(10),
+            order: RankOrder::Arrival,
+        };
         let mut world = World::new(n, sizing);
         run(&mut world, &schedule, &losses);
         let done: Vec<&Completed> =

@@ -8,8 +8,14 @@ use crate::target::RunTarget;
 
 const LONG_ABOUT: &str = "\
 Closes the run: every worker waiting in or for a round fails with \"closed\" (`rdzv join`
-and `rdzv run` exit with code 4), members holding a round are told, and no round of this
-run id forms again. Closing a closed run is fine. Needs no min_workers in the URL.
+exits with code 4; `rdzv run` with 4, or 0 on a node that never was a member), members
+holding a round are told, and no round of this run id forms again while the run is closed.
+Closing a closed run is fine. Needs no min_workers in the URL.
+
+How long `closed` lasts: the closed state is bound to the run lease, which every live worker
+of the run keeps alive. When the last worker is gone, the run's keys (closed state included)
+expire run_ttl later (2 h unless the URL's run_ttl says otherwise); after that the run id
+starts afresh at round 1.
 
 Example:
   rdzv close 'etcd://10.0.0.5:2379/job42'";

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use rdzv::{Rendezvous, Round, RoundBroken, Store};
+use rdzv::{Rendezvous, RendezvousError, Round, RoundBroken, RunOutcome, Store};
 use tokio::process::Command;
 use tokio::time::Instant;
 
@@ -35,7 +35,13 @@ torchrun's environment, so an unmodified torchrun training script runs under it:
   TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE=False,
   TORCHELASTIC_ERROR_FILE (one per worker), TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and
   OMP_NUM_THREADS=1 (with more than one worker; both unless already set), and
-  RDZV_RUN_ID, RDZV_VERSION, RDZV_NODE_ID, RDZV_RESTART_COUNT.
+  RDZV_RUN_ID, RDZV_VERSION, RDZV_NODE_ID, RDZV_RESTART_COUNT, and what changed since the
+  round before as this node knew it: RDZV_PREVIOUS_VERSION (empty in its first round),
+  RDZV_PREVIOUS_GROUP_RANK and RDZV_PREVIOUS_RANK (this node's and this worker's rank then;
+  empty if the node was not a member), RDZV_LEFT_GROUP_RANKS and RDZV_JOINED_GROUP_RANKS
+  (comma-separated group ranks of the nodes gone since, and of the nodes new in this round).
+A node that was a member keeps its GROUP_RANK while it is below the new number of nodes;
+spares and new nodes take the free group ranks, in order of arrival.
 GROUP_RANK is the agent's rank in the round; the workers of group rank g get the global
 ranks after those of the nodes before it (RANK = that offset + LOCAL_RANK), so nodes may run
 different numbers of workers. Each agent writes its number of workers once to the round's
@@ -65,17 +71,26 @@ and its error file is DIR/attempt_<k>/<local_rank>/error.json (else in a tempora
 directory). --tee also copies every line to the agent's output, prefixed with [<rank>]:.
 
 While the workers run, the agent watches its round. When the round breaks (a node died or
-left), or a worker failed here or on another node, or nodes wait to join (checked every
---monitor-interval), it stops its workers and re-rendezvous. Rounds broken by a death or a
-failure count as restarts (at most --max-restarts); re-forming to admit waiting nodes does
-not. A failure is reported with the worker's rank, its exit status or signal, and the
+left), or a worker failed here or on another node, or nodes wait to be admitted (checked
+every --monitor-interval), it stops its workers and re-rendezvous. Rounds broken by a death
+or a failure count as restarts (at most --max-restarts); re-forming to admit waiting nodes
+does not. A node cut off from the backend for longer than keep_alive_ttl is no member any
+more: it stops its workers at once (fencing: SIGTERM, then SIGKILL after --grace-period) and
+rejoins when it can reach the backend again, without counting a restart. A failure is reported with the worker's rank, its exit status or signal, and the
 error and traceback from its error file when it wrote one (PyTorch's @record does).
 
+Nodes beyond max_workers wait as spares: a full round is not re-formed for them; when a node
+dies or leaves, the spare that came first takes its place (and its group rank), and the
+other nodes keep theirs. A spare waits as long as the run lasts (its timeout does not run
+while the round it waits behind is full).
+
 When all its workers exit 0, the agent reports success in the round's Store and waits (at
-most --finish-timeout) until every node's did; then it closes the run and exits 0. When a
-worker fails and no restarts are left, the agent closes the run (the other agents then exit
-with code 4, or 1 if their own restarts are used up too) and exits with that worker's status
-(128+N if a signal N ended it).
+most --finish-timeout) until every node's did; then it closes the run (as succeeded) and
+exits 0; spares and nodes still waiting to join then exit 0 too. When a worker fails and no
+restarts are left, the agent closes the run (as failed) and exits with that worker's status
+(128+N if a signal N ended it); the other members then exit with code 4 (or 1 if their own
+restarts are used up too), a spare that never was a member with 0. A closed run stays closed
+for run_ttl (2 h unless the URL says otherwise) after its last node is gone.
 
 torchrun flags: --nnodes MIN:MAX is min_workers/max_workers in the URL (they count nodes),
 --rdzv-id is the URL's run id, --rdzv-endpoint its host:port; --nproc-per-node, --max-restarts,
@@ -202,12 +217,25 @@ async fn agent(
 ) -> Result<ExitCode, CliError> {
     let mut restarts = 0u32;
     let me = RoleInfo { role: args.role.clone(), local_world_size: setup.nproc };
+    // This node's last round and the global rank of its local rank 0 in it.
+    let mut previous: Option<(u64, usize)> = None;
     loop {
         let started = Instant::now();
         let round = {
             let _progress = Progress::start(worker, started);
             tokio::select! {
-                r = worker.next_rendezvous() => r?,
+                r = worker.next_rendezvous() => match r {
+                    Ok(round) => round,
+                    Err(RendezvousError::Closed { outcome, .. })
+                        if outcome == Some(RunOutcome::Succeeded) || previous.is_none() =>
+                    {
+                        let how = if outcome == Some(RunOutcome::Succeeded) { "the job succeeded" } else { "it was closed" };
+                        let role = if previous.is_none() { "this node was never needed" } else { "this node was waiting for a new round" };
+                        eprintln!("rdzv: the run is over ({how}); {role}");
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    Err(e) => return Err(e.into()),
+                },
                 s = signals.recv() => return Ok(ExitCode::from(s.exit_code())),
             }
         };
@@ -230,13 +258,27 @@ async fn agent(
                         setup.nproc,
                         args.command[0]
                     );
+                    let before = previous.filter(|(v, _)| {
+                        round.info.changes.previous_rank.is_some()
+                            && Some(*v) == round.info.changes.previous_version
+                    });
                     let specs = (0..setup.nproc)
                         .map(|local_rank| WorkerSpec {
                             local_rank,
                             rank: assignment.base_rank + local_rank,
-                            env: worker_env(args, setup, worker, &round, &assignment, local_rank, restarts),
+                            env: worker_env(
+                                args,
+                                setup,
+                                worker,
+                                &round,
+                                &assignment,
+                                local_rank,
+                                restarts,
+                                before,
+                            ),
                         })
                         .collect();
+                    previous = Some((round.info.version, assignment.base_rank));
                     let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
                     let mut group =
                         match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
@@ -246,7 +288,7 @@ async fn agent(
                                 let message =
                                     format!("cannot start the workers (`{}`): {e}", args.command[0]);
                                 publish_failure(&round, &message).await;
-                                let _ = worker.set_closed().await;
+                                let _ = worker.set_closed_with(RunOutcome::Failed).await;
                                 return Err(CliError { code: FAILURE, message });
                             }
                         };
@@ -292,7 +334,7 @@ async fn agent(
                         "rdzv: every worker of round {} succeeded; closing the run",
                         round.info.version
                     );
-                    worker.set_closed().await?;
+                    worker.set_closed_with(RunOutcome::Succeeded).await?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 Some(reason) => reason,
@@ -307,13 +349,27 @@ async fn agent(
                         "rdzv: no restarts left (--max-restarts {}); closing the run",
                         args.max_restarts
                     );
-                    worker.set_closed().await?;
+                    worker.set_closed_with(RunOutcome::Failed).await?;
                     return Ok(exit_code(exit.status));
                 }
                 format!("rank {} failed", exit.rank)
             }
             Outcome::Broken(RoundBroken::Closed) => {
-                return Err(rdzv::RendezvousError::Closed { run_id: round.info.run_id.clone() }.into());
+                return Err(rdzv::RendezvousError::Closed {
+                    run_id: round.info.run_id.clone(),
+                    outcome: None,
+                }
+                .into());
+            }
+            Outcome::Broken(RoundBroken::LeaseLost) => {
+                // Cut off from the backend for longer than its TTL: no longer a member, so its
+                // workers were stopped at once (fencing). That is no failure: rejoin as a new
+                // session without counting a restart, and without asking the round's Store,
+                // which this node may not be able to reach yet.
+                eprintln!(
+                    "rdzv: this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl); its workers were stopped; rejoining"
+                );
+                continue;
             }
             Outcome::Broken(reason) => format!("round {} is over: {}", round.info.version, why(&reason)),
             Outcome::PeerFailed(what) => what,
@@ -380,7 +436,9 @@ fn hide_credentials(cmd: &mut Command, rdzv_url: Option<std::ffi::OsString>) {
 }
 
 /// The environment of local worker `local_rank` (torchrun's names, then rdzv's; the error
-/// file is added by [`Group::start`]).
+/// file is added by [`Group::start`]). `before` is this node's previous round and the base
+/// rank it had there, when the node was a member of the round the changes are counted from.
+#[allow(clippy::too_many_arguments)]
 fn worker_env(
     args: &RunArgs,
     setup: &Setup,
@@ -389,7 +447,10 @@ fn worker_env(
     a: &Assignment,
     local_rank: usize,
     restarts: u32,
+    before: Option<(u64, usize)>,
 ) -> Vec<(&'static str, String)> {
+    let changes = &round.info.changes;
+    let ranks = crate::output::rank_list;
     let mut env = vec![
         ("RANK", (a.base_rank + local_rank).to_string()),
         ("LOCAL_RANK", local_rank.to_string()),
@@ -411,6 +472,11 @@ fn worker_env(
         ("RDZV_VERSION", round.info.version.to_string()),
         ("RDZV_NODE_ID", worker.participant().node.clone()),
         ("RDZV_RESTART_COUNT", restarts.to_string()),
+        ("RDZV_PREVIOUS_VERSION", changes.previous_version.map_or(String::new(), |v| v.to_string())),
+        ("RDZV_PREVIOUS_GROUP_RANK", changes.previous_rank.map_or(String::new(), |r| r.to_string())),
+        ("RDZV_PREVIOUS_RANK", before.map_or(String::new(), |(_, base)| (base + local_rank).to_string())),
+        ("RDZV_LEFT_GROUP_RANKS", ranks(&changes.left)),
+        ("RDZV_JOINED_GROUP_RANKS", ranks(&changes.joined)),
     ];
     // As torchrun does, unless the user chose otherwise.
     if std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
@@ -430,11 +496,13 @@ async fn supervise(
     group: &mut Group,
     signals: &mut Signals,
 ) -> Outcome {
-    let mut tick = tokio::time::interval_at(Instant::now() + args.monitor_interval, args.monitor_interval);
     let broken = worker.round_broken();
     let failed = peer_failure(round.store.clone());
     let regroup = key_appears(round.store.clone(), REGROUP_KEY);
-    tokio::pin!(broken, failed, regroup);
+    // Its own future, polled beside the others: a check stuck on an unreachable backend must
+    // not keep the agent from seeing its round broken (or its lease lost) meanwhile.
+    let waiting = nodes_waiting(worker, args.monitor_interval);
+    tokio::pin!(broken, failed, regroup, waiting);
     let stop_reason = loop {
         tokio::select! {
             exit = group.next_exit() => match exit {
@@ -445,16 +513,12 @@ async fn supervise(
             reason = &mut broken => break Outcome::Broken(reason),
             what = &mut failed => break Outcome::PeerFailed(what),
             _ = &mut regroup => break Outcome::Waiting(None),
-            _ = tick.tick() => match worker.num_nodes_waiting().await {
-                Ok(0) => {}
-                Ok(k) => {
-                    if let Err(e) = round.store.set(REGROUP_KEY, k.to_string()).await {
-                        tracing::warn!("telling the other agents about the regroup: {e}");
-                    }
-                    break Outcome::Waiting(Some(k));
+            k = &mut waiting => {
+                if let Err(e) = round.store.set(REGROUP_KEY, k.to_string()).await {
+                    tracing::warn!("telling the other agents about the regroup: {e}");
                 }
-                Err(e) => tracing::warn!("checking for waiting nodes: {e}"),
-            },
+                break Outcome::Waiting(Some(k));
+            }
             signal = signals.recv() => {
                 let status = group.stop(signal.forwarded(), args.grace_period).await;
                 return Outcome::Interrupted(signal, status);
@@ -463,6 +527,20 @@ async fn supervise(
     };
     group.stop(rustix::process::Signal::TERM, args.grace_period).await;
     stop_reason
+}
+
+/// Resolves with how many nodes wait to be admitted, once a check every `interval` finds
+/// some (spares behind a full round are not counted: see `num_nodes_waiting`).
+async fn nodes_waiting(worker: &Rendezvous, interval: Duration) -> usize {
+    let mut tick = tokio::time::interval_at(Instant::now() + interval, interval);
+    loop {
+        tick.tick().await;
+        match worker.num_nodes_waiting().await {
+            Ok(0) => {}
+            Ok(k) => return k,
+            Err(e) => tracing::warn!("checking for waiting nodes: {e}"),
+        }
+    }
 }
 
 /// Resolves with the message of the first node that published a failure in `store`.

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::process::ExitCode;
 
 use rdzv::Participant;
-use rdzv::core::{Kv, RangeOptions, State};
+use rdzv::core::{Kv, RangeOptions, State, Waiting};
 use serde_json::json;
 
 use crate::exit::CliError;
@@ -13,13 +13,17 @@ use crate::target::RunTarget;
 
 const LONG_ABOUT: &str = "\
 Shows the run as it is now: the state of the current round (setup, joinable, frozen, final,
-closed), its version, the participants with their liveness (whether their keep-alive key is
-still there), the workers that joined a forming round or wait for the next one, and the
-extra data keys of the round. Needs no min_workers in the URL.
+closed, and how a closed run ended when its closer said so), its version, the members with
+their liveness (whether their keep-alive key is still there), the workers that joined a
+forming round, and, while a round runs, the workers waiting for the next one in the order it
+would take them: those it could admit (waiting: as many as max_workers leaves room for beside
+the live members; `num_nodes_waiting` counts these) and the spares beyond them, which only a
+member's death or departure admits. Also the extra data keys of the round. Needs no
+min_workers in the URL; max_workers comes from the round itself (or the URL's).
 
 Examples:
   rdzv status 'etcd://10.0.0.5:2379/job42'
-  rdzv status \"$RDZV_URL\" --format json | jq .waiting_count";
+  rdzv status \"$RDZV_URL\" --format json | jq .spares_count";
 
 /// Arguments of `rdzv status`.
 #[derive(Debug, clap::Args)]
@@ -44,10 +48,17 @@ pub struct Snapshot {
     pub version: Option<u64>,
     /// Members in rank order, with liveness.
     pub participants: Vec<(Participant, bool)>,
+    /// How a closed run ended, if its closer said so (`succeeded`, `failed`).
+    pub outcome: Option<String>,
+    /// The round's `max_workers`, when known.
+    pub max_workers: Option<usize>,
     /// Node ids of the joiners of a joinable round.
     pub joined: Vec<String>,
-    /// Node ids of the workers waiting for the next round.
+    /// Node ids of the workers the next round could admit, in the order it takes them.
     pub waiting: Vec<String>,
+    /// Node ids of the spares: waiting workers beyond what the next round could admit, in
+    /// the order they would be promoted.
+    pub spares: Vec<String>,
     /// Extra data keys of the round.
     pub extra_data: Vec<String>,
 }
@@ -77,6 +88,9 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
         version: state.as_ref().and_then(State::version),
         ..Snapshot::default()
     };
+    if let Some(State::Closed { outcome: Some(outcome) }) = &state {
+        snap.outcome = Some(outcome.as_str().to_string());
+    }
     let Some(version) = snap.version else { return Ok(snap) };
     if let Some(State::Frozen { participants, .. } | State::Final { participants, .. }) = &state {
         for (rank, p) in participants.iter().enumerate() {
@@ -86,7 +100,14 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
         }
     }
     snap.joined = names_under(kv, &keys.joins(version)).await?;
-    snap.waiting = names_under(kv, &keys.waiting(version)).await?;
+    if let Some(State::Final { .. }) = &state {
+        let url_max = target.address.url.rendezvous_options.get("max_workers").and_then(|m| m.parse().ok());
+        let waiting = Waiting::read(kv, keys, url_max).await?;
+        let nodes = |ws: &[rdzv::core::Joiner]| ws.iter().map(|j| j.node.clone()).collect::<Vec<_>>();
+        snap.max_workers = waiting.max_workers;
+        snap.waiting = nodes(&waiting.waiters[..waiting.admissible]);
+        snap.spares = nodes(waiting.spares());
+    }
     snap.extra_data = names_under(kv, &keys.extra_data_prefix(version)).await?;
     Ok(snap)
 }
@@ -108,7 +129,9 @@ impl Snapshot {
         json!({
             "run_id": self.run_id,
             "state": self.status,
+            "outcome": self.outcome,
             "version": self.version,
+            "max_workers": self.max_workers,
             "participants": self.participants.iter().enumerate().map(|(rank, (p, alive))| {
                 let mut v = participant_json(p);
                 v["rank"] = json!(rank);
@@ -119,6 +142,8 @@ impl Snapshot {
             "joined_count": self.joined.len(),
             "waiting": self.waiting,
             "waiting_count": self.waiting.len(),
+            "spares": self.spares,
+            "spares_count": self.spares.len(),
             "extra_data": self.extra_data,
         })
     }
@@ -132,18 +157,27 @@ impl Snapshot {
             None if self.status == "none" => {
                 out.push_str("no round yet (nobody has joined, or the run expired)\n")
             }
+            None if self.outcome.is_some() => out.push_str(&format!(
+                "{} ({})\n",
+                printable(&self.status),
+                printable(self.outcome.as_deref().unwrap_or_default())
+            )),
             None => out.push_str(&format!("{}\n", printable(&self.status))),
         }
         if !self.participants.is_empty() {
             let (members, alive): (Vec<Participant>, Vec<bool>) = self.participants.iter().cloned().unzip();
             let live = alive.iter().filter(|a| **a).count();
-            out.push_str(&format!("members ({live} of {} alive):\n", members.len()));
+            let of_max = self.max_workers.map_or(String::new(), |max| format!(", max {max}"));
+            out.push_str(&format!("members ({live} of {} alive{of_max}):\n", members.len()));
             out.push_str(&participant_table(&members, Some(&alive), None));
         }
         if self.status == "joinable" || !self.joined.is_empty() {
             out.push_str(&format!("joined: {}{}\n", self.joined.len(), list(&self.joined)));
         }
         out.push_str(&format!("waiting for the next round: {}{}\n", self.waiting.len(), list(&self.waiting)));
+        if self.status == "final" {
+            out.push_str(&format!("spares: {}{}\n", self.spares.len(), list(&self.spares)));
+        }
         out.push_str(&format!("extra data keys: {}{}\n", self.extra_data.len(), list(&self.extra_data)));
         out
     }
@@ -169,16 +203,19 @@ mod tests {
             status: "final".into(),
             version: Some(2),
             participants: vec![(p("a"), true), (p("b"), false)],
-            joined: vec![],
-            waiting: vec!["c".into(), "d".into()],
+            max_workers: Some(2),
+            waiting: vec!["c".into()],
+            spares: vec!["d".into()],
             extra_data: vec!["x".into()],
+            ..Snapshot::default()
         };
         let text = snap.text();
         assert!(text.contains("round 2 is final"), "{text}");
-        assert!(text.contains("1 of 2 alive"), "{text}");
-        assert!(text.contains("waiting for the next round: 2 (c, d)"), "{text}");
+        assert!(text.contains("1 of 2 alive, max 2"), "{text}");
+        assert!(text.contains("waiting for the next round: 1 (c)\nspares: 1 (d)\n"), "{text}");
         let v = snap.json();
-        assert_eq!(v["waiting_count"], 2);
+        assert_eq!((v["waiting_count"].clone(), v["spares_count"].clone()), (json!(1), json!(1)));
+        assert_eq!(v["spares"], json!(["d"]));
         assert_eq!(v["participants"][1]["alive"], false);
         assert_eq!(v["participants"][1]["rank"], 1);
     }
@@ -191,9 +228,9 @@ mod tests {
             status: "final".into(),
             version: Some(2),
             participants: vec![(p("a\u{1b}[2J", "h\r\nmembers (9 of 9 alive):"), true)],
-            joined: vec![],
             waiting: vec!["w\u{7}".into(), "x\u{202e}y".into()],
             extra_data: vec!["k\ne".into()],
+            ..Snapshot::default()
         };
         let text = snap.text();
         assert!(!text.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'), "{text:?}");
@@ -202,11 +239,23 @@ mod tests {
         assert!(text.contains("(w\\u{7}, x\\u{202e}y)"), "{text}");
         assert!(text.contains("(k\\u{a}e)"), "{text}");
         assert_eq!(text.matches("alive):").count(), 2, "the fake heading stays inside its cell: {text}");
-        assert_eq!(text.lines().count(), 6, "{text}");
+        assert_eq!(text.lines().count(), 7, "{text}");
         // JSON is escaped by serde and keeps the real values.
         let v = snap.json();
         assert_eq!(v["participants"][0]["node"], "a\u{1b}[2J");
         assert!(!v.to_string().contains('\u{1b}'));
+    }
+
+    #[test]
+    fn renders_a_closed_run_with_its_outcome() {
+        let snap = Snapshot {
+            run_id: "job".into(),
+            status: "closed".into(),
+            outcome: Some("succeeded".into()),
+            ..Snapshot::default()
+        };
+        assert!(snap.text().starts_with("run job: closed (succeeded)\n"), "{}", snap.text());
+        assert_eq!(snap.json()["outcome"], "succeeded");
     }
 
     #[test]

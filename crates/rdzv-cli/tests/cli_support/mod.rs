@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -281,30 +281,33 @@ pub async fn six_with_max_four_then_sigkill(url: UrlFn<'_>) {
     assert_one_round(&rounds, 4);
     let first_version = rounds[0]["version"].as_u64().expect("version");
 
-    // `status` sees the two waiters (they register right after finding the round final).
+    // `status` sees the two spares (they register right after finding the round final): the
+    // round is full, so neither counts as waiting to be admitted.
     let deadline = Instant::now() + T;
-    loop {
+    let spares = loop {
         let (code, out, err) = run_once(&["status", &status_url, "--format", "json"]).await;
         assert_eq!(code, 0, "{err}");
         let v: Value = serde_json::from_str(out.trim()).expect("status json");
-        if v["waiting_count"] == 2 {
-            assert_eq!(v["state"], "final");
+        if v["spares_count"] == 2 {
+            assert_eq!((v["state"].clone(), v["waiting_count"].clone()), (json!("final"), json!(0)), "{v}");
             assert_eq!(v["participants"].as_array().map(Vec::len), Some(4));
             assert!(v["participants"].as_array().expect("array").iter().all(|p| p["alive"] == true));
-            break;
+            break v["spares"].clone();
         }
-        assert!(Instant::now() < deadline, "status never showed 2 waiting: {v}");
+        assert!(Instant::now() < deadline, "status never showed 2 spares: {v}");
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    };
     let (code, text, _) = run_once(&["status", &status_url]).await;
     assert_eq!(code, 0);
-    assert!(text.contains("waiting for the next round: 2"), "{text}");
+    assert!(text.contains("waiting for the next round: 0\nspares: 2"), "{text}");
 
-    // SIGKILL one member: the survivors and the waiters form the next round of 4.
-    let victim = members[0].0;
+    // SIGKILL one member: the survivors and the first spare form the next round of 4, each
+    // survivor at its rank and the spare at the dead one's; the other spare waits on.
+    let (victim, victim_round) = members[0].clone();
     procs[victim].kill9();
+    let first_spare = spares[0].as_str().expect("node id").to_string();
     let deadline = Instant::now() + T;
-    let mut next: Vec<Value> = Vec::new();
+    let mut next: Vec<(String, Value)> = Vec::new();
     while next.len() < 4 {
         assert!(Instant::now() < deadline, "no new round of 4 within {T:?}; got {next:?}");
         for (i, p) in procs.iter_mut().enumerate() {
@@ -312,12 +315,25 @@ pub async fn six_with_max_four_then_sigkill(url: UrlFn<'_>) {
                 continue;
             }
             if let Some(line) = p.try_line(Duration::from_millis(100)).await {
-                next.push(serde_json::from_str(&line).expect("json"));
+                next.push((format!("w{i}"), serde_json::from_str(&line).expect("json")));
             }
         }
     }
-    assert_one_round(&next, 4);
-    assert!(next[0]["version"].as_u64().expect("version") > first_version);
+    let rounds: Vec<Value> = next.iter().map(|(_, v)| v.clone()).collect();
+    assert_one_round(&rounds, 4);
+    assert!(rounds[0]["version"].as_u64().expect("version") > first_version);
+    for (node, round) in &next {
+        let before = members.iter().find(|(i, _)| format!("w{i}") == *node).map(|(_, v)| v["rank"].clone());
+        match before {
+            Some(rank) => assert_eq!(round["rank"], rank, "survivor {node} moved"),
+            None => {
+                assert_eq!(*node, first_spare, "not the first spare got in");
+                assert_eq!(round["rank"], victim_round["rank"], "the spare did not take the dead one's rank");
+                assert_eq!(round["previous_rank"], Value::Null);
+                assert_eq!(round["left"], json!([victim_round["rank"]]));
+            }
+        }
+    }
     let survivors_reported = procs
         .iter()
         .enumerate()

@@ -6,10 +6,41 @@
 use std::time::Duration;
 
 use crate::kv::{KeyValue, LeaseId, PutOutcome, Revision};
+use crate::params::RankOrder;
 
-use super::machine::Sizing;
 use super::monitor::RoundBroken;
-use super::state::{Participant, State};
+use super::state::{Joiner, Participant, State};
+
+/// The sizing of a round, from the parameters: everything the freeze decisions depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizing {
+    /// The fewest workers a round forms with (`min_workers`).
+    pub min: usize,
+    /// The most workers a round takes (`max_workers`); those beyond wait as spares.
+    pub max: usize,
+    /// How long the round stays open for more joiners once `min` are there
+    /// (`last_call_timeout`).
+    pub last_call: Duration,
+    /// How long backups wait behind the worker responsible for freezing, and how long a full
+    /// round waits for a survivor of the round before it (the keep-alive TTL: by then a dead
+    /// worker's keys have vanished).
+    pub backup: Duration,
+    /// In which order newcomers take the free ranks (`rank_order`).
+    pub order: RankOrder,
+}
+
+impl Sizing {
+    /// The sizing the parameters ask for.
+    pub fn from_params(params: &crate::params::RendezvousParams) -> Sizing {
+        Sizing {
+            min: params.min_workers,
+            max: params.max_workers,
+            last_call: params.last_call_timeout,
+            backup: params.keep_alive_ttl,
+            order: params.rank_order,
+        }
+    }
+}
 
 /// Who is looking at the state, for [`on_state`]: what a worker knows of itself that the
 /// state value alone does not say.
@@ -42,6 +73,8 @@ pub enum InitAction {
     Join {
         /// The round.
         version: u64,
+        /// The round that was final before it, if known (its survivors keep their ranks).
+        previous: Option<u64>,
     },
     /// Round `version` is running: wait for the next one as a late arrival.
     AwaitNextRound {
@@ -86,8 +119,10 @@ pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
     let left = |version: u64| viewer.leaving.is_some_and(|left| version <= left);
     match state {
         None => InitAction::CreateRound,
-        Some(State::Closed) => InitAction::Closed,
-        Some(State::Joinable { version }) => InitAction::Join { version: *version },
+        Some(State::Closed { .. }) => InitAction::Closed,
+        Some(State::Joinable { version, previous }) => {
+            InitAction::Join { version: *version, previous: *previous }
+        }
         Some(State::Frozen { version, participants }) => match rank_of(participants) {
             Some(rank) if !left(*version) => InitAction::ResumeConfirm { version: *version, rank },
             _ => InitAction::AwaitChange,
@@ -109,8 +144,9 @@ pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
 /// join keys created at or before its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum JoinRole {
-    /// Position `max`: freeze the round now.
-    FreezeNow,
+    /// Position `max` or beyond: the round has as many joiners as it takes; freeze now if
+    /// nobody it must wait for is missing ([`freeze`] with [`Trigger::Full`]).
+    FreezeIfFull,
     /// Freeze when this timer runs out (the last-call owner, or a backup in case the one
     /// responsible died), unless the state changes first.
     FreezeAfter(Duration),
@@ -124,11 +160,8 @@ pub enum JoinRole {
 pub fn join_role(position: u64, sizing: &Sizing) -> JoinRole {
     let (min, max) = (sizing.min as u64, sizing.max as u64);
     let (last_call, backup) = (sizing.last_call, sizing.backup);
-    if position == max {
-        JoinRole::FreezeNow
-    } else if position > max {
-        // Too late for this round unless the worker at `max` died before freezing.
-        JoinRole::FreezeAfter(if min < max { last_call + backup } else { backup })
+    if position >= max {
+        JoinRole::FreezeIfFull
     } else if position == min {
         JoinRole::FreezeAfter(last_call)
     } else if position > min {
@@ -138,8 +171,35 @@ pub fn join_role(position: u64, sizing: &Sizing) -> JoinRole {
     }
 }
 
-/// What a freeze attempt does with the join keys it read (first `max` by creation order,
-/// and the total count).
+/// A worker found joined to a forming round: its descriptor, and its join key's create
+/// revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// What it wrote under its join key.
+    pub joiner: Joiner,
+    /// The join key's create revision.
+    pub created: Revision,
+}
+
+impl Candidate {
+    /// When it arrived in the run: its first key (join or waiting), else this join key.
+    pub fn arrival(&self) -> Revision {
+        self.joiner.since.map_or(self.created, |since| since.min(self.created))
+    }
+}
+
+/// Why a freeze is attempted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// `max` workers have joined: freeze at once, unless a member of the round before that is
+    /// still alive has not joined yet (it keeps its place over a spare; a backup timer bounds
+    /// the wait).
+    Full,
+    /// A timer ran out (the last call, or a backup): freeze with whoever is there.
+    Timer,
+}
+
+/// What a freeze attempt does with the candidates it read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FreezeAction {
     /// Swap `joinable` → `frozen` with these participants, in rank order.
@@ -149,25 +209,120 @@ pub enum FreezeAction {
         /// Live joiners now.
         count: u64,
     },
+    /// The round is full, but this many members of the round before, still alive, have not
+    /// joined yet: wait for them (they keep their ranks) until a backup timer.
+    AwaitSurvivors {
+        /// How many are missing.
+        missing: usize,
+    },
 }
 
-/// Phase 2, freeze: the first `max` joiners form the round, if there are at least `min`.
-pub fn freeze(joiners: Vec<Participant>, count: u64, sizing: &Sizing) -> FreezeAction {
-    if joiners.len() < sizing.min {
+/// The round whose members are survivors of a forming one: the round that was final before
+/// it (`previous`, from the `joinable` value), or a later one that a candidate says it was a
+/// member of (a creator may have missed it), or, when `previous` is not known, the latest
+/// round any candidate was a member of.
+pub fn survivor_round(candidates: &[Candidate], previous: Option<u64>) -> Option<u64> {
+    candidates.iter().filter_map(|c| c.joiner.last.map(|l| l.version)).chain(previous).max()
+}
+
+/// Phase 1, creating round `version` after `previous` (the round that was final before it,
+/// if known): the rounds whose keys its creator deletes, since nobody can be in them any more.
+/// The round before `previous`, and a round opened after it that never became final (each
+/// creator deletes the one just before its own; the survivors of `previous` still need its
+/// keep-alive keys). Without `previous`, the round two before `version`.
+pub fn rounds_to_forget(version: u64, previous: Option<u64>) -> Vec<u64> {
+    match previous.filter(|p| *p < version) {
+        Some(previous) => {
+            let before = previous.checked_sub(1).filter(|v| *v > 0);
+            let failed = version.checked_sub(1).filter(|v| *v > previous);
+            before.into_iter().chain(failed).collect()
+        }
+        None => version.checked_sub(2).filter(|v| *v > 0).into_iter().collect(),
+    }
+}
+
+/// Phase 2, freeze (docs/PROTOCOL.md "Who is in, and their ranks"). Who is in: every
+/// candidate that was a member of the round before (`previous`, see [`survivor_round`]),
+/// then the newcomers in order of arrival, up to `max`; at least `min`, else wait. `alive`
+/// are the members of the round before whose keep-alive keys still exist: with
+/// [`Trigger::Full`], the freeze waits for any of them that has not joined yet.
+///
+/// Ranks: a survivor keeps its rank while it is below the new world size `W`; the free ranks
+/// go to the newcomers first (in arrival order, or by [`RankOrder::Natural`]), then to the
+/// survivors whose ranks are `W` or more, lowest first — the only ones that move, and only
+/// when the world shrank.
+pub fn freeze(
+    candidates: Vec<Candidate>,
+    previous: Option<u64>,
+    alive: &[Participant],
+    trigger: Trigger,
+    sizing: &Sizing,
+) -> FreezeAction {
+    let count = candidates.len() as u64;
+    if trigger == Trigger::Full {
+        let missing = alive
+            .iter()
+            .filter(|member| !candidates.iter().any(|c| is_me(&c.joiner.participant(), member)))
+            .count();
+        if missing > 0 {
+            return FreezeAction::AwaitSurvivors { missing };
+        }
+    }
+    let round = survivor_round(&candidates, previous);
+    let (mut survivors, mut newcomers): (Vec<Candidate>, Vec<Candidate>) =
+        candidates.into_iter().partition(|c| round.is_some() && c.joiner.last.map(|l| l.version) == round);
+    // Ranks of one round are distinct; should two candidates claim one, the second is a
+    // newcomer.
+    survivors.sort_by_key(|c| (c.joiner.last.map(|l| l.rank), c.created));
+    let mut seen = std::collections::BTreeSet::new();
+    let (survivors, doubles): (Vec<Candidate>, Vec<Candidate>) =
+        survivors.into_iter().partition(|c| seen.insert(c.joiner.last.map(|l| l.rank)));
+    newcomers.extend(doubles);
+    newcomers.sort_by_key(|c| (c.arrival(), c.created));
+    let mut survivors = survivors;
+    survivors.truncate(sizing.max);
+    newcomers.truncate(sizing.max - survivors.len());
+    if survivors.len() + newcomers.len() < sizing.min {
         return FreezeAction::AwaitJoiners { count };
     }
-    let mut joiners = joiners;
-    joiners.truncate(sizing.max);
-    FreezeAction::Freeze(joiners)
+    let survivors: Vec<(usize, Participant)> = survivors
+        .iter()
+        .map(|c| (c.joiner.last.map_or(usize::MAX, |l| l.rank), c.joiner.participant()))
+        .collect();
+    let mut newcomers: Vec<Participant> = newcomers.iter().map(|c| c.joiner.participant()).collect();
+    if sizing.order == RankOrder::Natural {
+        newcomers.sort_by(|a, b| {
+            alphanumeric_sort::compare_str(&a.addr, &b.addr)
+                .then_with(|| alphanumeric_sort::compare_str(&a.node, &b.node))
+        });
+    }
+    FreezeAction::Freeze(assign_ranks(survivors, newcomers))
+}
+
+/// The participant list of a round of `survivors` (with their ranks in the round before, in
+/// ascending order) and `newcomers` (in the order they take free ranks): see [`freeze`].
+fn assign_ranks(survivors: Vec<(usize, Participant)>, newcomers: Vec<Participant>) -> Vec<Participant> {
+    let world = survivors.len() + newcomers.len();
+    let mut slots: Vec<Option<Participant>> = vec![None; world];
+    let mut movers = Vec::new();
+    for (rank, p) in survivors {
+        match slots.get_mut(rank) {
+            Some(slot) => *slot = Some(p),
+            None => movers.push(p),
+        }
+    }
+    let mut fill = newcomers.into_iter().chain(movers);
+    slots.into_iter().map(|slot| slot.or_else(|| fill.next())).collect::<Option<Vec<_>>>().unwrap_or_default()
 }
 
 /// When a watched join count reaches `min` again after a failed freeze: how long until the
-/// next attempt (at once when `max` are there); `None` while there are too few.
-pub fn retry_delay(count: u64, sizing: &Sizing) -> Option<Duration> {
+/// next attempt and what triggers it (at once, as a full round, when `max` are there);
+/// `None` while there are too few.
+pub fn retry_delay(count: u64, sizing: &Sizing) -> Option<(Duration, Trigger)> {
     if count as usize >= sizing.max {
-        Some(Duration::ZERO)
+        Some((Duration::ZERO, Trigger::Full))
     } else if count as usize >= sizing.min {
-        Some(sizing.last_call)
+        Some((sizing.last_call, Trigger::Timer))
     } else {
         None
     }
@@ -232,7 +387,7 @@ pub fn next_version(current: Option<&[u8]>) -> Result<u64, String> {
 pub fn running_round(state: Option<&State>, version: u64) -> Option<RoundBroken> {
     match state {
         Some(State::Final { version: v, .. }) if *v == version => None,
-        Some(State::Closed) => Some(RoundBroken::Closed),
+        Some(State::Closed { .. }) => Some(RoundBroken::Closed),
         _ => Some(RoundBroken::Ended),
     }
 }
@@ -260,8 +415,8 @@ pub enum JoinedAction {
 /// Phase 2: a joiner `me` of round `version` sees the state become `state`.
 pub fn on_state_while_joined(state: Option<&State>, version: u64, me: &Participant) -> JoinedAction {
     match state {
-        Some(State::Closed) => JoinedAction::Closed,
-        Some(State::Joinable { version: v }) if *v == version => JoinedAction::KeepWaiting,
+        Some(State::Closed { .. }) => JoinedAction::Closed,
+        Some(State::Joinable { version: v, .. }) if *v == version => JoinedAction::KeepWaiting,
         Some(State::Frozen { version: v, participants }) if *v == version => {
             match participants.iter().position(|p| is_me(p, me)) {
                 Some(rank) => JoinedAction::Confirm { rank, participants: participants.clone() },
@@ -292,7 +447,7 @@ pub fn on_state_while_confirming(state: Option<&State>, version: u64) -> Confirm
     match state {
         Some(State::Final { version: v, .. }) if *v == version => ConfirmAction::Done,
         Some(State::Frozen { version: v, .. }) if *v == version => ConfirmAction::KeepWaiting,
-        Some(State::Closed) => ConfirmAction::Closed,
+        Some(State::Closed { .. }) => ConfirmAction::Closed,
         _ => ConfirmAction::Restart,
     }
 }
@@ -326,7 +481,7 @@ pub fn on_change_while_waiting(
                 WaitingAction::KeepWaiting
             }
         }
-        Some(State::Closed) => WaitingAction::Closed,
+        Some(State::Closed { .. }) => WaitingAction::Closed,
         _ => WaitingAction::Restart,
     }
 }
@@ -338,7 +493,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn sz(min: usize, max: usize, last_call: Duration, backup: Duration) -> Sizing {
-        Sizing { min, max, last_call, backup }
+        Sizing { min, max, last_call, backup, order: RankOrder::Arrival }
     }
 
     fn p(node: &str) -> Participant {
@@ -352,12 +507,20 @@ mod tests {
     #[test]
     fn init_table() {
         assert_eq!(look(None, "x"), InitAction::CreateRound);
-        assert_eq!(look(Some(&State::Closed), "x"), InitAction::Closed);
+        assert_eq!(look(Some(&State::Closed { outcome: None }), "x"), InitAction::Closed);
         assert_eq!(look(Some(&State::Setup), "x"), InitAction::AwaitChange);
-        assert_eq!(look(Some(&State::Joinable { version: 2 }), "x"), InitAction::Join { version: 2 });
+        assert_eq!(
+            look(Some(&State::Joinable { version: 2, previous: Some(1) }), "x"),
+            InitAction::Join { version: 2, previous: Some(1) }
+        );
         let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")].into() };
         assert_eq!(look(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
-        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")].into(), confirmed: None };
+        let fin = State::Final {
+            version: 2,
+            participants: vec![p("a"), p("b")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(look(Some(&fin), "a"), InitAction::ResumeMember { version: 2, rank: 0, world_size: 2 });
         assert_eq!(
             look(Some(&State::Frozen { version: 2, participants: vec![p("a")].into() }), "x"),
@@ -368,7 +531,8 @@ mod tests {
                 Some(&State::Final {
                     version: 2,
                     participants: vec![p("a"), p("b")].into(),
-                    confirmed: None
+                    confirmed: None,
+                    max_workers: None
                 }),
                 "x"
             ),
@@ -382,9 +546,19 @@ mod tests {
         let mine = Viewer { me: &me, setup_is_mine: true, leaving: None };
         assert_eq!(on_state(Some(&State::Setup), mine), InitAction::ResumeSetup);
         let leaving = Viewer { me: &me, setup_is_mine: false, leaving: Some(2) };
-        let fin = State::Final { version: 2, participants: vec![p("a"), p("b")].into(), confirmed: None };
+        let fin = State::Final {
+            version: 2,
+            participants: vec![p("a"), p("b")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(on_state(Some(&fin), leaving), InitAction::Leave { version: 2 });
-        let newer = State::Final { version: 3, participants: vec![p("a"), p("b")].into(), confirmed: None };
+        let newer = State::Final {
+            version: 3,
+            participants: vec![p("a"), p("b")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(
             on_state(Some(&newer), leaving),
             InitAction::ResumeMember { version: 3, rank: 0, world_size: 2 }
@@ -398,8 +572,12 @@ mod tests {
         let me = p("a");
         let other = Participant { addr: "elsewhere".into(), ..p("a") };
         let viewer = Viewer { me: &me, setup_is_mine: false, leaving: None };
-        let fin =
-            State::Final { version: 2, participants: vec![other.clone(), p("b")].into(), confirmed: None };
+        let fin = State::Final {
+            version: 2,
+            participants: vec![other.clone(), p("b")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(on_state(Some(&fin), viewer), InitAction::AwaitNextRound { version: 2, world_size: 2 });
         let frozen = State::Frozen { version: 2, participants: vec![other, p("b")].into() };
         assert_eq!(on_state(Some(&frozen), viewer), InitAction::AwaitChange);
@@ -411,8 +589,8 @@ mod tests {
         let ttl = 10 * S;
         assert_eq!(join_role(1, &sz(3, 3, 30 * S, ttl)), JoinRole::Wait);
         assert_eq!(join_role(2, &sz(3, 3, 30 * S, ttl)), JoinRole::Wait);
-        assert_eq!(join_role(3, &sz(3, 3, 30 * S, ttl)), JoinRole::FreezeNow);
-        assert_eq!(join_role(4, &sz(3, 3, 30 * S, ttl)), JoinRole::FreezeAfter(ttl));
+        assert_eq!(join_role(3, &sz(3, 3, 30 * S, ttl)), JoinRole::FreezeIfFull);
+        assert_eq!(join_role(4, &sz(3, 3, 30 * S, ttl)), JoinRole::FreezeIfFull);
     }
 
     #[test]
@@ -421,20 +599,146 @@ mod tests {
         assert_eq!(join_role(1, &sz(2, 4, lc, ttl)), JoinRole::Wait);
         assert_eq!(join_role(2, &sz(2, 4, lc, ttl)), JoinRole::FreezeAfter(lc));
         assert_eq!(join_role(3, &sz(2, 4, lc, ttl)), JoinRole::FreezeAfter(lc + ttl));
-        assert_eq!(join_role(4, &sz(2, 4, lc, ttl)), JoinRole::FreezeNow);
-        assert_eq!(join_role(5, &sz(2, 4, lc, ttl)), JoinRole::FreezeAfter(lc + ttl));
+        assert_eq!(join_role(4, &sz(2, 4, lc, ttl)), JoinRole::FreezeIfFull);
+        assert_eq!(join_role(5, &sz(2, 4, lc, ttl)), JoinRole::FreezeIfFull);
         assert_eq!(join_role(1, &sz(1, 4, lc, ttl)), JoinRole::FreezeAfter(lc));
     }
 
+    /// A candidate `node` that joined at revision `created`, arrived in the run at `since`,
+    /// and was member `rank` of round `version`.
+    fn cand(node: &str, created: Revision, since: Option<Revision>, last: Option<(u64, usize)>) -> Candidate {
+        let last = last.map(|(version, rank)| super::super::state::LastRound { version, rank });
+        Candidate { joiner: p(node).joiner(last, since), created }
+    }
+
+    fn nodes(action: FreezeAction) -> Vec<String> {
+        match action {
+            FreezeAction::Freeze(ps) => ps.into_iter().map(|p| p.node).collect(),
+            other => panic!("no freeze: {other:?}"),
+        }
+    }
+
     #[test]
-    fn freeze_takes_the_first_max_or_waits_for_min() {
-        let joiners = vec![p("a"), p("b"), p("c")];
-        assert_eq!(freeze(joiners.clone(), 3, &sz(2, 2, S, S)), FreezeAction::Freeze(vec![p("a"), p("b")]));
-        assert_eq!(freeze(joiners.clone(), 3, &sz(3, 5, S, S)), FreezeAction::Freeze(joiners));
-        assert_eq!(freeze(vec![p("a")], 1, &sz(2, 4, S, S)), FreezeAction::AwaitJoiners { count: 1 });
+    fn a_first_round_takes_the_first_max_by_arrival_or_waits_for_min() {
+        let joiners = || vec![cand("c", 3, None, None), cand("a", 1, None, None), cand("b", 2, None, None)];
+        assert_eq!(nodes(freeze(joiners(), None, &[], Trigger::Full, &sz(2, 2, S, S))), ["a", "b"]);
+        assert_eq!(nodes(freeze(joiners(), None, &[], Trigger::Timer, &sz(3, 5, S, S))), ["a", "b", "c"]);
+        let one = vec![cand("a", 1, None, None)];
+        assert_eq!(
+            freeze(one, None, &[], Trigger::Timer, &sz(2, 4, S, S)),
+            FreezeAction::AwaitJoiners { count: 1 }
+        );
+        // An earlier arrival in the run (a spare that waited) comes before a later join key.
+        let spare_first = vec![cand("late", 5, None, None), cand("spare", 9, Some(2), None)];
+        assert_eq!(nodes(freeze(spare_first, None, &[], Trigger::Full, &sz(1, 1, S, S))), ["spare"]);
         assert_eq!(retry_delay(1, &sz(2, 4, S, S)), None);
-        assert_eq!(retry_delay(2, &sz(2, 4, S, S)), Some(S));
-        assert_eq!(retry_delay(4, &sz(2, 4, S, S)), Some(Duration::ZERO));
+        assert_eq!(retry_delay(2, &sz(2, 4, S, S)), Some((S, Trigger::Timer)));
+        assert_eq!(retry_delay(4, &sz(2, 4, S, S)), Some((Duration::ZERO, Trigger::Full)));
+    }
+
+    #[test]
+    fn survivors_keep_their_ranks_and_spares_fill_the_holes_in_arrival_order() {
+        // Round 4 was a, b, c, d; b died. Spares s1 (arrived first) and s2 wait.
+        let candidates = vec![
+            cand("s2", 10, Some(8), None),
+            cand("d", 11, None, Some((4, 3))),
+            cand("s1", 12, Some(6), None),
+            cand("a", 13, None, Some((4, 0))),
+            cand("c", 14, None, Some((4, 2))),
+        ];
+        let full =
+            freeze(candidates.clone(), Some(4), &[p("a"), p("c"), p("d")], Trigger::Full, &sz(4, 4, S, S));
+        assert_eq!(nodes(full), ["a", "s1", "c", "d"]);
+        // A survivor still alive but not joined yet is waited for, not replaced by a spare.
+        let early = candidates[..4].to_vec();
+        let alive = [p("a"), p("c"), p("d")];
+        assert_eq!(
+            freeze(early.clone(), Some(4), &alive, Trigger::Full, &sz(4, 4, S, S)),
+            FreezeAction::AwaitSurvivors { missing: 1 }
+        );
+        // When the backup timer runs out, the round forms without it: the spares fill in.
+        assert_eq!(
+            nodes(freeze(early, Some(4), &alive, Trigger::Timer, &sz(4, 4, S, S))),
+            ["a", "s1", "s2", "d"]
+        );
+    }
+
+    #[test]
+    fn a_shrunk_world_moves_only_the_ranks_beyond_it_into_the_holes() {
+        // Round 7 was a..e (0..4); b and d are gone, no newcomer: W = 3.
+        let candidates = vec![
+            cand("e", 1, None, Some((7, 4))),
+            cand("a", 2, None, Some((7, 0))),
+            cand("c", 3, None, Some((7, 2))),
+        ];
+        assert_eq!(nodes(freeze(candidates, Some(7), &[], Trigger::Timer, &sz(2, 8, S, S))), ["a", "e", "c"]);
+        // With a newcomer too: the newcomer takes the first hole, the mover the next.
+        let candidates = vec![
+            cand("e", 1, None, Some((7, 4))),
+            cand("a", 2, None, Some((7, 0))),
+            cand("n", 3, None, None),
+            cand("c", 4, None, Some((7, 3))),
+        ];
+        assert_eq!(
+            nodes(freeze(candidates, Some(7), &[], Trigger::Timer, &sz(2, 8, S, S))),
+            ["a", "n", "e", "c"]
+        );
+    }
+
+    #[test]
+    fn only_members_of_the_round_before_are_survivors() {
+        // x was a member of round 2, sat round 3 out as a spare; y was rank 0 of round 3.
+        let candidates = vec![cand("x", 1, Some(1), Some((2, 0))), cand("y", 2, None, Some((3, 0)))];
+        assert_eq!(
+            nodes(freeze(candidates.clone(), Some(3), &[], Trigger::Timer, &sz(1, 4, S, S))),
+            ["y", "x"]
+        );
+        // Without `previous`, the latest round a candidate was in stands for it.
+        assert_eq!(survivor_round(&candidates, None), Some(3));
+        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Timer, &sz(1, 4, S, S))), ["y", "x"]);
+        // Two claiming one rank (cannot happen in one round): the later join is a newcomer.
+        let twice = vec![cand("p", 1, None, Some((3, 1))), cand("q", 2, None, Some((3, 1)))];
+        assert_eq!(nodes(freeze(twice, Some(3), &[], Trigger::Timer, &sz(1, 4, S, S))), ["q", "p"]);
+    }
+
+    #[test]
+    fn natural_order_ranks_newcomers_by_address_then_node_id() {
+        let mut sizing = sz(3, 3, S, S);
+        sizing.order = RankOrder::Natural;
+        let at = |node: &str, addr: &str, created| Candidate {
+            joiner: Participant { addr: addr.into(), ..p(node) }.joiner(None, None),
+            created,
+        };
+        let candidates = vec![at("node66", "h", 1), at("node7", "h", 2), at("b", "a10", 3)];
+        assert_eq!(
+            nodes(freeze(candidates.clone(), None, &[], Trigger::Full, &sizing)),
+            ["b", "node7", "node66"]
+        );
+        let candidates = vec![at("x", "host66", 1), at("y", "host7", 2), at("z", "host7", 3)];
+        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Full, &sizing)), ["y", "z", "x"]);
+        // Survivors keep their ranks; only newcomers are ordered.
+        let mixed = vec![
+            Candidate {
+                joiner: Participant { addr: "h9".into(), ..p("s") }
+                    .joiner(Some(super::super::state::LastRound { version: 1, rank: 0 }), None),
+                created: 1,
+            },
+            at("n2", "h2", 2),
+            at("n1", "h1", 3),
+        ];
+        assert_eq!(nodes(freeze(mixed, Some(1), &[], Trigger::Timer, &sizing)), ["s", "n1", "n2"]);
+    }
+
+    #[test]
+    fn the_creator_forgets_rounds_nobody_is_in_and_keeps_the_previous_one() {
+        assert_eq!(rounds_to_forget(1, None), Vec::<u64>::new());
+        assert_eq!(rounds_to_forget(2, Some(1)), Vec::<u64>::new());
+        assert_eq!(rounds_to_forget(5, Some(4)), [3]);
+        assert_eq!(rounds_to_forget(5, None), [3]);
+        // Round 5 never became final: round 6 keeps 4's members' keys, deletes 3 and 5.
+        assert_eq!(rounds_to_forget(6, Some(4)), [3, 5]);
+        // A creator that knew of no later final round than one before the counter skipped.
+        assert_eq!(rounds_to_forget(9, Some(9)), [7]);
     }
 
     #[test]
@@ -447,13 +751,16 @@ mod tests {
         assert_eq!(on_state_while_joined(Some(&frozen), 1, &p("c")), JoinedAction::Restart);
         assert_eq!(on_state_while_joined(Some(&frozen), 2, &p("a")), JoinedAction::Restart);
         assert_eq!(on_state_while_joined(None, 1, &p("a")), JoinedAction::Restart);
-        assert_eq!(on_state_while_joined(Some(&State::Closed), 1, &p("a")), JoinedAction::Closed);
         assert_eq!(
-            on_state_while_joined(Some(&State::Joinable { version: 1 }), 1, &p("a")),
+            on_state_while_joined(Some(&State::Closed { outcome: None }), 1, &p("a")),
+            JoinedAction::Closed
+        );
+        assert_eq!(
+            on_state_while_joined(Some(&State::Joinable { version: 1, previous: None }), 1, &p("a")),
             JoinedAction::KeepWaiting
         );
         assert_eq!(
-            on_state_while_joined(Some(&State::Joinable { version: 2 }), 1, &p("a")),
+            on_state_while_joined(Some(&State::Joinable { version: 2, previous: None }), 1, &p("a")),
             JoinedAction::Restart
         );
     }
@@ -482,22 +789,38 @@ mod tests {
             Owned::Taken(kv(Some(8)))
         );
         assert_eq!(own_key(PutOutcome::Conflict { current: None }, 7), Owned::Vanished);
-        let fin = State::Final { version: 2, participants: vec![p("a")].into(), confirmed: None };
+        let fin = State::Final {
+            version: 2,
+            participants: vec![p("a")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(running_round(Some(&fin), 2), None);
         assert_eq!(running_round(Some(&fin), 3), Some(RoundBroken::Ended));
         assert_eq!(running_round(None, 2), Some(RoundBroken::Ended));
-        assert_eq!(running_round(Some(&State::Closed), 2), Some(RoundBroken::Closed));
+        assert_eq!(running_round(Some(&State::Closed { outcome: None }), 2), Some(RoundBroken::Closed));
     }
 
     #[test]
     fn confirm_and_waiting_tables() {
-        let fin = State::Final { version: 1, participants: vec![p("a"), p("b")].into(), confirmed: None };
+        let fin = State::Final {
+            version: 1,
+            participants: vec![p("a"), p("b")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(on_state_while_confirming(Some(&fin), 1), ConfirmAction::Done);
         assert_eq!(on_state_while_confirming(None, 1), ConfirmAction::Restart);
-        assert_eq!(on_state_while_confirming(Some(&State::Closed), 1), ConfirmAction::Closed);
+        assert_eq!(
+            on_state_while_confirming(Some(&State::Closed { outcome: None }), 1),
+            ConfirmAction::Closed
+        );
         assert_eq!(on_change_while_waiting(Some(&fin), 1, 2, 2), WaitingAction::KeepWaiting);
         assert_eq!(on_change_while_waiting(Some(&fin), 1, 1, 2), WaitingAction::DestroyRound);
         assert_eq!(on_change_while_waiting(None, 1, 2, 2), WaitingAction::Restart);
-        assert_eq!(on_change_while_waiting(Some(&State::Closed), 1, 2, 2), WaitingAction::Closed);
+        assert_eq!(
+            on_change_while_waiting(Some(&State::Closed { outcome: None }), 1, 2, 2),
+            WaitingAction::Closed
+        );
     }
 }

@@ -13,12 +13,14 @@ use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::session::Session;
 
+use super::decide::{Sizing, is_me};
 use super::keys::RunKeys;
-use super::machine::{Completed, RoundTimings, Sizing};
+use super::machine::{Completed, RoundTimings};
 use super::monitor::{Monitor, RoundBroken, RoundStatus, Watched};
 use super::round::{Attempt, Context, clean};
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
-use super::state::{Participant, State};
+use super::state::{LastRound, Participant, RunOutcome, State};
+use super::waiting::Waiting;
 
 type Result<T> = std::result::Result<T, RendezvousError>;
 
@@ -46,6 +48,44 @@ pub struct RendezvousInfo {
     pub run_lease: Option<LeaseId>,
     /// How long the phases took.
     pub timings: RoundTimings,
+    /// What changed since the round before, as this worker knew it.
+    pub changes: RoundChanges,
+}
+
+/// What changed for a member since the round before, as it knew it: the last round it was a
+/// member of, or else the last running round it waited on (as a spare or late arrival).
+/// Members are told apart by node id, address and process id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RoundChanges {
+    /// The round compared with (`None`: this worker's first round; then nothing else is set).
+    pub previous_version: Option<u64>,
+    /// This worker's rank in that round (`None`: it was not a member of it).
+    pub previous_rank: Option<usize>,
+    /// Ranks of that round whose members are not in this one (died, left, or not admitted),
+    /// ascending.
+    pub left: Vec<usize>,
+    /// Ranks of this round whose members were not in that one (spares and newcomers),
+    /// ascending.
+    pub joined: Vec<usize>,
+}
+
+impl RoundChanges {
+    /// The changes from round `previous_version` (with `before`'s members, of whom this worker
+    /// was `previous_rank`) to a round of `now`'s members.
+    fn between(
+        previous_version: u64,
+        previous_rank: Option<usize>,
+        before: &[Participant],
+        now: &[Participant],
+    ) -> RoundChanges {
+        let absent = |p: &Participant, among: &[Participant]| !among.iter().any(|q| is_me(p, q));
+        RoundChanges {
+            previous_version: Some(previous_version),
+            previous_rank,
+            left: (0..before.len()).filter(|&r| absent(&before[r], now)).collect(),
+            joined: (0..now.len()).filter(|&r| absent(&now[r], before)).collect(),
+        }
+    }
 }
 
 /// One worker's handle on a run: forms rounds with the other workers, tells when a round
@@ -72,6 +112,11 @@ struct Inner {
 struct Worker {
     session: Option<Session>,
     membership: Option<(Completed, Monitor)>,
+    /// The last round this worker was a member of: its version, rank and members.
+    last: Option<(u64, usize, Arc<[Participant]>)>,
+    /// When it first arrived in the run (the create revision of its first join or waiting
+    /// key): newcomers are admitted in this order.
+    since: Option<crate::kv::Revision>,
 }
 
 impl RendezvousHandler {
@@ -87,7 +132,7 @@ impl RendezvousHandler {
         let session = Session::start(kv.clone(), params.keep_alive_ttl).await?;
         let sizing = Sizing::from_params(&params);
         let ctx = Context { kv, params, sizing, keys, me, run_lease };
-        let worker = Worker { session: Some(session), membership: None };
+        let worker = Worker { session: Some(session), ..Worker::default() };
         Ok(RendezvousHandler {
             inner: Arc::new(Inner {
                 ctx,
@@ -105,6 +150,10 @@ impl RendezvousHandler {
     /// backend was out of reach for longer than `keep_alive_ttl`): it starts a new one and
     /// carries on within the same deadline. Backend errors are retried until the deadline.
     ///
+    /// A worker beyond `max_workers` waits as a *spare*: while the round it waits behind is
+    /// full and intact, the deadline does not run (a spare waits until a member is gone, the
+    /// run closes, or it shuts down), and it gets a whole `timeout` again from then on.
+    ///
     /// Fails with [`RendezvousError::Closed`] if the run is or becomes closed,
     /// [`RendezvousError::Timeout`] if no round completes within the `timeout` parameter,
     /// [`RendezvousError::Shutdown`] if [`shutdown`](Self::shutdown) is called meanwhile
@@ -115,7 +164,7 @@ impl RendezvousHandler {
         let inner = &*self.inner;
         let ctx = &inner.ctx;
         let started = Instant::now();
-        let deadline = started + ctx.params.timeout;
+        let mut deadline = started + ctx.params.timeout;
         let shut_down = inner.shut_down.clone();
         let mut worker = tokio::select! {
             worker = inner.worker.lock() => worker,
@@ -136,6 +185,9 @@ impl RendezvousHandler {
         let mut first = true;
         let mut phase = "starting a session";
         let round = loop {
+            let last =
+                worker.last.as_ref().map(|(version, rank, _)| LastRound { version: *version, rank: *rank });
+            let history = (last, worker.since);
             let session = tokio::select! {
                 session = tokio::time::timeout_at(deadline, self.live_session(&mut worker)) => match session {
                     Ok(Ok(session)) => session,
@@ -146,21 +198,20 @@ impl RendezvousHandler {
             };
             let lost = session.lost();
             let leave = if std::mem::take(&mut first) { previous.as_ref() } else { None };
-            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving, leave);
+            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving, leave, history);
             let outcome = tokio::select! {
-                r = tokio::time::timeout_at(deadline, attempt.run()) => match r {
-                    Ok(result) => result,
-                    Err(_elapsed) => Err(self.timed_out(attempt.doing())),
-                },
+                r = attempt.run(&mut deadline) => r,
                 _ = lost.cancelled() => Err(RendezvousError::LeaseLost),
                 // The session is revoked by `shutdown`, and every key of this call with it.
                 _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
             };
             phase = attempt.doing();
+            let (arrived, waited_on) = (attempt.arrived(), attempt.waited_on());
+            worker.since = worker.since.or(arrived);
             match outcome {
                 Ok(round) => {
                     attempt.disarm();
-                    break round;
+                    break (round, waited_on);
                 }
                 // Not a member of any round yet: nothing is lost with the session but this
                 // call's own keys. Start a new session and carry on.
@@ -183,6 +234,17 @@ impl RendezvousHandler {
         if shut_down.is_cancelled() {
             return Err(RendezvousError::Shutdown);
         }
+        let (round, waited_on) = round;
+        let changes = match (&worker.last, waited_on) {
+            (_, Some((version, before))) if worker.last.as_ref().is_none_or(|(v, ..)| *v < version) => {
+                RoundChanges::between(version, None, &before, &round.participants)
+            }
+            (Some((version, rank, before)), _) => {
+                RoundChanges::between(*version, Some(*rank), before, &round.participants)
+            }
+            (None, _) => RoundChanges::default(),
+        };
+        worker.last = Some((round.version, round.rank, round.participants.clone()));
         let info = RendezvousInfo {
             run_id: ctx.params.run_id.clone(),
             version: round.version,
@@ -192,6 +254,7 @@ impl RendezvousHandler {
             store_prefix: ctx.keys.store(round.version),
             run_lease: round.run_lease,
             timings: round.timings,
+            changes,
         };
         if let Some(lease) = round.run_lease {
             ctx.run_lease.adopt(lease);
@@ -266,30 +329,76 @@ impl RendezvousHandler {
         }
     }
 
-    /// How many workers wait for the next round while the current one runs (0 when no
-    /// round is running). An agent uses it to decide to re-rendezvous and admit them.
+    /// How many waiting workers the next round could admit while the current one runs: the
+    /// workers that wait, up to the room that `max_workers` leaves beside the members still
+    /// alive (0 when no round is running, and 0 for a round that is full and intact: the
+    /// workers beyond it are *spares*, which only a member's death or departure admits). An
+    /// agent re-enters the rendezvous when this is above 0, to admit them; re-entering for
+    /// spares would only trade one worker for another, for ever.
+    ///
+    /// A member of the running round whose monitor sees it intact answers a full round with
+    /// one read (or none).
     pub async fn num_nodes_waiting(&self) -> Result<usize> {
-        let ctx = &self.inner.ctx;
-        match self.state().await? {
-            Some(State::Final { version, .. }) => {
-                Ok(ctx.kv.count(&ctx.keys.waiting(version), None).await? as usize)
-            }
-            _ => Ok(0),
+        let max = self.inner.ctx.params.max_workers;
+        let (mine, intact) = {
+            let status = self.inner.status.borrow();
+            (status.version, status.version.is_some() && status.broken.is_none())
+        };
+        let worker = self.inner.worker.try_lock().ok();
+        let full_member = worker
+            .as_ref()
+            .and_then(|w| w.membership.as_ref())
+            .is_some_and(|(round, _)| Some(round.version) == mine && round.participants.len() >= max);
+        if intact && full_member {
+            return Ok(0);
         }
+        drop(worker);
+        Ok(self.waiting().await?.admissible)
+    }
+
+    /// The workers waiting for the next round, in the order it would take them, and how many
+    /// of them it could admit (see [`num_nodes_waiting`](Self::num_nodes_waiting), which is
+    /// `admissible`). Reads the state, the running round's keep-alive keys and the waiting
+    /// keys.
+    pub async fn waiting(&self) -> Result<Waiting> {
+        let ctx = &self.inner.ctx;
+        Waiting::read(&*ctx.kv, &ctx.keys, Some(ctx.params.max_workers)).await
     }
 
     /// Whether the run is closed.
     pub async fn is_closed(&self) -> Result<bool> {
-        Ok(matches!(self.state().await?, Some(State::Closed)))
+        Ok(matches!(self.state().await?, Some(State::Closed { .. })))
     }
 
     /// Closes the run for every worker: every current and future `next_rendezvous` of it
-    /// fails with [`RendezvousError::Closed`].
+    /// fails with [`RendezvousError::Closed`]. The run stays closed for `run_ttl` after its
+    /// last handler is gone; then its keys expire and the run id can be used again.
     pub async fn set_closed(&self) -> Result<()> {
+        self.close(None).await
+    }
+
+    /// Closes the run as [`set_closed`](Self::set_closed) does, saying how the job ended: the
+    /// workers still waiting learn it with their [`RendezvousError::Closed`] (a spare of a job
+    /// that succeeded ends cleanly), and `rdzv status` shows it. A run already closed keeps
+    /// the outcome it was closed with.
+    pub async fn set_closed_with(&self, outcome: RunOutcome) -> Result<()> {
+        self.close(Some(outcome)).await
+    }
+
+    async fn close(&self, outcome: Option<RunOutcome>) -> Result<()> {
         let ctx = &self.inner.ctx;
-        let closed = State::Closed.to_bytes();
-        cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &ctx.keys.state(), |_| Some(closed.clone())).await?;
-        tracing::info!(run_id = %ctx.params.run_id, "run closed");
+        let closed = State::Closed { outcome }.to_bytes();
+        let key = ctx.keys.state();
+        cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &key, |current| {
+            let already = current.and_then(|kv| State::parse(&kv.key, &kv.value).ok());
+            match already {
+                Some(State::Closed { outcome: Some(_) }) => None,
+                Some(State::Closed { outcome: None }) if outcome.is_none() => None,
+                _ => Some(closed.clone()),
+            }
+        })
+        .await?;
+        tracing::info!(run_id = %ctx.params.run_id, outcome = outcome.map(RunOutcome::as_str), "run closed");
         Ok(())
     }
 

@@ -17,40 +17,14 @@ use crate::error::{KvError, RendezvousError};
 use crate::kv::{DeleteMode, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
 
 use super::decide::{
-    self, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Viewer, WaitingAction,
+    self, Candidate, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Sizing, Trigger,
+    Viewer, WaitingAction,
 };
 use super::keys::RunKeys;
-use super::state::{Participant, State};
+use super::state::{LastRound, Participant, State};
 
 /// How long a `frozen` state lives if confirmation stalls (the reference's 10 s).
 pub(crate) const FROZEN_TTL: Duration = Duration::from_secs(10);
-
-/// The sizing of a round, from the parameters: everything the freeze decisions depend on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sizing {
-    /// The fewest workers a round forms with (`min_workers`).
-    pub min: usize,
-    /// The most workers a round takes (`max_workers`).
-    pub max: usize,
-    /// How long the round stays open for more joiners once `min` are there
-    /// (`last_call_timeout`).
-    pub last_call: Duration,
-    /// How long backups wait behind the worker responsible for freezing (the keep-alive
-    /// TTL: by then a dead worker's join key has vanished).
-    pub backup: Duration,
-}
-
-impl Sizing {
-    /// The sizing the parameters ask for.
-    pub fn from_params(params: &crate::params::RendezvousParams) -> Sizing {
-        Sizing {
-            min: params.min_workers,
-            max: params.max_workers,
-            last_call: params.last_call_timeout,
-            backup: params.keep_alive_ttl,
-        }
-    }
-}
 
 /// The state key as seen at a revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,13 +124,17 @@ pub enum Action {
         /// The prefix.
         prefix: Vec<u8>,
     },
-    /// Read the first `limit` keys under `prefix` by create revision, parsed as
-    /// participants, with the total count → [`Input::Joiners`].
+    /// Read every join key under `prefix`, parsed as candidates (descriptor and create
+    /// revision) → [`Input::Joiners`].
     ReadJoiners {
         /// The prefix.
         prefix: Vec<u8>,
-        /// How many to read.
-        limit: usize,
+    },
+    /// Read the keep-alive keys under `prefix` (a round's members still alive), parsed as
+    /// participants → [`Input::Members`].
+    ReadMembers {
+        /// The prefix.
+        prefix: Vec<u8>,
     },
     /// Read `key` → [`Input::Key`].
     Get {
@@ -177,11 +155,11 @@ pub enum Action {
         /// The revision it was last seen at.
         after: Revision,
     },
-    /// In the background, delete everything of round `version` (retried a while, never
+    /// In the background, delete everything of these rounds (retried a while, never
     /// awaited) → [`Input::Ack`] at once.
-    ForgetRound {
-        /// The round whose keys go.
-        version: u64,
+    ForgetRounds {
+        /// The rounds whose keys go.
+        versions: Vec<u64>,
     },
     /// Sleep a backoff delay before starting over → [`Input::Timer`].
     Backoff,
@@ -211,8 +189,10 @@ pub enum Input {
     Counter(u64),
     /// A count.
     Count(u64),
-    /// The first joiners by creation order, the total count, and the read's revision.
-    Joiners(Vec<Participant>, u64, Revision),
+    /// Every joiner of the round, and the read's revision.
+    Joiners(Vec<Candidate>, Revision),
+    /// The members of a round whose keep-alive keys exist.
+    Members(Vec<Participant>),
     /// A key read.
     Key(Option<KeyValue>),
     /// The action was carried out.
@@ -268,22 +248,35 @@ pub struct Leaving {
     pub final_revision: Revision,
 }
 
-/// Keys a call wrote for itself that must not outlive a failed call: a join key (it would
+/// Keys a call writes for itself that must not outlive a failed call: a join key (it would
 /// be frozen into a round as a ghost), a waiting key (it would count in
 /// `num_nodes_waiting`), and a `setup` value (every other worker waits for it to turn
-/// `joinable`). All are bound to the session, so they also vanish with it.
+/// `joinable`). Each is registered *before* it is written, since a write whose answer was
+/// lost may have happened; on failure each is deleted if it is still bound to this call's
+/// session (so that a key another process holds is never touched). All are bound to the
+/// session, so they also vanish with it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Leftovers {
-    /// Keys to delete.
+    /// Keys to delete, if bound to `session`.
     pub keys: Vec<Vec<u8>>,
-    /// The state key and the revision of this call's `setup` value, to delete by revision.
-    pub setup: Option<(Vec<u8>, Revision)>,
+    /// The session they are bound to.
+    pub session: LeaseId,
 }
 
 impl Leftovers {
     /// Whether nothing is left.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty() && self.setup.is_none()
+        self.keys.is_empty()
+    }
+
+    fn add(&mut self, key: &[u8]) {
+        if !self.keys.iter().any(|k| k == key) {
+            self.keys.push(key.to_vec());
+        }
+    }
+
+    fn remove(&mut self, key: &[u8]) {
+        self.keys.retain(|k| k != key);
     }
 }
 
@@ -303,10 +296,11 @@ enum Phase {
     },
     /// Phase 1, Creating a round: the version counter is being bumped.
     Counter { setup_revision: Revision },
-    /// Phase 1, Creating a round: `setup` → `joinable{version}`.
-    Open { version: u64 },
-    /// Phase 2, Join.
-    Join { version: u64, state_revision: Revision, step: JoinStep },
+    /// Phase 1, Creating a round: `setup` → `joinable{version, previous}`.
+    Open { version: u64, previous: Option<u64> },
+    /// Phase 2, Join round `version` (`previous`: the round that was final before it, if
+    /// known; its `joinable` value at `state_revision`).
+    Join { version: u64, previous: Option<u64>, state_revision: Revision, step: JoinStep },
     /// Phase 3, Confirm.
     Confirm { round: Frozen, step: ConfirmStep },
     /// Phase 1, Init found `final{N}` listing me: is my keep-alive key still mine?
@@ -333,7 +327,7 @@ enum Step {
 
 #[derive(Debug)]
 enum JoinStep {
-    /// Round N-2's delete handed to the background; then the state watch is opened.
+    /// The old rounds' deletes handed to the background; then the state watch is opened.
     Forgetting,
     /// Opening the state watch (before the write: a watch from a future revision streams
     /// live, one opened after the write would start in the past).
@@ -342,10 +336,13 @@ enum JoinStep {
     Writing,
     /// Counting my position.
     Counting,
-    /// Waiting for the state to change, the freeze timer, or the join count.
-    Waiting { freeze_at: Option<Instant>, joiners: Option<u64> },
-    /// Reading the first `max` joiners to freeze.
-    Reading,
+    /// Waiting for the state to change, the freeze timer (and what it triggers), or the
+    /// join count.
+    Waiting { freeze_at: Option<(Instant, Trigger)>, joiners: Option<u64> },
+    /// Reading every joiner, to freeze.
+    Reading { trigger: Trigger },
+    /// Reading which members of the round before are alive, to freeze a full round.
+    ReadingMembers { candidates: Vec<Candidate>, revision: Revision },
     /// Too few to freeze: opening a watch of the join keys.
     WatchingJoiners { count: u64 },
     /// Swapping `joinable` → `frozen`.
@@ -407,6 +404,34 @@ enum LateStep {
     Waiting,
 }
 
+/// Who makes a `next_rendezvous` call, and what its handler carries over from earlier calls:
+/// everything [`Machine::new`] needs.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// This worker, with the port it offers in this call.
+    pub me: Participant,
+    /// Its session lease.
+    pub session: LeaseId,
+    /// The run's keys.
+    pub keys: RunKeys,
+    /// The round's sizing.
+    pub sizing: Sizing,
+    /// The run id (for errors).
+    pub run_id: String,
+    /// When the call started (the round's timings count from here).
+    pub started: Instant,
+    /// The round this call leaves first, if this worker is a member of a running one.
+    pub leave_first: Option<Leaving>,
+    /// A round this call must never hand back (the round it left, also after a restart with a
+    /// new session).
+    pub leaving: Option<u64>,
+    /// The last round this worker was a member of, and its rank there.
+    pub last: Option<LastRound>,
+    /// When this worker first arrived in the run (the create revision of its first join or
+    /// waiting key), if it has.
+    pub since: Option<Revision>,
+}
+
 /// One `next_rendezvous` call, as a state machine.
 #[derive(Debug)]
 pub struct Machine {
@@ -419,6 +444,14 @@ pub struct Machine {
     leave_first: Option<Leaving>,
     /// The round this call is leaving: never handed back, whatever fails meanwhile.
     leaving: Option<u64>,
+    /// See [`Call::last`].
+    last: Option<LastRound>,
+    /// See [`Call::since`]; set by this call's first join or waiting key if it was unknown.
+    since: Option<Revision>,
+    /// The latest round this call saw final: a round it opens names it as `previous`.
+    latest_final: Option<u64>,
+    /// The latest round this call waited on as a late arrival or spare, with its members.
+    waited_on: Option<(u64, std::sync::Arc<[Participant]>)>,
     phase: Phase,
     leftovers: Leftovers,
     started: Instant,
@@ -428,20 +461,12 @@ pub struct Machine {
 }
 
 impl Machine {
-    /// A call of worker `me` (with the port it offers) under `session`, started at `started`;
-    /// it first leaves `leave_first` if given, and never hands back round `leaving` (the
-    /// round the call left, also after a restart with a new session).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        me: Participant,
-        session: LeaseId,
-        keys: RunKeys,
-        sizing: Sizing,
-        run_id: String,
-        started: Instant,
-        leaving: Option<u64>,
-        leave_first: Option<Leaving>,
-    ) -> Machine {
+    /// The machine of one call: it first leaves `call.leave_first` if given, and never hands
+    /// back round `call.leaving`.
+    pub fn new(call: Call) -> Machine {
+        let Call { me, session, keys, sizing, run_id, started, leave_first, leaving, last, since } = call;
+        let latest_final =
+            leave_first.as_ref().map(|l| l.version).into_iter().chain(last.map(|l| l.version)).max();
         Machine {
             me,
             session,
@@ -450,12 +475,34 @@ impl Machine {
             run_id,
             leaving: leave_first.as_ref().map(|l| l.version).or(leaving),
             leave_first,
+            last,
+            since,
+            latest_final,
+            waited_on: None,
             phase: Phase::Start,
-            leftovers: Leftovers::default(),
+            leftovers: Leftovers { keys: Vec::new(), session },
             started,
             timings: RoundTimings::default(),
             doing: "starting",
         }
+    }
+
+    /// When this worker first arrived in the run, if it has: what its handler carries over to
+    /// its next calls (see [`Call::since`]).
+    pub fn arrived(&self) -> Option<Revision> {
+        self.since
+    }
+
+    /// The latest running round this call waited on as a late arrival or spare, with its
+    /// members (to tell a newcomer what changed).
+    pub fn waited_on(&self) -> Option<&(u64, std::sync::Arc<[Participant]>)> {
+        self.waited_on.as_ref()
+    }
+
+    /// Whether the worker now waits as a *spare*: behind a running round of `max` members, which
+    /// admits nobody until one of them is gone. The call's deadline does not run meanwhile.
+    pub fn is_spare(&self) -> bool {
+        matches!(&self.phase, Phase::Late { world_size, step: LateStep::Waiting, .. } if *world_size >= self.sizing.max)
     }
 
     /// What the worker is doing, in words (for a timeout error).
@@ -482,7 +529,7 @@ impl Machine {
     /// The round the current phase is about, if any (for tracing).
     pub fn version(&self) -> Option<u64> {
         match &self.phase {
-            Phase::Open { version }
+            Phase::Open { version, .. }
             | Phase::Join { version, .. }
             | Phase::Member { version, .. }
             | Phase::Late { version, .. } => Some(*version),
@@ -493,7 +540,8 @@ impl Machine {
 
     /// What this call wrote that must not outlive it if it fails; the machine forgets it.
     pub fn take_leftovers(&mut self) -> Leftovers {
-        std::mem::take(&mut self.leftovers)
+        let session = self.leftovers.session;
+        std::mem::replace(&mut self.leftovers, Leftovers { keys: Vec::new(), session })
     }
 
     /// The first action.
@@ -531,11 +579,11 @@ impl Machine {
                 (_, other) => self.unexpected(other),
             },
             Phase::Claim { drop_on_failure } => match input {
-                Input::Put(PutOutcome::Written { revision, .. }, _) => {
-                    self.leftovers.setup = Some((self.keys.state(), revision));
-                    self.open_round(revision)
+                Input::Put(PutOutcome::Written { revision, .. }, _) => self.open_round(revision),
+                Input::Put(PutOutcome::Conflict { current }, _) => {
+                    self.leftovers.remove(&self.keys.state());
+                    self.restart_from(current)
                 }
-                Input::Put(PutOutcome::Conflict { current }, _) => self.restart_from(current),
                 other => {
                     self.phase = Phase::Claim { drop_on_failure };
                     self.unexpected(other)
@@ -546,40 +594,46 @@ impl Machine {
                     // A lost answer leaves the version counter bumped: resuming bumps it
                     // again, and that version is skipped, which is harmless (versions only
                     // need to grow).
-                    self.phase = Phase::Open { version };
+                    let previous = self.latest_final;
+                    self.phase = Phase::Open { version, previous };
                     Action::Put {
                         key: self.keys.state(),
-                        value: State::Joinable { version }.to_bytes(),
+                        value: State::Joinable { version, previous }.to_bytes(),
                         mode: PutMode::Update(setup_revision),
                         bind: Bind::RunLease,
                     }
                 }
                 other => self.unexpected(other),
             },
-            Phase::Open { version } => match input {
+            Phase::Open { version, previous } => match input {
                 Input::Put(PutOutcome::Written { revision, .. }, _) => {
-                    self.leftovers.setup = None;
-                    tracing::debug!(version, "created a round");
-                    // The creator of round N deletes round N-2 (see `forget_round` in the
-                    // executor, which runs it in the background), then joins.
-                    match version.checked_sub(2).filter(|v| *v > 0) {
-                        Some(old) => {
-                            self.doing = "joining";
-                            self.phase =
-                                Phase::Join { version, state_revision: revision, step: JoinStep::Forgetting };
-                            Action::ForgetRound { version: old }
-                        }
-                        None => self.join(version, revision, revision),
+                    self.leftovers.remove(&self.keys.state());
+                    tracing::debug!(version, ?previous, "created a round");
+                    // The creator deletes the rounds nobody can be in any more (see
+                    // `forget_round` in the executor, which runs it in the background), then
+                    // joins.
+                    let versions = decide::rounds_to_forget(version, previous);
+                    if versions.is_empty() {
+                        self.join(version, previous, revision, revision)
+                    } else {
+                        self.doing = "joining";
+                        self.phase = Phase::Join {
+                            version,
+                            previous,
+                            state_revision: revision,
+                            step: JoinStep::Forgetting,
+                        };
+                        Action::ForgetRounds { versions }
                     }
                 }
                 Input::Put(PutOutcome::Conflict { current }, _) => {
-                    self.leftovers.setup = None;
+                    self.leftovers.remove(&self.keys.state());
                     self.restart_from(current)
                 }
                 other => self.unexpected(other),
             },
-            Phase::Join { version, state_revision, step } => {
-                self.on_join(version, state_revision, step, input, now)
+            Phase::Join { version, previous, state_revision, step } => {
+                self.on_join(version, previous, state_revision, step, input, now)
             }
             Phase::Confirm { round, step } => self.on_confirm(round, step, input, now),
             Phase::Member { observed, version, rank, world_size } => match input {
@@ -625,6 +679,9 @@ impl Machine {
 impl Machine {
     /// Phase 1: what the state says to do.
     fn decide(&mut self, observed: Observed) -> Action {
+        if let Some(State::Final { version, .. }) = &observed.state {
+            self.latest_final = self.latest_final.max(Some(*version));
+        }
         let viewer = Viewer {
             me: &self.me,
             setup_is_mine: matches!(observed.state, Some(State::Setup))
@@ -632,11 +689,11 @@ impl Machine {
             leaving: self.leaving,
         };
         match decide::on_state(observed.state.as_ref(), viewer) {
-            InitAction::Closed => self.fail(self.closed()),
+            InitAction::Closed => self.fail(self.closed(observed.state.as_ref())),
             InitAction::ResumeSetup => {
                 tracing::debug!("resuming the setup this call wrote before it failed");
                 self.doing = "creating a round";
-                self.leftovers.setup = Some((self.keys.state(), observed.mod_revision));
+                self.leftovers.add(&self.keys.state());
                 self.open_round(observed.mod_revision)
             }
             InitAction::Leave { version } => {
@@ -648,7 +705,9 @@ impl Machine {
                 self.doing = "creating a round";
                 self.claim(PutMode::Create, None)
             }
-            InitAction::Join { version } => self.join(version, observed.mod_revision, observed.seen),
+            InitAction::Join { version, previous } => {
+                self.join(version, previous, observed.mod_revision, observed.seen)
+            }
             InitAction::AwaitNextRound { version, world_size } => self.late(version, world_size, observed),
             InitAction::ResumeConfirm { version, rank } => {
                 let Some(State::Frozen { participants, .. }) = observed.state else {
@@ -678,6 +737,8 @@ impl Machine {
     /// round with no further contention). The winner opens the round; a loser acts on the
     /// value that beat it.
     fn claim(&mut self, mode: PutMode, drop_on_failure: Option<Vec<u8>>) -> Action {
+        // Registered before the write: if its answer is lost, the `setup` may exist all the same.
+        self.leftovers.add(&self.keys.state());
         self.phase = Phase::Claim { drop_on_failure };
         Action::Put { key: self.keys.state(), value: State::Setup.to_bytes(), mode, bind: Bind::Session }
     }
@@ -690,64 +751,79 @@ impl Machine {
 
     /// Phase 2: join round `version` (its `joinable` value at `state_revision`), first
     /// watching the state from after `seen`.
-    fn join(&mut self, version: u64, state_revision: Revision, seen: Revision) -> Action {
+    fn join(
+        &mut self,
+        version: u64,
+        previous: Option<u64>,
+        state_revision: Revision,
+        seen: Revision,
+    ) -> Action {
         self.doing = "joining";
-        self.phase = Phase::Join { version, state_revision, step: JoinStep::Watching };
+        self.phase = Phase::Join { version, previous, state_revision, step: JoinStep::Watching };
         Action::WatchState { from: seen + 1 }
     }
 
     fn on_join(
         &mut self,
         version: u64,
+        previous: Option<u64>,
         state_revision: Revision,
         step: JoinStep,
         input: Input,
         now: Instant,
     ) -> Action {
         let join_key = self.keys.join(version, &self.me.node);
-        let stay = |step| Phase::Join { version, state_revision, step };
+        let stay = |step| Phase::Join { version, previous, state_revision, step };
         match (step, input) {
-            (JoinStep::Forgetting, Input::Ack) => self.join(version, state_revision, state_revision),
+            (JoinStep::Forgetting, Input::Ack) => {
+                self.join(version, previous, state_revision, state_revision)
+            }
             (JoinStep::Watching, Input::Ack) => {
+                // Registered before the write: if its answer is lost, the key may exist all
+                // the same, and must not be frozen into a round as a ghost.
+                self.leftovers.add(&join_key);
                 self.phase = stay(JoinStep::Writing);
-                self.put_own(join_key)
+                let value = self.me.joiner(self.last, self.since).to_bytes();
+                Action::Put { key: join_key, value, mode: PutMode::Create, bind: Bind::Session }
             }
             (JoinStep::Writing, Input::Put(outcome, _)) => match decide::own_key(outcome, self.session) {
                 decide::Owned::Mine(mine) => {
-                    if !self.leftovers.keys.contains(&join_key) {
-                        self.leftovers.keys.push(join_key);
-                    }
+                    self.since.get_or_insert(mine);
                     self.timings.joined = now - self.started;
                     self.phase = stay(JoinStep::Counting);
                     Action::CountUpTo { prefix: self.keys.joins(version), revision: mine }
                 }
-                decide::Owned::Taken(holder) => self.await_release(join_key, holder),
+                decide::Owned::Taken(holder) => {
+                    self.leftovers.remove(&join_key);
+                    self.await_release(join_key, holder)
+                }
                 decide::Owned::Vanished => self.failed(vanished()),
             },
             (JoinStep::Counting, Input::Count(position)) => {
                 tracing::debug!(position, "joined");
                 let freeze_at = match decide::join_role(position, &self.sizing) {
-                    JoinRole::FreezeNow => Some(now),
-                    JoinRole::FreezeAfter(delay) => Some(now + delay),
+                    JoinRole::FreezeIfFull => Some((now, Trigger::Full)),
+                    JoinRole::FreezeAfter(delay) => Some((now + delay, Trigger::Timer)),
                     JoinRole::Wait => None,
                 };
                 self.doing = "waiting for enough workers to join";
                 self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
-                Action::Await { until: freeze_at, prefix: false }
+                Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
             }
             (JoinStep::Waiting { freeze_at, joiners }, Input::State(seen)) => {
                 match decide::on_state_while_joined(seen.state.as_ref(), version, &self.me) {
                     JoinedAction::KeepWaiting => {
                         self.phase = Phase::Join {
                             version,
+                            previous,
                             state_revision: seen.mod_revision,
                             step: JoinStep::Waiting { freeze_at, joiners },
                         };
-                        Action::Await { until: freeze_at, prefix: joiners.is_some() }
+                        Action::Await { until: freeze_at.map(|(at, _)| at), prefix: joiners.is_some() }
                     }
                     JoinedAction::Confirm { rank, participants } => {
                         // The round's membership is fixed: the join key is no ghost any more.
-                        self.leftovers.keys.retain(|k| *k != join_key);
+                        self.leftovers.remove(&join_key);
                         self.timings.frozen = now - self.started;
                         self.doing = "confirming membership";
                         let round =
@@ -757,15 +833,16 @@ impl Machine {
                         self.put_own(key)
                     }
                     JoinedAction::Restart => {
-                        self.leftovers.keys.retain(|k| *k != join_key);
+                        self.leftovers.remove(&join_key);
                         self.decide(seen)
                     }
-                    JoinedAction::Closed => self.fail(self.closed()),
+                    JoinedAction::Closed => self.fail(self.closed(seen.state.as_ref())),
                 }
             }
-            (JoinStep::Waiting { .. }, Input::Timer) => {
-                self.phase = stay(JoinStep::Reading);
-                Action::ReadJoiners { prefix: self.keys.joins(version), limit: self.sizing.max }
+            (JoinStep::Waiting { freeze_at, .. }, Input::Timer) => {
+                let trigger = freeze_at.map_or(Trigger::Timer, |(_, trigger)| trigger);
+                self.phase = stay(JoinStep::Reading { trigger });
+                Action::ReadJoiners { prefix: self.keys.joins(version) }
             }
             (JoinStep::Waiting { freeze_at, joiners: Some(count) }, Input::KeyEvent { kind, created }) => {
                 let count = match kind {
@@ -774,35 +851,47 @@ impl Machine {
                     EventKind::Delete => count.saturating_sub(1),
                 };
                 match decide::retry_delay(count, &self.sizing) {
-                    Some(delay) => {
-                        let freeze_at = Some(now + delay);
+                    Some((delay, trigger)) => {
+                        let freeze_at = Some((now + delay, trigger));
                         self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
-                        Action::Await { until: freeze_at, prefix: false }
+                        Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
                     }
                     None => {
                         self.phase = stay(JoinStep::Waiting { freeze_at, joiners: Some(count) });
-                        Action::Await { until: freeze_at, prefix: true }
+                        Action::Await { until: freeze_at.map(|(at, _)| at), prefix: true }
                     }
                 }
             }
-            (JoinStep::Reading, Input::Joiners(joiners, count, revision)) => {
-                match decide::freeze(joiners, count, &self.sizing) {
-                    FreezeAction::AwaitJoiners { count } => {
-                        tracing::debug!(count, "too few joiners to freeze; watching the join keys");
-                        self.phase = stay(JoinStep::WatchingJoiners { count });
-                        Action::WatchPrefix { prefix: self.keys.joins(version), from: revision + 1 }
+            (JoinStep::Reading { trigger }, Input::Joiners(candidates, revision)) => {
+                match (trigger, decide::survivor_round(&candidates, previous)) {
+                    // A full round waits for the survivors of the round before: read who of
+                    // them is alive.
+                    (Trigger::Full, Some(before)) => {
+                        self.phase = stay(JoinStep::ReadingMembers { candidates, revision });
+                        Action::ReadMembers { prefix: self.keys.ranks(before) }
                     }
-                    FreezeAction::Freeze(participants) => {
-                        self.phase = stay(JoinStep::Freezing);
-                        Action::Put {
-                            key: self.keys.state(),
-                            value: State::Frozen { version, participants: participants.into() }.to_bytes(),
-                            mode: PutMode::Update(state_revision),
-                            bind: Bind::Fresh(FROZEN_TTL),
-                        }
-                    }
+                    _ => self.freeze(
+                        version,
+                        previous,
+                        state_revision,
+                        candidates,
+                        &[],
+                        trigger,
+                        revision,
+                        now,
+                    ),
                 }
             }
+            (JoinStep::ReadingMembers { candidates, revision }, Input::Members(alive)) => self.freeze(
+                version,
+                previous,
+                state_revision,
+                candidates,
+                &alive,
+                Trigger::Full,
+                revision,
+                now,
+            ),
             (JoinStep::WatchingJoiners { count }, Input::Ack) => {
                 self.phase = stay(JoinStep::Waiting { freeze_at: None, joiners: Some(count) });
                 Action::Await { until: None, prefix: true }
@@ -816,6 +905,50 @@ impl Machine {
             (step, other) => {
                 self.phase = stay(step);
                 self.unexpected(other)
+            }
+        }
+    }
+
+    /// Phase 2, freeze: what [`decide::freeze`] says of the candidates read at `revision`.
+    #[allow(clippy::too_many_arguments)]
+    fn freeze(
+        &mut self,
+        version: u64,
+        previous: Option<u64>,
+        state_revision: Revision,
+        candidates: Vec<Candidate>,
+        alive: &[Participant],
+        trigger: Trigger,
+        revision: Revision,
+        now: Instant,
+    ) -> Action {
+        let stay = |step| Phase::Join { version, previous, state_revision, step };
+        match decide::freeze(candidates, previous, alive, trigger, &self.sizing) {
+            FreezeAction::AwaitJoiners { count } => {
+                tracing::debug!(count, "too few joiners to freeze; watching the join keys");
+                self.phase = stay(JoinStep::WatchingJoiners { count });
+                Action::WatchPrefix { prefix: self.keys.joins(version), from: revision + 1 }
+            }
+            FreezeAction::AwaitSurvivors { missing } => {
+                // A survivor that joins later freezes the round itself (it counts a position
+                // of `max` or more); the backup timer covers one that never comes.
+                tracing::debug!(
+                    missing,
+                    "the round is full, but survivors of the round before are yet to join"
+                );
+                self.doing = "waiting for the members of the previous round to join";
+                let freeze_at = Some((now + self.sizing.backup, Trigger::Timer));
+                self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
+                Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
+            }
+            FreezeAction::Freeze(participants) => {
+                self.phase = stay(JoinStep::Freezing);
+                Action::Put {
+                    key: self.keys.state(),
+                    value: State::Frozen { version, participants: participants.into() }.to_bytes(),
+                    mode: PutMode::Update(state_revision),
+                    bind: Bind::Fresh(FROZEN_TTL),
+                }
             }
         }
     }
@@ -856,6 +989,7 @@ impl Machine {
                         version: round.version,
                         participants: round.participants.clone(),
                         confirmed: Some(mine),
+                        max_workers: Some(self.sizing.max),
                     };
                     let put = Action::Put {
                         key: self.keys.state(),
@@ -893,7 +1027,7 @@ impl Machine {
                         Action::Await { until: None, prefix: false }
                     }
                     ConfirmAction::Restart => self.decide(seen),
-                    ConfirmAction::Closed => self.fail(self.closed()),
+                    ConfirmAction::Closed => self.fail(self.closed(seen.state.as_ref())),
                 }
             }
             (ConfirmStep::Taken, Input::State(seen)) => self.decide(seen),
@@ -907,7 +1041,14 @@ impl Machine {
     /// Phase 5: round `version` is running without us. Register as waiting; end the round
     /// when one of its members is gone; start over when the state changes.
     fn late(&mut self, version: u64, world_size: usize, observed: Observed) -> Action {
-        self.doing = "waiting for the running round to end";
+        self.doing = if world_size >= self.sizing.max {
+            "waiting as a spare for a member of the running round to go"
+        } else {
+            "waiting for the running round to end"
+        };
+        if let Some(State::Final { participants, .. }) = &observed.state {
+            self.waited_on = Some((version, participants.clone()));
+        }
         let from = observed.seen + 1;
         self.phase = Phase::Late { version, world_size, observed, step: LateStep::WatchingState };
         Action::WatchState { from }
@@ -931,13 +1072,15 @@ impl Machine {
             }
             (LateStep::WatchingMembers, Input::Ack) => {
                 let key = self.keys.waiter(version, &self.me.node);
-                if !self.leftovers.keys.contains(&key) {
-                    self.leftovers.keys.push(key.clone());
-                }
+                self.leftovers.add(&key);
                 self.phase = next(LateStep::Registering);
-                Action::Put { key, value: self.me.to_bytes(), mode: PutMode::Overwrite, bind: Bind::Session }
+                let value = self.me.joiner(self.last, self.since).to_bytes();
+                Action::Put { key, value, mode: PutMode::Overwrite, bind: Bind::Session }
             }
-            (LateStep::Registering, Input::Put(..)) => {
+            (LateStep::Registering, Input::Put(outcome, _)) => {
+                if let PutOutcome::Written { create_revision, .. } = outcome {
+                    self.since.get_or_insert(create_revision);
+                }
                 // A member may have died before we started watching: the count settles that.
                 self.phase = next(LateStep::Counting);
                 Action::Count { prefix: ranks }
@@ -956,6 +1099,7 @@ impl Machine {
                 );
                 match action {
                     WaitingAction::Restart => self.decide(seen),
+                    WaitingAction::Closed => self.fail(self.closed(seen.state.as_ref())),
                     action => self.act_late(version, world_size, observed, action),
                 }
             }
@@ -990,7 +1134,7 @@ impl Machine {
                 self.phase = Phase::Late { version, world_size, observed, step: LateStep::Waiting };
                 Action::Await { until: None, prefix: true }
             }
-            WaitingAction::Closed => self.fail(self.closed()),
+            WaitingAction::Closed => self.fail(self.closed(observed.state.as_ref())),
             WaitingAction::Restart => self.read_state(),
             WaitingAction::DestroyRound => {
                 tracing::debug!(version, "a member of the running round is gone; ending it");
@@ -1074,8 +1218,13 @@ impl Machine {
         Action::ReadState
     }
 
-    fn closed(&self) -> RendezvousError {
-        RendezvousError::Closed { run_id: self.run_id.clone() }
+    /// The run is closed, as `state` says (with how it ended, if it says so).
+    fn closed(&self, state: Option<&State>) -> RendezvousError {
+        let outcome = match state {
+            Some(State::Closed { outcome }) => *outcome,
+            _ => None,
+        };
+        RendezvousError::Closed { run_id: self.run_id.clone(), outcome }
     }
 
     /// An input the current phase never asked for: a bug of the executor.

@@ -8,6 +8,7 @@
 //! - `monitor.rs`: phase 4, watching a running round for its end.
 //! - `handler.rs`: the public [`RendezvousHandler`].
 //! - `state.rs`, `keys.rs`: the state value and the key layout.
+//! - `waiting.rs`: who waits for the next round, and how many of them it could admit.
 
 pub mod decide;
 mod handler;
@@ -17,10 +18,13 @@ mod monitor;
 mod round;
 mod run_lease;
 mod state;
+mod waiting;
 
-pub use handler::{RendezvousHandler, RendezvousInfo};
+pub use decide::Sizing;
+pub use handler::{RendezvousHandler, RendezvousInfo, RoundChanges};
 pub use keys::RunKeys;
-pub use machine::{RoundTimings, Sizing};
+pub use machine::RoundTimings;
 pub use monitor::RoundBroken;
 pub use round::free_port;
-pub use state::{Participant, State};
+pub use state::{Joiner, LastRound, Participant, RunOutcome, State};
+pub use waiting::Waiting;

@@ -15,11 +15,11 @@ use crate::kv::{
 };
 use crate::params::RendezvousParams;
 
-use super::decide;
+use super::decide::{self, Candidate, Sizing};
 use super::keys::RunKeys;
-use super::machine::{Action, Bind, Completed, Input, Leaving, Leftovers, Machine, Observed, Sizing};
+use super::machine::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed};
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
-use super::state::Participant;
+use super::state::{Joiner, LastRound, Participant};
 
 /// How long the creator of a round keeps trying to delete the round before the previous
 /// one, when the backend fails it.
@@ -68,23 +68,47 @@ impl Drop for Attempt<'_> {
 
 impl<'a> Attempt<'a> {
     /// An attempt under `session`, started at `started`; it first leaves `leave` (this
-    /// worker's running round) if given, and never hands back round `leaving`.
+    /// worker's running round) if given, and never hands back round `leaving`. `history` is
+    /// what the handler remembers of the run: the last round this worker was a member of,
+    /// and when it first arrived.
     pub(crate) fn new(
         ctx: &'a Context,
         session: LeaseId,
         started: Instant,
         leaving: Option<u64>,
         leave: Option<&Completed>,
+        history: (Option<LastRound>, Option<Revision>),
     ) -> Self {
         let me = Participant { port: free_port().ok(), ..ctx.me.clone() };
-        let leave = leave.map(|round| Leaving {
+        let leave_first = leave.map(|round| Leaving {
             version: round.version,
             rank: round.rank,
             final_revision: round.final_revision,
         });
-        let (keys, run_id) = (ctx.keys.clone(), ctx.params.run_id.clone());
-        let machine = Machine::new(me, session, keys, ctx.sizing, run_id, started, leaving, leave);
+        let (last, since) = history;
+        let machine = Machine::new(Call {
+            me,
+            session,
+            keys: ctx.keys.clone(),
+            sizing: ctx.sizing,
+            run_id: ctx.params.run_id.clone(),
+            started,
+            leave_first,
+            leaving,
+            last,
+            since,
+        });
         Attempt { ctx, machine, session, states: None, prefix: None }
+    }
+
+    /// When this worker first arrived in the run, as far as this attempt knows.
+    pub(crate) fn arrived(&self) -> Option<Revision> {
+        self.machine.arrived()
+    }
+
+    /// The latest running round this attempt waited on, with its members.
+    pub(crate) fn waited_on(&self) -> Option<(u64, Arc<[Participant]>)> {
+        self.machine.waited_on().cloned()
     }
 
     /// What the worker is doing, in words (for a timeout error).
@@ -102,15 +126,18 @@ impl<'a> Attempt<'a> {
         self.machine.take_leftovers()
     }
 
-    /// Runs the machine until a round completes, the run is closed, or an error that
-    /// retrying cannot fix. Each phase runs in a `rdzv_phase` tracing span (phase, run id,
-    /// node, round once known) whose last event says what came of it: the next phase, the
-    /// completed round, or the error.
-    pub(crate) async fn run(&mut self) -> Result<Completed> {
+    /// Runs the machine until a round completes, the run is closed, `deadline` passes, or an
+    /// error that retrying cannot fix. While the worker waits as a spare (behind a full,
+    /// intact round) the deadline does not run: a spare waits as long as it takes, and gets a
+    /// whole `timeout` again from when it stops being one. Each phase runs in a `rdzv_phase`
+    /// tracing span (phase, run id, node, round once known) whose last event says what came of
+    /// it: the next phase, the completed round, or the error.
+    pub(crate) async fn run(&mut self, deadline: &mut Instant) -> Result<Completed> {
         let mut backoff = backoff();
         let mut phase = self.machine.phase_name();
         let (mut span, mut has_version) = self.phase_span();
         let mut action = span.in_scope(|| self.machine.start());
+        let mut was_spare = false;
         loop {
             let input = match action {
                 Action::Done(done) => {
@@ -125,7 +152,20 @@ impl<'a> Attempt<'a> {
                 }
                 action => {
                     use tracing::Instrument;
-                    self.perform(action, &mut backoff).instrument(span.clone()).await
+                    let spare = self.machine.is_spare();
+                    if was_spare && !spare {
+                        *deadline = Instant::now() + self.ctx.params.timeout;
+                    }
+                    was_spare = spare;
+                    let performed = self.perform(action, &mut backoff).instrument(span.clone());
+                    if spare {
+                        performed.await
+                    } else {
+                        match tokio::time::timeout_at(*deadline, performed).await {
+                            Ok(input) => input,
+                            Err(_) => return Err(self.timed_out()),
+                        }
+                    }
                 }
             };
             action = span.in_scope(|| self.machine.on(input, Instant::now()));
@@ -141,6 +181,16 @@ impl<'a> Attempt<'a> {
                 span.record("version", version);
                 has_version = true;
             }
+        }
+    }
+
+    /// The call's deadline passed while the worker was doing what the machine says.
+    fn timed_out(&self) -> RendezvousError {
+        let params = &self.ctx.params;
+        RendezvousError::Timeout {
+            run_id: params.run_id.clone(),
+            phase: self.machine.doing().to_string(),
+            after: params.timeout,
         }
     }
 
@@ -236,19 +286,29 @@ impl<'a> Attempt<'a> {
             }
             Action::CountUpTo { prefix, revision } => Input::Count(count_up_to(kv, &prefix, revision).await?),
             Action::Count { prefix } => Input::Count(kv.count(&prefix, None).await?),
-            Action::ReadJoiners { prefix, limit } => {
-                let options = RangeOptions {
-                    limit: Some(limit),
-                    order: RangeOrder::ByCreateRevision,
-                    ..RangeOptions::default()
-                };
+            Action::ReadJoiners { prefix } => {
+                let options = RangeOptions { order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
                 let read = kv.range(&prefix, options).await?;
-                let joiners = read
+                let candidates = read
+                    .kvs
+                    .iter()
+                    .map(|kv| {
+                        Ok(Candidate {
+                            joiner: Joiner::parse(&kv.key, &kv.value)?,
+                            created: kv.create_revision,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Input::Joiners(candidates, read.revision)
+            }
+            Action::ReadMembers { prefix } => {
+                let read = kv.range(&prefix, RangeOptions::default()).await?;
+                let members = read
                     .kvs
                     .iter()
                     .map(|kv| Participant::parse(&kv.key, &kv.value))
                     .collect::<Result<Vec<_>>>()?;
-                Input::Joiners(joiners, read.count, read.revision)
+                Input::Members(members)
             }
             Action::Get { key } => Input::Key(kv.get(&key).await?.kv),
             Action::Delete { key, mode } => {
@@ -261,8 +321,10 @@ impl<'a> Attempt<'a> {
                 kv.wait_for_delete(&key, after, Instant::now() + ctx.params.timeout).await?;
                 Input::Ack
             }
-            Action::ForgetRound { version } => {
-                forget_round(ctx, version);
+            Action::ForgetRounds { versions } => {
+                for version in versions {
+                    forget_round(ctx, version);
+                }
                 Input::Ack
             }
             Action::Backoff => {
@@ -300,17 +362,21 @@ impl<'a> Attempt<'a> {
     }
 }
 
-/// Deletes what a failed call left, each by its own bound; `false` if something may remain.
+/// Deletes what a failed call left: each key that is still bound to the call's session (a
+/// read, then a delete by revision, within one bound per key); `false` if something may remain.
 pub(crate) async fn clean(leftovers: Leftovers, kv: &dyn Kv) -> bool {
     const BOUND: Duration = Duration::from_millis(500);
     let mut clean = true;
-    if let Some((key, revision)) = &leftovers.setup {
-        let undo = kv.delete(key, DeleteMode::IfRevision(*revision));
-        clean &= matches!(tokio::time::timeout(BOUND, undo).await, Ok(Ok(_)));
-    }
     for key in &leftovers.keys {
-        let undo = kv.delete(key, DeleteMode::Any);
-        clean &= matches!(tokio::time::timeout(BOUND, undo).await, Ok(Ok(_)));
+        let undo = async {
+            match kv.get(key).await?.kv {
+                Some(found) if found.lease == Some(leftovers.session) => {
+                    kv.delete(key, DeleteMode::IfRevision(found.mod_revision)).await.map(|_| ())
+                }
+                _ => Ok(()),
+            }
+        };
+        clean &= matches!(tokio::time::timeout(BOUND, undo).await, Ok(Ok(())));
     }
     clean
 }

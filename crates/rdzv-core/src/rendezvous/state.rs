@@ -24,6 +24,60 @@ pub struct Participant {
     pub port: Option<u16>,
 }
 
+/// What a worker writes under its join key and its waiting key: its descriptor, plus what the
+/// freeze needs to give it its place (docs/PROTOCOL.md "Who is in, and their ranks"). Values
+/// written by older versions (a bare [`Participant`]) read as a joiner with neither.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Joiner {
+    /// The worker's node id.
+    pub node: String,
+    /// The address it advertises.
+    pub addr: String,
+    /// Its process id.
+    pub pid: u32,
+    /// A TCP port that was free on its machine when it joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The last round this worker was a member of, and its rank there: a survivor of the
+    /// round before the forming one keeps its rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<LastRound>,
+    /// When this worker first arrived in the run: the create revision of the first join or
+    /// waiting key it wrote (absent: this key is its first, so its own create revision).
+    /// Newcomers are admitted in this order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<crate::kv::Revision>,
+}
+
+/// A round a worker was a member of, and its rank in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastRound {
+    /// The round.
+    pub version: u64,
+    /// The worker's rank in it.
+    pub rank: usize,
+}
+
+/// How a closed run ended, when the closer said so (`RendezvousHandler::set_closed_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunOutcome {
+    /// The job finished: every worker succeeded.
+    Succeeded,
+    /// The job failed and will not be retried.
+    Failed,
+}
+
+impl RunOutcome {
+    /// The name used in the state value and in output (`succeeded`, `failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Succeeded => "succeeded",
+            RunOutcome::Failed => "failed",
+        }
+    }
+}
+
 /// The state of the current round.
 // Read through the flat `Wire` form: serde's internally tagged enums buffer every value into
 // an intermediate tree first, which at thousands of handlers parsing every state change was
@@ -31,12 +85,18 @@ pub struct Participant {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "lowercase", try_from = "Wire")]
 pub enum State {
-    /// Someone is creating a new round (short-lived: bound to a 5 s lease).
+    /// Someone is creating a new round (bound to its writer's session).
     Setup,
     /// Round `version` accepts joiners.
     Joinable {
         /// The round.
         version: u64,
+        /// The last round that was final before this one, when its creator knew it (it ended
+        /// that round to open this one): its surviving members keep their ranks, and the
+        /// freeze waits for them before it admits spares. Absent in values written by older
+        /// versions, and when the round was opened from no state.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        previous: Option<u64>,
     },
     /// Membership of round `version` is fixed; members are confirming (10 s lease).
     Frozen {
@@ -57,9 +117,18 @@ pub enum State {
         /// members must be told of. Absent in values written by older versions.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         confirmed: Option<crate::kv::Revision>,
+        /// The `max_workers` of the member that wrote it: how many the round could take, so
+        /// that a reader without the parameters (`rdzv status`) can tell spares from waiters
+        /// the next round would admit. Absent in values written by older versions.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_workers: Option<usize>,
     },
     /// The run is over.
-    Closed,
+    Closed {
+        /// How it ended, if its closer said so.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        outcome: Option<RunOutcome>,
+    },
 }
 
 /// A state value as written, read in one pass (see [`State`]).
@@ -72,6 +141,12 @@ struct Wire {
     participants: Option<Arc<[Participant]>>,
     #[serde(default)]
     confirmed: Option<crate::kv::Revision>,
+    #[serde(default)]
+    previous: Option<u64>,
+    #[serde(default)]
+    outcome: Option<RunOutcome>,
+    #[serde(default)]
+    max_workers: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -88,12 +163,14 @@ impl TryFrom<Wire> for State {
     type Error = String;
 
     fn try_from(wire: Wire) -> Result<State, String> {
-        let Wire { status, version, participants, confirmed } = wire;
+        let Wire { status, version, participants, confirmed, previous, outcome, max_workers } = wire;
         let missing = |field: &str| format!("missing field `{field}`");
         Ok(match status {
             Status::Setup => State::Setup,
-            Status::Closed => State::Closed,
-            Status::Joinable => State::Joinable { version: version.ok_or_else(|| missing("version"))? },
+            Status::Closed => State::Closed { outcome },
+            Status::Joinable => {
+                State::Joinable { version: version.ok_or_else(|| missing("version"))?, previous }
+            }
             Status::Frozen => State::Frozen {
                 version: version.ok_or_else(|| missing("version"))?,
                 participants: participants.ok_or_else(|| missing("participants"))?,
@@ -102,6 +179,7 @@ impl TryFrom<Wire> for State {
                 version: version.ok_or_else(|| missing("version"))?,
                 participants: participants.ok_or_else(|| missing("participants"))?,
                 confirmed,
+                max_workers,
             },
         })
     }
@@ -153,10 +231,10 @@ impl State {
     /// The round this state is about, if any.
     pub fn version(&self) -> Option<u64> {
         match self {
-            State::Joinable { version } | State::Frozen { version, .. } | State::Final { version, .. } => {
-                Some(*version)
-            }
-            State::Setup | State::Closed => None,
+            State::Joinable { version, .. }
+            | State::Frozen { version, .. }
+            | State::Final { version, .. } => Some(*version),
+            State::Setup | State::Closed { .. } => None,
         }
     }
 
@@ -167,18 +245,57 @@ impl State {
             State::Joinable { .. } => "joinable",
             State::Frozen { .. } => "frozen",
             State::Final { .. } => "final",
-            State::Closed => "closed",
+            State::Closed { .. } => "closed",
         }
     }
 }
 
+/// A descriptor (`what`, for the error) read from `key`.
+fn parse_descriptor<T: serde::de::DeserializeOwned>(
+    key: &[u8],
+    value: &[u8],
+    what: &str,
+) -> Result<T, RendezvousError> {
+    serde_json::from_slice(value).map_err(|e| RendezvousError::State {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: format!("not a valid {what} descriptor ({e}): {}", preview(value)),
+    })
+}
+
+impl Joiner {
+    /// Parses a join or waiting key's value read from `key`.
+    pub fn parse(key: &[u8], value: &[u8]) -> Result<Joiner, RendezvousError> {
+        parse_descriptor(key, value, "joiner")
+    }
+
+    /// The JSON encoding of this descriptor.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Plain strings and integers: serializing cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The worker as a member of a round.
+    pub fn participant(&self) -> Participant {
+        Participant { node: self.node.clone(), addr: self.addr.clone(), pid: self.pid, port: self.port }
+    }
+}
+
 impl Participant {
+    /// This worker's join descriptor, with what it remembers of the run.
+    pub fn joiner(&self, last: Option<LastRound>, since: Option<crate::kv::Revision>) -> Joiner {
+        Joiner {
+            node: self.node.clone(),
+            addr: self.addr.clone(),
+            pid: self.pid,
+            port: self.port,
+            last,
+            since,
+        }
+    }
+
     /// Parses a participant descriptor read from `key` (a join or keep-alive key's value).
     pub fn parse(key: &[u8], value: &[u8]) -> Result<Participant, RendezvousError> {
-        serde_json::from_slice(value).map_err(|e| RendezvousError::State {
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason: format!("not a valid participant descriptor ({e}): {}", preview(value)),
-        })
+        parse_descriptor(key, value, "participant")
     }
 
     /// The JSON encoding of this descriptor.
@@ -244,10 +361,17 @@ mod tests {
     fn round_trips_and_keeps_reference_names() {
         let states = [
             State::Setup,
-            State::Joinable { version: 3 },
+            State::Joinable { version: 3, previous: None },
+            State::Joinable { version: 4, previous: Some(3) },
             State::Frozen { version: 3, participants: vec![p("a"), p("b")].into() },
-            State::Final { version: 3, participants: vec![p("a")].into(), confirmed: Some(7) },
-            State::Closed,
+            State::Final {
+                version: 3,
+                participants: vec![p("a")].into(),
+                confirmed: Some(7),
+                max_workers: Some(4),
+            },
+            State::Closed { outcome: None },
+            State::Closed { outcome: Some(RunOutcome::Succeeded) },
         ];
         for s in states {
             let bytes = s.to_bytes();
@@ -260,7 +384,8 @@ mod tests {
     #[test]
     fn large_values_share_their_participant_list() {
         let many: Vec<Participant> = (0..200).map(|i| p(&format!("node-{i}"))).collect();
-        let fin = State::Final { version: 9, participants: many.into(), confirmed: Some(3) };
+        let fin =
+            State::Final { version: 9, participants: many.into(), confirmed: Some(3), max_workers: None };
         let bytes = Bytes::from(fin.to_bytes());
         assert!(bytes.len() >= SHARE_FROM_BYTES);
         // The same buffer, and a copy of it (as a backend that reads each value afresh gives).
@@ -276,15 +401,32 @@ mod tests {
             .collect();
         assert!(lists.iter().all(|l| Arc::ptr_eq(l, &lists[0])), "parsed more than once");
         // A different value is never taken for a remembered one.
-        let other = State::Final { version: 10, participants: vec![p("x")].into(), confirmed: None };
+        let other = State::Final {
+            version: 10,
+            participants: vec![p("x")].into(),
+            confirmed: None,
+            max_workers: None,
+        };
         assert_eq!(State::parse(b"k", &Bytes::from(other.to_bytes())).expect("parses"), other);
+    }
+
+    #[test]
+    fn joiners_read_old_descriptors_and_round_trip() {
+        let old = Bytes::from(p("a").to_bytes());
+        let read = Joiner::parse(b"k", &old).expect("a bare participant is a joiner");
+        assert_eq!((read.participant(), read.last, read.since), (p("a"), None, None));
+        let full = p("a").joiner(Some(LastRound { version: 4, rank: 2 }), Some(17));
+        assert_eq!(Joiner::parse(b"k", &full.to_bytes()).expect("parses"), full);
+        // What the state's participant list holds stays the bare descriptor.
+        let text = String::from_utf8(full.participant().to_bytes()).expect("utf8");
+        assert!(!text.contains("last") && !text.contains("since"), "{text}");
     }
 
     #[test]
     fn ignores_unknown_fields() {
         let value = Bytes::from_static(br#"{"status":"joinable","version":7,"future":[1,2]}"#);
         let s = State::parse(b"k", &value).expect("parses");
-        assert_eq!(s, State::Joinable { version: 7 });
+        assert_eq!(s, State::Joinable { version: 7, previous: None });
     }
 
     #[test]
