@@ -62,7 +62,15 @@ create_exception!(
 fn rendezvous_err(e: RustRendezvousError) -> PyErr {
     let message = e.to_string();
     match e {
-        RustRendezvousError::Closed { .. } => RendezvousClosedError::new_err(message),
+        RustRendezvousError::Closed { outcome, .. } => {
+            let err = RendezvousClosedError::new_err(message);
+            // How the job ended, if the closer said so: `"succeeded"`, `"failed"` or `None`.
+            let outcome = outcome.map(rdzv::RunOutcome::as_str);
+            Python::attach(|py| match err.value(py).setattr("outcome", outcome) {
+                Ok(()) => err,
+                Err(e) => e,
+            })
+        }
         RustRendezvousError::Timeout { .. } => RendezvousTimeoutError::new_err(message),
         RustRendezvousError::Unavailable(_) => RendezvousUnavailableError::new_err(message),
         RustRendezvousError::Config(_) => RendezvousConfigError::new_err(message),
@@ -215,13 +223,32 @@ impl Rendezvous {
         block(py, async move { handle.is_closed().await })?.map_err(rendezvous_err)
     }
 
-    /// Closes the run for every worker.
-    fn set_closed(&self, py: Python<'_>) -> PyResult<()> {
+    /// Closes the run for every worker; `outcome` (`"succeeded"` or `"failed"`) says how the
+    /// job ended, which the workers still waiting learn with their `RendezvousClosedError`.
+    #[pyo3(signature = (outcome=None))]
+    fn set_closed(&self, py: Python<'_>, outcome: Option<&str>) -> PyResult<()> {
         let handle = self.handle()?;
-        block(py, async move { handle.set_closed().await })?.map_err(rendezvous_err)
+        let outcome = match outcome {
+            None => None,
+            Some("succeeded") => Some(rdzv::RunOutcome::Succeeded),
+            Some("failed") => Some(rdzv::RunOutcome::Failed),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "outcome must be \"succeeded\", \"failed\" or None, not {other:?}"
+                )));
+            }
+        };
+        block(py, async move {
+            match outcome {
+                Some(outcome) => handle.set_closed_with(outcome).await,
+                None => handle.set_closed().await,
+            }
+        })?
+        .map_err(rendezvous_err)
     }
 
-    /// How many workers wait for the next round while the current one runs.
+    /// How many waiting workers the next round could admit while the current one runs (0 for
+    /// a full, intact round: the workers beyond `max_workers` are spares).
     fn num_nodes_waiting(&self, py: Python<'_>) -> PyResult<usize> {
         let handle = self.handle()?;
         block(py, async move { handle.num_nodes_waiting().await })?.map_err(rendezvous_err)
@@ -358,6 +385,16 @@ struct Round {
     master_addr: String,
     /// A port that was free on rank 0's machine.
     master_port: u16,
+    /// The round compared with in `previous_rank`, `left` and `joined`: the last round this
+    /// worker was a member of, or else the last running round it waited on (`None`: its
+    /// first round).
+    previous_version: Option<u64>,
+    /// This worker's rank in that round (`None`: it was not a member of it).
+    previous_rank: Option<usize>,
+    /// Ranks of that round whose members are not in this one, ascending.
+    left: Vec<usize>,
+    /// Ranks of this round whose members were not in that one, ascending.
+    joined: Vec<usize>,
     /// The round's Store.
     store: Py<Store>,
 }
@@ -377,6 +414,10 @@ impl Round {
                 .collect(),
             master_addr: round.bootstrap.master_addr,
             master_port: round.bootstrap.master_port,
+            previous_version: round.info.changes.previous_version,
+            previous_rank: round.info.changes.previous_rank,
+            left: round.info.changes.left,
+            joined: round.info.changes.joined,
             store: Py::new(py, Store::new(round.store))?,
         })
     }
@@ -386,8 +427,14 @@ impl Round {
 impl Round {
     fn __repr__(&self) -> String {
         format!(
-            "Round(run_id={:?}, version={}, rank={}, world_size={}, master_addr={:?}, master_port={})",
-            self.run_id, self.version, self.rank, self.world_size, self.master_addr, self.master_port
+            "Round(run_id={:?}, version={}, rank={}, world_size={}, master_addr={:?}, master_port={}, previous_rank={})",
+            self.run_id,
+            self.version,
+            self.rank,
+            self.world_size,
+            self.master_addr,
+            self.master_port,
+            self.previous_rank.map_or_else(|| "None".to_string(), |r| r.to_string())
         )
     }
 }

@@ -110,11 +110,23 @@ def test_entry_point_registers_the_backend_and_its_store_serves_the_agent(run_id
     assert store.add("c", 5) == 5 and store.compare_set("c", "5", "6") == b"6"
     assert store.check(["c"]) and store.delete_key("c") and store.num_keys() >= 1
     assert handler.num_nodes_waiting() == 0 and not handler.is_closed()
-    assert handler.shutdown() is True
-    # Leaving is not closing.
+    # An agent that ends for any reason but success or giving up only leaves…
+    try:
+        raise TimeoutError("the agent's own rendezvous timed out")
+    except TimeoutError:
+        assert handler.shutdown() is True
     other = rdzv.connect(f"mem://torch/{run_id}?min_workers=1")
     assert not other.is_closed()
     other.shutdown()
+    # …and one whose workers succeeded closes the run, as succeeded.
+    again = get_rendezvous_handler(params)
+    again.next_rendezvous()
+    assert again.shutdown() is True
+    late = rdzv.connect(f"mem://torch/{run_id}?min_workers=1")
+    with pytest.raises(rdzv.RendezvousClosedError) as closed:
+        late.next_rendezvous()
+    assert closed.value.outcome == "succeeded"
+    late.shutdown()
 
 
 def test_a_broken_round_counts_as_a_waiting_node(run_id: str) -> None:
@@ -135,7 +147,10 @@ def test_a_broken_round_counts_as_a_waiting_node(run_id: str) -> None:
     a.next_rendezvous()
     t.join(30)
     assert a.num_nodes_waiting() == 0
-    b.shutdown()  # b leaves (its agent ended): a's agent must re-form, the run stays open
+    try:  # b's agent ends for another reason than success: b leaves, a's agent must re-form
+        raise RuntimeError("b's agent stopped")
+    except RuntimeError:
+        b.shutdown()
     deadline = time.monotonic() + 10
     while a.num_nodes_waiting() == 0:
         assert time.monotonic() < deadline, "a never saw its round broken"
@@ -193,9 +208,12 @@ def test_two_agents_two_workers_each_form_a_world_of_4(endpoint: str, run_id: st
     assert all(r["world"] == 4 and r["sum"] == 10.0 for r in rs)
     assert sorted({r["group_rank"] for r in rs}) == [0, 1]
     assert len({r["master"] for r in rs}) == 1
-    # The agents left without closing the run: it stays usable.
+    # The agents' workers succeeded: the run is closed, as succeeded.
     w = rdzv.connect(f"{endpoint}/{run_id}?min_workers=1")
-    assert not w.is_closed()
+    assert w.is_closed()
+    with pytest.raises(rdzv.RendezvousClosedError) as closed:
+        w.next_rendezvous()
+    assert closed.value.outcome == "succeeded"
     w.shutdown()
 
 

@@ -2,7 +2,11 @@
 
 Each worker sums (rank + 1) over the world. When the world has TARGET_WORLD members it
 writes what it saw to OUT_DIR and exits 0; a smaller or larger world keeps reducing until
-the agents re-form it (a peer dies: the collective fails and the worker exits non-zero)."""
+the agents re-form it (a peer dies: the collective fails and the worker exits non-zero).
+With HOLD_FILE set, the workers keep reducing while that file exists, whatever the world.
+With AGENT_NAME set (in the agent's environment), each worker appends a line to
+OUT_DIR/starts.jsonl when it starts: which agent, its group rank and rank, the world size,
+and the master address (one per world)."""
 
 import json
 import os
@@ -14,10 +18,22 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 target = int(os.environ["TARGET_WORLD"])
+hold = os.environ.get("HOLD_FILE")
+if "AGENT_NAME" in os.environ:
+    start = {
+        "agent": os.environ["AGENT_NAME"],
+        "group_rank": int(os.environ["GROUP_RANK"]),
+        "rank": rank,
+        "world": world,
+        "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        "previous_group_rank": os.environ.get("RDZV_PREVIOUS_GROUP_RANK"),
+    }
+    with open(os.path.join(os.environ["OUT_DIR"], "starts.jsonl"), "a") as f:
+        f.write(json.dumps(start) + "\n")
 while True:
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)
-    if world == target:
+    if world == target and not (hold and os.path.exists(hold)):
         break
     time.sleep(0.2)
 result = {

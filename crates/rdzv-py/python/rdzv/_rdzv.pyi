@@ -20,6 +20,9 @@ class RendezvousError(Error):
 class RendezvousClosedError(RendezvousError):
     """The run was closed; no round will form."""
 
+    outcome: str | None
+    """How the job ended, if its closer said so: ``"succeeded"``, ``"failed"``, or ``None``."""
+
 class RendezvousTimeoutError(RendezvousError):
     """The call did not complete by its deadline (the ``timeout`` option)."""
 
@@ -93,6 +96,21 @@ class Round:
     def master_port(self) -> int:
         """A port that was free on rank 0's machine (``MASTER_PORT``)."""
     @property
+    def previous_version(self) -> int | None:
+        """The round ``previous_rank``, ``left`` and ``joined`` compare with: the last round this
+        worker was a member of, or else the last running round it waited on (``None``: its
+        first round)."""
+    @property
+    def previous_rank(self) -> int | None:
+        """This worker's rank in ``previous_version`` (``None``: it was not a member of it). A
+        member keeps its rank while it is below the new world size."""
+    @property
+    def left(self) -> list[int]:
+        """Ranks of ``previous_version`` whose members are not in this round, ascending."""
+    @property
+    def joined(self) -> list[int]:
+        """Ranks of this round whose members were not in ``previous_version``, ascending."""
+    @property
     def store(self) -> Store:
         """The round's private Store; rank 0 has published MASTER_ADDR/MASTER_PORT in it."""
 
@@ -120,10 +138,14 @@ class Rendezvous:
         first, if any). Raises ``RendezvousClosedError``, ``RendezvousTimeoutError``,
         ``RendezvousShutdownError``, ``RendezvousStateError``."""
     def is_closed(self) -> bool: ...
-    def set_closed(self) -> None:
-        """Closes the run for every worker."""
+    def set_closed(self, outcome: str | None = None) -> None:
+        """Closes the run for every worker; ``outcome`` (``"succeeded"`` or ``"failed"``) says how
+        the job ended, which the workers still waiting learn (``RendezvousClosedError.outcome``).
+        The run stays closed for ``run_ttl`` after its last worker is gone."""
     def num_nodes_waiting(self) -> int:
-        """How many workers wait for the next round while the current one runs."""
+        """How many waiting workers the next round could admit while the current one runs: 0
+        for a full, intact round (the workers beyond ``max_workers`` are spares, admitted only
+        when a member dies or leaves)."""
     def shutdown(self) -> None:
         """Leaves the run at once (the others learn it); does not close the run."""
     def round_broken(self, timeout: Optional[Seconds] = None) -> Optional[BrokenReason]:

@@ -10,26 +10,42 @@ torchrun loads it through the ``torchrun.handlers`` entry point of this package:
 means etcd. ``--rdzv-id`` is the run id, ``--nnodes=MIN:MAX`` the world's bounds.
 ``--rdzv-conf`` takes torch's key names (see ``TORCH_KEYS``) and rdzv's own options.
 
-Leaving is not closing. torch's ``shutdown()`` closes the rendezvous in its own backends;
-here it only makes this agent leave (its keys vanish at once, the other agents re-form
-without it if at least ``MIN`` remain). torchrun calls ``shutdown()`` when its agent ends,
-also when it fails, so an agent that dies, is stopped, or gives up after ``--max-restarts``
-never ends the job for the others. The run is closed only by ``set_closed()``; when every
-agent has left, its keys expire after ``run_ttl`` (2 h by default).
+A run that ends. torchrun calls ``shutdown()`` when its agent ends (not when a signal stops
+it). When this agent's workers all succeeded, ``shutdown()`` closes the run as succeeded (as
+torch's own backends and ``rdzv run`` do), so that spares and late agents stop within
+seconds; when the agent gave up after ``--max-restarts`` (torch raises ``ChildFailedError``),
+it closes the run as failed, as ``rdzv run`` does. An agent that stops for any other reason
+(its own rendezvous timeout, a lost backend) only leaves: its keys vanish at once and the
+other agents re-form without it if at least ``MIN`` remain.
+
+An agent whose run closes while it waits for a round — a spare, a late agent, or any agent of
+a job that succeeded — ends with exit code 0: ``next_rendezvous()`` raises ``SystemExit(0)``.
+(torch's own ``RendezvousGracefulExitError`` would be the natural signal, but torch 2.15's
+``launch_agent`` then crashes on the ``None`` result of the agent's run.) An agent that was a
+member and re-forms after a failure gets ``RendezvousClosedError`` when the run closed as
+failed, as with torch's own backends.
+
+Spares. Agents beyond ``MAX`` of ``--nnodes=MIN:MAX`` wait as spares, without a timeout while
+the round is full; a full, intact round reports ``num_nodes_waiting() == 0`` (torch's agent
+restarts on any waiting node, which for spares would trade one agent for another for ever).
+When an agent dies or leaves, the spare that arrived first takes its place and its group
+rank; the surviving agents keep theirs.
 
 ``num_nodes_waiting()`` also counts this agent's round as needing a restart when a member
-of it is gone (died or left), so the agents re-form within the keep-alive TTL even while
-their workers are stuck in a collective.
+of it is gone (died or left) or this agent's own lease was lost, so the agents re-form within
+the keep-alive TTL even while their workers are stuck in a collective.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import sys
 import urllib.parse
 from typing import Any, Callable
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -215,6 +231,7 @@ class RdzvRendezvousHandler(RendezvousHandler):
         self._worker = worker
         self._store_timeout = store_timeout
         self._in_round = False
+        self._was_member = False
 
     def get_backend(self) -> str:
         return "rdzv"
@@ -230,6 +247,14 @@ class RdzvRendezvousHandler(RendezvousHandler):
         try:
             r = self._worker.next_rendezvous()
         except rdzv.RendezvousClosedError as e:
+            if e.outcome == "succeeded" or not self._was_member:
+                how = "the job succeeded" if e.outcome == "succeeded" else "it was closed"
+                logger.info(
+                    "rdzv: run %s is over (%s) while this agent waited for a round; exiting with code 0",
+                    self._worker.run_id,
+                    how,
+                )
+                raise SystemExit(0) from e
             raise RendezvousClosedError(str(e)) from e
         except rdzv.RendezvousTimeoutError as e:
             raise RendezvousTimeoutError(str(e)) from e
@@ -240,6 +265,7 @@ class RdzvRendezvousHandler(RendezvousHandler):
         except rdzv.RendezvousError as e:
             raise RendezvousError(str(e)) from e
         self._in_round = True
+        self._was_member = True
         store = TorchStore(r.store, self._store_timeout)
         return RendezvousInfo(store, r.rank, r.world_size, RendezvousStoreInfo(r.master_addr, r.master_port))
 
@@ -250,27 +276,36 @@ class RdzvRendezvousHandler(RendezvousHandler):
         self._worker.set_closed()
 
     def num_nodes_waiting(self) -> int:
+        if self._in_round and self._worker.round_broken(timeout=0) in _BROKEN:
+            # torch's agent polls only this between its checks of the workers: reporting the
+            # broken round (or this agent's lost lease) as a waiting node makes it stop its
+            # workers and re-form now, not when a collective of its workers times out. Asked
+            # first and without a request: an agent cut off from the backend learns it at once.
+            return 1
         try:
-            waiting = self._worker.num_nodes_waiting()
+            return self._worker.num_nodes_waiting()
         except rdzv.RendezvousUnavailableError as e:
             # The agent polls this every monitor interval; an error here would end the agent
             # (and its healthy workers) over a blip of the backend. The next poll asks again.
             logger.warning("rdzv: could not count the waiting nodes (will ask again): %s", e)
-            waiting = 0
-        if waiting == 0 and self._in_round and self._worker.round_broken(timeout=0) in _BROKEN:
-            # torch's agent polls only this between its checks of the workers: reporting the
-            # broken round as a waiting node makes it re-form now, not when a collective of
-            # its workers times out.
-            return 1
-        return waiting
+            return 0
 
     def get_run_id(self) -> str:
         return self._worker.run_id
 
     def shutdown(self) -> bool:
-        # Leave, do not close: see the module's docs.
+        # torchrun calls this in a `finally`: the exception in flight, if any, says why the
+        # agent ends (see the module's docs).
+        in_flight = sys.exc_info()[1]
+        outcome = None
+        if in_flight is None:
+            outcome = "succeeded"
+        elif isinstance(in_flight, ChildFailedError):
+            outcome = "failed"
         self._in_round = False
         try:
+            if outcome is not None and self._was_member:
+                self._worker.set_closed(outcome)
             self._worker.shutdown()
         except rdzv.Error as e:
             # Torch's contract: False when shutting down failed. The session lease then

@@ -1,0 +1,167 @@
+"""Spares, stable ranks and a run that ends, with real torch (gloo on CPU) on a real etcd,
+through both launchers: torchrun with ``--rdzv-backend=rdzv``, and ``rdzv run``.
+
+- More agents than ``MAX`` nodes: one world trains undisturbed (no re-forming for the spare),
+  and every agent, the spare included, exits 0 soon after the job ends.
+- A member killed: the spare takes its place and its group rank; the others keep theirs.
+- An elastic world that loses a member: the survivors whose group ranks still exist keep them.
+
+Each worker appends a line to ``starts.jsonl`` when it starts (see ``train.py``): which
+agent, its group rank and the world's master, from which the worlds are read back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_rdzv_run import rdzv_binary
+from test_torchrun import TRAIN, kill, wait_for
+
+LAUNCHERS = ["torchrun", "rdzv-run"]
+TTL = 3
+
+
+def agent(
+    launcher: str, etcd: str, run_id: str, nnodes: str, name: str, out: Path, target: int, hold: Path, log: Path
+) -> subprocess.Popen:
+    """Starts one agent in a session of its own (so that it dies with its workers)."""
+    env = dict(
+        os.environ,
+        OUT_DIR=str(out),
+        TARGET_WORLD=str(target),
+        HOLD_FILE=str(hold),
+        AGENT_NAME=name,
+        GLOO_SOCKET_IFNAME="lo",
+        LOGLEVEL="INFO",
+    )
+    lo, _, hi = nnodes.partition(":")
+    if launcher == "torchrun":
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={nnodes}", "--nproc-per-node=1",
+            "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
+            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={TTL},join_timeout=90", "--local-addr=127.0.0.1",
+            "--monitor-interval=0.5", "--max-restarts=3", TRAIN,
+        ]  # fmt: skip
+    else:
+        url = (
+            f"etcd://{etcd}/{run_id}?min_workers={lo}&max_workers={hi or lo}"
+            f"&keep_alive_ttl={TTL}s&last_call_timeout=2s&timeout=90s"
+        )
+        cmd = [
+            rdzv_binary(), "run", url, "--nproc-per-node", "1", "--local-addr", "127.0.0.1",
+            "--monitor-interval", "0.5s", "--", sys.executable, TRAIN,
+        ]  # fmt: skip
+    with open(log, "wb") as f:
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def worlds(out: Path, size: int) -> list[dict[str, int]]:
+    """The complete worlds of `size` members that started, in order: agent name → group rank."""
+    path = out / "starts.jsonl"
+    if not path.exists():
+        return []
+    by_master: dict[str, dict[str, int]] = {}
+    for line in path.read_text().splitlines():
+        start = json.loads(line)
+        by_master.setdefault(start["master"], {})[start["agent"]] = start["group_rank"]
+    return [w for w in by_master.values() if len(w) == size]
+
+
+def starts(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "starts.jsonl").read_text().splitlines()]
+
+
+def wait_exit(procs: dict[str, subprocess.Popen], logs: dict[str, Path], timeout: float = 120) -> dict[str, float]:
+    """Waits for every agent to exit 0; returns when each exited."""
+    deadline = time.monotonic() + timeout
+    ended: dict[str, float] = {}
+    while len(ended) < len(procs):
+        for name, proc in procs.items():
+            if name not in ended and proc.poll() is not None:
+                ended[name] = time.monotonic()
+                assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{logs[name].read_text()[-4000:]}"
+        if time.monotonic() > deadline:
+            kill(list(procs.values()))
+            late = [n for n in procs if n not in ended]
+            raise AssertionError(f"{late} did not exit; log of {late[0]}:\n{logs[late[0]].read_text()[-4000:]}")
+        time.sleep(0.1)
+    return ended
+
+
+def start_agents(
+    launcher: str, etcd: str, run_id: str, nnodes: str, n: int, target: int, tmp_path: Path
+) -> tuple[dict[str, subprocess.Popen], dict[str, Path], Path, Path]:
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    out.mkdir()
+    hold.touch()
+    logs = {f"a{i}": tmp_path / f"a{i}.log" for i in range(n)}
+    procs = {name: agent(launcher, etcd, run_id, nnodes, name, out, target, hold, log) for name, log in logs.items()}
+    return procs, logs, out, hold
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_three_agents_for_a_job_of_two_train_once_and_all_exit_0(
+    launcher: str, etcd: str, run_id: str, tmp_path: Path
+) -> None:
+    procs, logs, out, hold = start_agents(launcher, etcd, run_id, "2", 3, 2, tmp_path)
+    wait_for(lambda: len(worlds(out, 2)) >= 1, "a world of 2", list(procs.values()))
+    # Ten monitor intervals: agents that re-formed for the spare would start new worlds now.
+    time.sleep(5)
+    hold.unlink()
+    ended = wait_exit(procs, logs)
+    assert len(worlds(out, 2)) == 1 and len(starts(out)) == 2, f"the world was re-formed: {starts(out)}"
+    (members,) = worlds(out, 2)
+    (spare,) = set(procs) - set(members)
+    last_member = max(ended[m] for m in members)
+    assert ended[spare] - last_member < 15, f"the spare ended {ended[spare] - last_member:.1f} s after the job"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_spare_takes_a_killed_members_place_and_the_others_keep_their_ranks(
+    launcher: str, etcd: str, run_id: str, tmp_path: Path
+) -> None:
+    procs, logs, out, hold = start_agents(launcher, etcd, run_id, "3", 4, 3, tmp_path)
+    wait_for(lambda: len(worlds(out, 3)) >= 1, "a world of 3", list(procs.values()))
+    first = worlds(out, 3)[0]
+    (spare,) = set(procs) - set(first)
+    victim = next(name for name, rank in first.items() if rank == 1)
+    killed = time.monotonic()
+    os.killpg(procs[victim].pid, signal.SIGKILL)
+    procs.pop(victim).wait()
+    wait_for(lambda: len(worlds(out, 3)) >= 2, "a world of 3 with the spare", list(procs.values()))
+    took = time.monotonic() - killed
+    second = worlds(out, 3)[1]
+    assert second[spare] == 1, f"the spare did not take group rank 1: {second}"
+    assert {n: r for n, r in second.items() if n != spare} == {n: r for n, r in first.items() if n != victim}
+    if launcher == "rdzv-run":
+        told = {s["agent"]: s["previous_group_rank"] for s in starts(out) if s["master"] != starts(out)[0]["master"]}
+        assert told == {n: ("" if n == spare else str(r)) for n, r in second.items()}, told
+    hold.unlink()
+    wait_exit(procs, {n: logs[n] for n in procs})
+    assert took < 30, f"the spare came in {took:.1f} s after the kill"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_an_elastic_world_that_loses_a_member_keeps_the_ranks_that_still_exist(
+    launcher: str, etcd: str, run_id: str, tmp_path: Path
+) -> None:
+    procs, logs, out, hold = start_agents(launcher, etcd, run_id, "2:3", 3, 2, tmp_path)
+    wait_for(lambda: len(worlds(out, 3)) >= 1, "a world of 3", list(procs.values()))
+    (first,) = worlds(out, 3)
+    victim = next(name for name, rank in first.items() if rank == 1)
+    os.killpg(procs[victim].pid, signal.SIGKILL)
+    procs.pop(victim).wait()
+    hold.unlink()
+    wait_exit(procs, {n: logs[n] for n in procs})
+    (second,) = worlds(out, 2)
+    by_old = {first[n]: r for n, r in second.items()}
+    assert by_old == {0: 0, 2: 1}, f"group ranks before → after: {by_old}"
