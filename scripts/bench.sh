@@ -13,7 +13,7 @@
 # default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
 # default 16,64,128,256); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
 # COST_SIZES (default 16,64,128,512,1024,4096); CLIENTS_WORKERS (default 1024);
-# DETECT_TTLS (default 2,5,10); RDZV_JOIN_BIN (a worker command for the multi-process runs,
+# DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); RDZV_JOIN_BIN (a worker command for the multi-process runs,
 # called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
 # RDZV_BENCH_URL / RDZV_BENCH_BACKENDS are passed to the benches (see benches/common/mod.rs).
 #
@@ -123,6 +123,10 @@ if [ -x "$cli" ]; then
     echo "== failure detection: survivors told of a SIGKILLed member, against the keep-alive TTL"
     python3 scripts/etcd_figures.py detect --rdzv "$cli" --workers 8 --ttls "${DETECT_TTLS:-2,5,10}" --runs 3 \
         --out "$results/detect.jsonl" || echo "bench: the failure-detection runs failed"
+
+    echo "== spare promotion: a spare takes a SIGKILLed member's place, against the keep-alive TTL"
+    python3 scripts/etcd_figures.py promote --rdzv "$cli" --workers 4 --ttls "${PROMOTE_TTLS:-3,10}" --runs 5 \
+        --out "$results/promote.jsonl" || echo "bench: the spare-promotion runs failed"
 fi
 
 load_after=$(load)

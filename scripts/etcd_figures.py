@@ -4,6 +4,7 @@
 usage:
   etcd_figures.py clients --rdzv BIN --workers 1024 --runs 3 --out FILE
   etcd_figures.py detect  --rdzv BIN --workers 8 --ttls 2,5,10 --runs 2 --out FILE
+  etcd_figures.py promote --rdzv BIN --workers 4 --ttls 3,10 --runs 5 --out FILE
 
 clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
   with its own client and connections (what the server sees from N hosts). Records the round's
@@ -17,6 +18,12 @@ detect: N `rdzv join URL --hold … --format json` processes with keep_alive_ttl
   notification, `Rendezvous::round_broken`) and its stdout for the next round (N - 1 workers).
   Records, per TTL and run, the time from the kill to the first and the last survivor told,
   and to the last survivor in the next round.
+
+promote: N `rdzv join URL --hold … --format json` processes with keep_alive_ttl=T form a full
+  round (min = max = N), then one more joins and waits as a spare; a member (not rank 0) is
+  killed with SIGKILL, and the spare's stdout is watched for its first round. Records, per TTL
+  and run, the time from the kill to the spare's round, whether the spare took the dead
+  member's rank, and whether every survivor kept its own.
 
 Results: one JSON line per run, appended to FILE.
 """
@@ -204,23 +211,86 @@ def detect_once(etcd, a, ttl, run):
             w.stop()
 
 
-def detect(a):
+def spares_now(a, url):
+    """How many spares `rdzv status` sees in the run."""
+    p = subprocess.run([a.rdzv, "status", url, "--format", "json"], capture_output=True, text=True, timeout=30)
+    try:
+        return json.loads(p.stdout).get("spares_count", 0)
+    except json.JSONDecodeError:
+        return 0
+
+
+def promote_once(etcd, a, ttl, run):
+    n = a.workers
+    run_id = f"promote-{os.getpid()}-{ttl}-{run}-{time.time_ns()}"
+    url = f"etcd://{etcd.hosts}/{run_id}?min_workers={n}&keep_alive_ttl={ttl}s&timeout=120s"
+    join = lambda i: Worker([a.rdzv, "join", url, "--hold", "600s", "--format", "json", "--node-id", f"w{i}"], i)
+    members = [join(i) for i in range(n)]
+    spare = None
+    r = {"workers": n, "ttl_s": ttl, "run": run}
+    try:
+        deadline = time.monotonic() + 60
+        if not all(w.wait_for(lambda w: w.rounds, deadline) for w in members):
+            r["failed"] = "the first round did not form within 60 s"
+            return r
+        first = {w.index: w.rounds[0][1]["rank"] for w in members}
+        spare = join(n)
+        waited = time.monotonic() + 30
+        while spares_now(a, url) < 1:
+            if time.monotonic() > waited:
+                r["failed"] = "the spare was not seen waiting within 30 s"
+                return r
+            time.sleep(0.1)
+        time.sleep(a.after)
+        victim = next(w for w in members if first[w.index] != 0)
+        killed = time.monotonic()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        if not spare.wait_for(lambda w: w.rounds, killed + 3 * ttl + 30):
+            r["failed"] = f"the spare was not admitted within {3 * ttl + 30} s"
+            return r
+        at, promoted = spare.rounds[0]
+        r["promoted_s"] = at - killed
+        r["spare_took_the_rank"] = promoted["rank"] == first[victim.index]
+        survivors = [w for w in members if w is not victim]
+        for w in survivors:
+            w.wait_for(lambda w: len(w.rounds) >= 2, killed + 3 * ttl + 30)
+        r["survivors_kept_ranks"] = all(len(w.rounds) >= 2 and w.rounds[1][1]["rank"] == first[w.index]
+                                        for w in survivors)
+        r["version"] = promoted["version"]
+        return r
+    finally:
+        for w in members + [spare] * (spare is not None):
+            w.stop()
+
+
+def per_ttl(a, once, describe):
+    """Runs `once(etcd, a, ttl, run)` for every TTL of `a.ttls` and run, on one local etcd,
+    appending each result to `a.out` and printing `describe(result)` (or its failure)."""
     etcd = Etcd()
     try:
         with open(a.out, "a") as out:
             for ttl in [float(t) for t in a.ttls.split(",")]:
                 ttl = int(ttl) if ttl == int(ttl) else ttl
                 for run in range(a.runs):
-                    r = detect_once(etcd, a, ttl, run)
+                    r = once(etcd, a, ttl, run)
                     r["etcd_version"] = etcd.version()
-                    print(f"detect N={a.workers} ttl={ttl}s run {run}: "
-                          + (f"told after {r['told_first_s']:.2f}–{r['told_last_s']:.2f} s, next round of "
-                             f"{r.get('next_world_sizes')} after {r.get('next_round_last_s', float('nan')):.2f} s"
-                             if "failed" not in r else f"FAILED: {r['failed']}"), flush=True)
+                    print(f"{a.what} N={a.workers} ttl={ttl}s run {run}: "
+                          + (describe(r) if "failed" not in r else f"FAILED: {r['failed']}"), flush=True)
                     out.write(json.dumps(r) + "\n")
                     out.flush()
     finally:
         etcd.stop()
+
+
+def promote(a):
+    per_ttl(a, promote_once, lambda r: f"spare in after {r['promoted_s']:.2f} s, took the rank: "
+            f"{r['spare_took_the_rank']}, survivors kept theirs: {r['survivors_kept_ranks']}")
+
+
+def detect(a):
+    per_ttl(a, detect_once, lambda r: f"told after {r['told_first_s']:.2f}–{r['told_last_s']:.2f} s, next round of "
+            f"{r.get('next_world_sizes')} after {r.get('next_round_last_s', float('nan')):.2f} s")
 
 
 def main():
@@ -235,11 +305,16 @@ def main():
     d.add_argument("--ttls", default="2,5,10", help="keep_alive_ttl values, seconds")
     d.add_argument("--runs", type=int, default=2)
     d.add_argument("--after", type=float, default=1.0, help="seconds between the round and the kill")
-    for p in (c, d):
+    s = sub.add_parser("promote", help="time for a spare to take a SIGKILLed member's place")
+    s.add_argument("--workers", type=int, default=4, help="members of the full round (a spare comes on top)")
+    s.add_argument("--ttls", default="3,10", help="keep_alive_ttl values, seconds")
+    s.add_argument("--runs", type=int, default=5)
+    s.add_argument("--after", type=float, default=1.0, help="seconds between the spare waiting and the kill")
+    for p in (c, d, s):
         p.add_argument("--rdzv", required=True, help="the rdzv binary")
         p.add_argument("--out", required=True)
     a = ap.parse_args()
-    clients(a) if a.what == "clients" else detect(a)
+    {"clients": clients, "detect": detect, "promote": promote}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ Python 3.
 usage: plot.py RESULTS_DIR OUT_MD PLOT_DIR
 RESULTS_DIR holds cas_contention.jsonl, rendezvous_latency.jsonl, store_ops.jsonl,
 cost.jsonl, multiproc.jsonl, multiproc_cli.jsonl, machine.json and, when they were run,
-multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl; notes.md (optional)
-is appended verbatim. A missing file leaves its rows or section out.
+multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl, promote.jsonl;
+notes.md (optional) is appended verbatim. A missing file leaves its rows or section out.
 """
 
 import json
@@ -403,8 +403,28 @@ def main():
         if r["workers"] in MEMORY_TARGETS:
             rows.append([f"peak memory, {r['workers']} in-process workers, {r['backend']} (VmHWM of the whole process)",
                          f"{r['vmhwm_kib'] / MIB:.0f} MiB", "–", f"≤ {MEMORY_TARGETS[r['workers']]} MiB"])
+    promote = load(res, "promote.jsonl")
+    for ttl in sorted({r["ttl_s"] for r in promote}):
+        rs = [r for r in promote if r["ttl_s"] == ttl]
+        ok = [r["promoted_s"] for r in rs if not r.get("failed")]
+        kept = sum(bool(r.get("spare_took_the_rank") and r.get("survivors_kept_ranks")) for r in rs)
+        rows.append([f"a spare takes a SIGKILLed member's place (`rdzv join` processes, etcd, keep_alive_ttl {ttl} s): "
+                     f"from the kill to the spare's round; ranks kept in {kept} of {len(rs)} runs",
+                     fmt_spread(ok), "–", f"≤ TTL + 1 s = {ttl + 1:g} s"])
     md.append(table(["figure", "measured", "reference", "target"], rows))
     md.append("")
+    if promote:
+        workers = sorted({r["workers"] for r in promote})
+        md.append(f"Spare promotion (`scripts/etcd_figures.py promote`): {', '.join(map(str, workers))} "
+                  "`rdzv join … --hold` processes on etcd form a full round (min = max = N), one more waits "
+                  "as a spare; about 1 s after `rdzv status` sees it, a member (not rank 0) is killed with "
+                  "SIGKILL, and the time runs until the spare printed its round. The lease of the dead member "
+                  "expires between ⅔ TTL and one TTL after its last refresh (every TTL/3); the rest is the "
+                  "round forming at once (full: no last call), with every survivor keeping its rank and the "
+                  "spare taking the dead one's. Failed runs: "
+                  + (", ".join(f"TTL {r['ttl_s']} s run {r['run']}: {r['failed'][:160]}" for r in promote if r.get("failed"))
+                     or "none") + ".")
+        md.append("")
 
     # ---- latency
     md.append("## Rendezvous latency, in-process workers")
