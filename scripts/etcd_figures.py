@@ -275,6 +275,8 @@ def per_ttl(a, once, describe):
                 for run in range(a.runs):
                     r = once(etcd, a, ttl, run)
                     r["etcd_version"] = etcd.version()
+                    r["load"] = " ".join(open("/proc/loadavg").read().split()[:3])
+                    r["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                     print(f"{a.what} N={a.workers} ttl={ttl}s run {run}: "
                           + (describe(r) if "failed" not in r else f"FAILED: {r['failed']}"), flush=True)
                     out.write(json.dumps(r) + "\n")

@@ -415,13 +415,19 @@ def main():
     md.append("")
     if promote:
         workers = sorted({r["workers"] for r in promote})
-        md.append(f"Spare promotion (`scripts/etcd_figures.py promote`): {', '.join(map(str, workers))} "
+        md.append("Spare promotion (`python3 scripts/etcd_figures.py promote --rdzv target/release/rdzv --workers 4 "
+                  "--ttls 3,10 --runs 5 --out benches/results/promote.jsonl`, run by `scripts/bench.sh`): "
+                  f"{', '.join(map(str, workers))} "
                   "`rdzv join … --hold` processes on etcd form a full round (min = max = N), one more waits "
                   "as a spare; about 1 s after `rdzv status` sees it, a member (not rank 0) is killed with "
                   "SIGKILL, and the time runs until the spare printed its round. The lease of the dead member "
                   "expires between ⅔ TTL and one TTL after its last refresh (every TTL/3); the rest is the "
                   "round forming at once (full: no last call), with every survivor keeping its rank and the "
-                  "spare taking the dead one's. Failed runs: "
+                  "spare taking the dead one's. Run "
+                  + (f"{promote[0].get('date', '?')} to {promote[-1].get('date', '?')}, load average (1/5/15 min) "
+                     f"{promote[0].get('load', '?')} at the first run and {promote[-1].get('load', '?')} at the last"
+                     if promote else "")
+                  + ". Failed runs: "
                   + (", ".join(f"TTL {r['ttl_s']} s run {r['run']}: {r['failed'][:160]}" for r in promote if r.get("failed"))
                      or "none") + ".")
         md.append("")
