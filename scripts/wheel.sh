@@ -13,23 +13,25 @@
 # oldest glibc Rust's std supports (a build for 2.12 fails to link: std needs getauxval).
 # A native build on this Debian 12 would need glibc 2.34 or newer (manylinux_2_34).
 #
-# Usage: scripts/wheel.sh [--out DIR]     (default dist/; takes about 5 minutes on 2 cores
+# Usage: scripts/wheel.sh [--out DIR]     (default dist/; takes 5–9 minutes on 2 cores
 # from a cold build). Needs cargo and protoc (scripts/setup.sh); installs its pinned tools
 # (crates/rdzv-py/requirements-wheel.txt) into .venv-wheel-build/ (git-ignored) once.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log() { echo "wheel: $*" >&2; }
 die() { log "$*"; exit 1; }
 
-out=dist
+out=""
 while (($# > 0)); do
     case $1 in
-        --out) [[ $# -ge 2 ]] || die "--out needs a directory"; out=$2; shift 2 ;;
-        -h | --help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        # Relative to where the script is called from.
+        --out) [[ $# -ge 2 ]] || die "--out needs a directory"; out=$(realpath -m "$2"); shift 2 ;;
+        -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument \`$1\` (usage: scripts/wheel.sh [--out DIR])" ;;
     esac
 done
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=${out:-$PWD/dist}
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"
