@@ -19,6 +19,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 log() { echo "test-wheel: $*" >&2; }
 die() { log "$*"; exit 1; }
 
+if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
 for bin in etcd python3 cargo; do
     command -v "$bin" >/dev/null 2>&1 || die "\`$bin\` is not installed; run scripts/setup.sh"
 done
