@@ -27,4 +27,5 @@ step readme-demo bash scripts/readme-demo.sh
 export RDZV_REQUIRE_SERVERS=1
 step tests cargo test --workspace -j2
 step python bash scripts/test-python.sh
+step wheel bash scripts/test-wheel.sh
 echo "==> all steps passed" >&2
