@@ -7,10 +7,13 @@
 #  1. a fresh venv without torch: `import rdzv` (no torch), the version, the metadata, the
 #     `rdzv` binary on PATH, `rdzv demo`, `python -m rdzv` (scripts/wheel_checks.py);
 #  2. a fresh venv of the oldest CPython the wheel claims (3.9), when one is installed;
-#  3. the cached venv .venv-wheel-test/ (git-ignored; torch is several GB, installed once):
-#     `rdzv[torch]` resolved against the pinned torch with no index, then torchrun with
-#     `--rdzv-backend=rdzv` (2 agents x 2 workers) and `rdzv run` (2 nodes x 2 workers) on a
-#     real etcd: the tests of crates/rdzv-py/tests that need nothing but the wheel.
+#  3. the cached venv of the python step, .venv-py/ (git-ignored; torch is several GB and is
+#     installed once, so it is reused rather than installed into a venv of its own): its
+#     rdzv is replaced by the wheel (`rdzv[torch]` resolved against the pinned torch with no
+#     index), then torchrun with `--rdzv-backend=rdzv` (2 agents x 2 workers) and `rdzv run`
+#     (2 nodes x 2 workers) on a real etcd: the tests of crates/rdzv-py/tests that need
+#     nothing but the wheel. The python step's `maturin develop` puts the checkout's build
+#     back the next time it runs.
 #
 # Records the wheel's name, tags and size. Fails loudly when something is missing.
 set -euo pipefail
@@ -27,7 +30,7 @@ for bin in etcd python3 cargo; do
 done
 
 out=target/wheel-test
-venv=.venv-wheel-test
+venv=.venv-py
 requirements=crates/rdzv-py/requirements-test.txt
 start=$SECONDS
 
