@@ -25,6 +25,25 @@ pub enum KvError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The server answered, but cannot serve now: it has no leader (an election is under
+    /// way), is overloaded ("too many requests"), or a request timed out inside the cluster
+    /// (a leader failed). Retryable, and unlike [`KvError::Unavailable`] worth retrying
+    /// even at the first contact, where a server that cannot be reached fails at once: it
+    /// passes by itself ([`retry_while_busy`](crate::retry_while_busy)).
+    #[error(
+        "{backend} at {endpoint} cannot serve now: {message}; this passes by itself (a leader election, an overload): retry, and if it lasts, check the cluster's health"
+    )]
+    Busy {
+        /// Backend name.
+        backend: &'static str,
+        /// The endpoint(s) tried, without credentials.
+        endpoint: String,
+        /// What the server said.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The operation did not complete in time. Retryable.
     #[error("{backend}: {operation} timed out after {after:?}")]
     Timeout {
@@ -97,7 +116,19 @@ pub enum KvError {
 impl KvError {
     /// Whether retrying the same operation may succeed (server unreachable or slow).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, KvError::Unavailable { .. } | KvError::Timeout { .. } | KvError::WatchEnded { .. })
+        matches!(
+            self,
+            KvError::Unavailable { .. }
+                | KvError::Busy { .. }
+                | KvError::Timeout { .. }
+                | KvError::WatchEnded { .. }
+        )
+    }
+
+    /// Whether the server answered that it cannot serve now ([`KvError::Busy`]): a
+    /// condition that passes by itself, retried even where an unreachable server is not.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, KvError::Busy { .. })
     }
 
     /// Whether a watch failed in a way that a fresh read repairs: its start revision was
@@ -126,6 +157,12 @@ impl KvError {
         };
         match self {
             KvError::Unavailable { backend, endpoint, message, source } => KvError::Unavailable {
+                backend,
+                endpoint: endpoint.clone(),
+                message: with_source(message, source),
+                source: None,
+            },
+            KvError::Busy { backend, endpoint, message, source } => KvError::Busy {
                 backend,
                 endpoint: endpoint.clone(),
                 message: with_source(message, source),

@@ -11,6 +11,7 @@ mod kv;
 mod params;
 mod registry;
 mod rendezvous;
+mod retry;
 mod session;
 mod url;
 
@@ -21,6 +22,7 @@ pub use bytes::Bytes;
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
 pub use ext::{KvExt, Watch, show_key};
 pub use kv::*;
+pub use retry::{retry_delays, retry_while_busy};
 pub use session::Session;
 
 // Parameters, URLs and identifiers.

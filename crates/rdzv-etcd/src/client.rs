@@ -329,25 +329,31 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
         connect_options = connect_options.with_tls(tls_options(tls)?);
     }
     let operation = "connect";
-    let classify = |e: etcd_client::Error, ctx: Context<'_>| {
+    let classify = |e: etcd_client::Error| {
+        let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
         let tls_failure = error::is_tls_failure(&e);
         let error = error::classify(operation, e, ctx);
-        ConnectError::Kv(if tls_failure { error } else { with_tls_hint(error, options) })
+        if tls_failure { error } else { with_tls_hint(error, options) }
     };
-    let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
     let members = urls.len() as u32;
     let shared = Shared::new(urls, connect_options, options.username.clone());
     // The first contact: connecting a member (which authenticates, with credentials) and
     // asking for its status, so that a wrong address, a TLS mismatch or a bad password is
     // reported here rather than at the first operation. Each unreachable member may take
-    // the connect timeout.
-    let probe = shared.run(|clients| {
-        let mut maintenance = clients.client.maintenance_client();
-        async move { maintenance.status().await }
+    // the connect timeout. A member that answers it has no leader (an election under way:
+    // the status goes with `require_leader`) is asked again within that time, since that
+    // passes; one that cannot be reached fails at once.
+    let deadline = tokio::time::Instant::now() + options.connect_timeout * members;
+    let probe = rdzv_core::retry_while_busy(deadline, || async {
+        let status = shared.run(|clients| {
+            let mut maintenance = clients.client.maintenance_client();
+            async move { maintenance.status().await }
+        });
+        status.await.map(drop).map_err(classify)
     });
-    match tokio::time::timeout(options.connect_timeout * members, probe).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(classify(e, ctx)),
+    match tokio::time::timeout_at(deadline, probe).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(ConnectError::Kv(e)),
         Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
     }
     tracing::debug!(endpoints = %endpoint_list, "connected to etcd");
