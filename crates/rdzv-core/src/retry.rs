@@ -97,4 +97,14 @@ mod tests {
         );
         assert!(delays[11] >= Duration::from_secs(1), "{delays:?}");
     }
+
+    #[test]
+    fn two_backoffs_jitter_apart() {
+        // With backon's `std` feature each backoff seeds its jitter at random; without it,
+        // every one (in every process) would wait exactly as long as every other.
+        let delays = || -> Vec<Duration> {
+            retry_delays(Duration::from_millis(50), Duration::from_secs(1)).take(8).collect()
+        };
+        assert_ne!(delays(), delays());
+    }
 }
