@@ -141,6 +141,47 @@ async fn watch_resumes_after_its_connection_is_killed() {
     }
 }
 
+/// Every connection of a client reset (a middlebox dropped them, the server was fine): the
+/// first request after it must not fail — not a read, not a write, not a lease grant (what
+/// `RendezvousHandler::new` starts with). They used to fail once with a broken pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_requests_after_every_connection_was_reset_succeed() {
+    let server = RedisServer::start().expect("redis-server");
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    let mut config = server.config("reset");
+    config.endpoint = Endpoint { host: "127.0.0.1".into(), port: link.endpoints()[0].port() };
+    let kv = connect(config).await;
+    put(&*kv, b"/r/0", b"v", PutOptions::OVERWRITE).await;
+    let lease = within("grant", kv.lease_grant(Duration::from_secs(30))).await.unwrap();
+    within("keep-alive", kv.lease_keep_alive(lease)).await.unwrap();
+    for round in 0..3 {
+        assert!(link.cut() > 0, "no connection to reset");
+        // The resets reach the client (a real one arrives before the next request, too).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let key = format!("/r/{round}-put");
+        within("put", kv.put(key.as_bytes(), b"v", PutOptions::OVERWRITE))
+            .await
+            .unwrap_or_else(|e| panic!("put after reset {round}: {e}"));
+        link.cut();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        within("grant", kv.lease_grant(Duration::from_secs(30)))
+            .await
+            .unwrap_or_else(|e| panic!("grant after reset {round}: {e}"));
+        link.cut();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        within("keep-alive", kv.lease_keep_alive(lease))
+            .await
+            .unwrap_or_else(|e| panic!("keep-alive after reset {round}: {e}"));
+        link.cut();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut params = rdzv_core::RendezvousParams::new("reset", 1, 1).unwrap();
+        params.node_id = Some(format!("n{round}"));
+        let handler = within("new", rdzv_core::RendezvousHandler::new(kv.clone(), params)).await;
+        handler.unwrap_or_else(|e| panic!("RendezvousHandler::new after reset {round}: {e}"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restart_is_unavailable_then_reported_as_lost_data() {
     let mut server = RedisServer::start().expect("redis-server");
@@ -461,7 +502,10 @@ async fn factory_connects_from_a_url() {
 
     let e = factory.connect(&url(server, &[("bogus", "1")])).await.unwrap_err();
     assert!(e.to_string().contains("bogus"), "{e}");
+    // A user the server does not know (over RESP3 the default user, which needs no password
+    // here, would take any).
     let mut with_password = url(server, &[("namespace", &ns)]);
+    with_password.username = Some("nobody".into());
     with_password.password = Some(Secret::new("sekrit-pw"));
     let e = within("connect with a password", factory.connect(&with_password)).await.unwrap_err();
     let text = format!("{e} {e:?}");
