@@ -780,8 +780,12 @@ fn assert_too_large(
     limit: usize,
 ) {
     match result {
-        Err(KvError::TooLarge { backend: "redis", what: w, size: s, limit: l }) => {
-            assert_eq!((w, s, l), (what, size, limit));
+        Err(e @ KvError::TooLarge { backend: "redis", .. }) => {
+            let KvError::TooLarge { what: w, size: s, limit: l, raise, .. } = &e else { unreachable!() };
+            assert_eq!((*w, *s, *l), (what, size, limit));
+            // Redis's limits are fixed: the message must not send anyone looking for an option.
+            assert_eq!(*raise, None);
+            assert!(!e.to_string().contains("option") && e.to_string().contains("fixed"), "{e}");
         }
         other => panic!("expected {what} of {size} bytes to be too large, got {other:?}"),
     }
