@@ -615,6 +615,32 @@ async fn passwords_and_acl_users_log_in_and_never_show() {
     assert!(!format!("{e:?}").contains("default-pw"), "{e:?}");
 }
 
+/// A hole in the event log that compaction does not explain (entries lost below the kept
+/// history): a watch replaying across it ends as a dropped watch does — retryable, "read
+/// again and watch again" — instead of with a final backend error that ended the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_across_lost_history_ends_retryably() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    let first = put(&*kv, b"/h/1", b"1", PutOptions::OVERWRITE).await;
+    let lost = put(&*kv, b"/h/2", b"2", PutOptions::OVERWRITE).await;
+    put(&*kv, b"/h/3", b"3", PutOptions::OVERWRITE).await;
+    let mut conn = raw(server).await;
+    let removed: i64 = redis::cmd("XDEL")
+        .arg(format!("{{rdzv:{ns}}}:log"))
+        .arg(format!("{lost}-0"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "the entry of revision {lost}");
+    let mut events = within("watch", kv.watch(b"/h/", WatchScope::Prefix, first)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), first);
+    let error = next(&mut events).await.unwrap_err();
+    assert!(matches!(error, KvError::WatchEnded { .. }) && error.needs_reread(), "{error:?}");
+    assert!(within("watch end", events.next()).await.is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
     let server = shared();
