@@ -261,7 +261,7 @@ fn a_run_ttl_under_twice_the_keep_alive_ttl_is_refused() {
         }
         other => panic!("expected InvalidValue for run_ttl, got {other:?}"),
     }
-    let mut p = rdzv_core::RendezvousParams::new("r", 1, 1).unwrap();
+    let mut p = rdzv_core::RendezvousParams::new("r", 1, 1).expect("valid sizes");
     p.keep_alive_ttl = Duration::from_secs(2);
     p.run_ttl = Duration::from_secs(4);
     assert!(p.validate().is_ok(), "exactly twice is enough");
