@@ -9,6 +9,7 @@ mod ext;
 mod ids;
 mod kv;
 mod params;
+mod per_process;
 mod registry;
 mod rendezvous;
 mod retry;
@@ -22,6 +23,7 @@ pub use bytes::Bytes;
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
 pub use ext::{KvExt, Watch, show_key};
 pub use kv::*;
+pub use per_process::PerProcess;
 pub use retry::{retry_delays, retry_while_busy};
 pub use session::Session;
 

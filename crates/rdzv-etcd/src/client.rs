@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, Identity, KvClient, LeaseClient, TlsOptions, WatchClient,
 };
-use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId};
+use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId, PerProcess};
 use tokio::sync::OnceCell;
 
 use crate::config::{EtcdOptions, TlsFiles};
@@ -261,7 +261,9 @@ struct Entry {
     runtime_alive: Weak<()>,
 }
 
-static CACHE: LazyLock<Mutex<HashMap<CacheKey, Entry>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// This process's clients (a forked child starts without its parent's: their connections'
+/// tasks ran on the parent's runtimes, and a parent's thread may have held the lock).
+static CACHE: PerProcess<Mutex<HashMap<CacheKey, Entry>>> = PerProcess::new(Default::default);
 
 /// The shared client for `options`, connecting (and checking that the cluster answers) the
 /// first time.
@@ -278,7 +280,7 @@ pub(crate) async fn shared(options: &EtcdOptions) -> Result<Arc<Shared>, Connect
         connect_timeout: options.connect_timeout,
     };
     let cell = {
-        let mut cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = CACHE.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         cache.retain(|_, entry| entry.runtime_alive.strong_count() > 0);
         let entry = cache.entry(key).or_insert_with(|| {
             let alive = Arc::new(());
@@ -299,7 +301,7 @@ pub(crate) async fn shared(options: &EtcdOptions) -> Result<Arc<Shared>, Connect
 
 /// Number of live cached clients (for tests of the sharing).
 pub(crate) fn cached_clients() -> usize {
-    let cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let cache = CACHE.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     cache.values().filter(|e| e.runtime_alive.strong_count() > 0 && e.cell.initialized()).count()
 }
 
