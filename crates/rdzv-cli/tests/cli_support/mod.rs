@@ -119,6 +119,11 @@ impl Proc {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("a process that has not been waited for")
+    }
+
     /// Whether it is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
