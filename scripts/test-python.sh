@@ -49,8 +49,9 @@ export PATH=$PWD/$venv/bin:$PATH
 # Two cores: keep the Rust build inside maturin at two jobs.
 export CARGO_BUILD_JOBS=2
 maturin develop --quiet -m crates/rdzv-py/Cargo.toml
-# The `rdzv` binary, for the test of `rdzv run` driving torch (already built by the Rust tests).
-cargo build --quiet -p rdzv-cli
+# The `rdzv` binary, for the test of `rdzv run` driving torch, and `rdzv-netfault`, the
+# partition harness (conftest.py's `Link`); both already built by the Rust tests.
+cargo build --quiet -p rdzv-cli -p rdzv-netfault
 
 # pytest exits 5 when it collected no test: that is a failure here too.
 set +e

@@ -12,7 +12,7 @@ use std::time::Duration;
 use rdzv::core::{Kv, RangeOptions, RendezvousParams};
 use tokio::time::Instant;
 
-const RUN_TTL: Duration = Duration::from_secs(3);
+const RUN_TTL: Duration = Duration::from_secs(4);
 
 fn params(run: &str, min: usize, node: &str) -> RendezvousParams {
     let mut p = support::params(run, min, min);

@@ -1,8 +1,8 @@
 //! Real server faults in the middle of a rendezvous (docs/PROTOCOL.md "Failure handling"):
 //! etcd paused with SIGSTOP for longer than the keep-alive TTL, etcd killed and restarted
-//! on its data directory, and every client connection cut by a TCP proxy while watches are
-//! open (etcd and Redis). In each, once the world has healed, the workers that keep calling
-//! must complete a round: a timeout is a failure. How long that took after the server came
+//! on its data directory, and every client connection reset by a `rdzv_netfault::Link`
+//! while watches are open (etcd and Redis). In each, once the world has healed, the workers
+//! that keep calling must complete a round: a timeout is a failure. How long that took after the server came
 //! back is printed (BENCHMARKS.md records it).
 #![allow(clippy::unwrap_used)]
 
@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
 use rdzv_etcd::testing::EtcdServer;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use rdzv_netfault::Link;
 use tokio::time::{Instant, timeout};
 
 /// The keep-alive TTL of the workers: outages below last longer than this.
@@ -113,50 +112,13 @@ async fn etcd_killed_and_restarted_then_the_round_completes() {
     println!("etcd down {:?}: round complete {took:?} after it restarted", 3 * TTL);
 }
 
-/// A TCP proxy on loopback whose connections can all be cut at once, like a network fault
-/// between clients and server (the server itself stays up).
-struct Proxy {
-    port: u16,
-    connections: Arc<std::sync::Mutex<JoinSet<()>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let connections: Arc<std::sync::Mutex<JoinSet<()>>> = Arc::default();
-        let set = connections.clone();
-        let accept = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else { continue };
-                set.lock().unwrap().spawn(async move {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                });
-            }
-        });
-        Proxy { port, connections, accept }
-    }
-
-    /// Drops every open connection (both directions, at once).
-    fn cut(&self) -> usize {
-        let mut set = self.connections.lock().unwrap();
-        let n = set.len();
-        set.abort_all();
-        n
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        self.cut();
-    }
+fn loopback(port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// Workers wait with open watches; every connection is cut; the round still completes. Then
 /// the members' monitors lose their connections too, and a member's death is still told.
-async fn cut_connections(kv: Arc<dyn Kv>, proxy: &Proxy, name: &str) {
+async fn cut_connections(kv: Arc<dyn Kv>, link: &Link, name: &str) {
     let p = params(&support::run_id(name), 3);
     let early = handlers(&kv, &p, &["a", "b"]).await;
     // The third worker's handler exists before the cut (its session is kept alive across
@@ -164,7 +126,7 @@ async fn cut_connections(kv: Arc<dyn Kv>, proxy: &Proxy, name: &str) {
     let late = handlers(&kv, &p, &["c"]).await;
     let calls = spawn_calls(&early);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(proxy.cut() > 0, "no connection went through the proxy");
+    assert!(link.cut() > 0, "no connection went through the link");
     let back = Instant::now();
     let mut calls = calls;
     calls.extend(spawn_calls(&late));
@@ -173,7 +135,7 @@ async fn cut_connections(kv: Arc<dyn Kv>, proxy: &Proxy, name: &str) {
 
     // Running: cut again, then one member leaves; the others are told.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.cut();
+    link.cut();
     tokio::time::sleep(Duration::from_millis(300)).await;
     late[0].shutdown().await.unwrap();
     for h in &early {
@@ -186,17 +148,17 @@ async fn cut_connections(kv: Arc<dyn Kv>, proxy: &Proxy, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_connections_cut_while_watching() {
     let server = EtcdServer::start().await.unwrap();
-    let proxy = Proxy::start(server.endpoint().port).await;
-    let url = format!("etcd://127.0.0.1:{}/x?min_workers=1", proxy.port);
+    let link = Link::start([loopback(server.endpoint().port)]).unwrap();
+    let url = format!("etcd://{}/x?min_workers=1", link.endpoint_list());
     let (kv, _) = rdzv::registry().connect_backend(&url).await.unwrap();
-    cut_connections(kv, &proxy, "etcd-cut").await;
+    cut_connections(kv, &link, "etcd-cut").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_connections_cut_while_watching() {
     let server = rdzv_redis::testing::RedisServer::start().unwrap();
-    let proxy = Proxy::start(server.port()).await;
-    let url = format!("redis://127.0.0.1:{}/x?min_workers=1", proxy.port);
+    let link = Link::start([loopback(server.port())]).unwrap();
+    let url = format!("redis://{}/x?min_workers=1", link.endpoint_list());
     let (kv, _) = rdzv::registry().connect_backend(&url).await.unwrap();
-    cut_connections(kv, &proxy, "redis-cut").await;
+    cut_connections(kv, &link, "redis-cut").await;
 }

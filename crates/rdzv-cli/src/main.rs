@@ -57,6 +57,8 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     #[command(name = "__exec")]
     Exec(cmd::exec::ExecArgs),
+    #[command(name = "__guard")]
+    Guard(cmd::guard::GuardArgs),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +67,8 @@ fn main() -> ExitCode {
     // A worker about to start: no runtime, no threads, nothing to log; it `exec`s at once.
     let cli = match cli.command {
         Command::Exec(args) => return cmd::exec::run(args),
+        // A worker group's guard: its own small runtime, nothing to log.
+        Command::Guard(args) => return cmd::guard::run(args),
         command => Cli { command },
     };
     // The demo crashes a worker on purpose: its lease warnings would only be noise.
@@ -92,7 +96,9 @@ fn main() -> ExitCode {
             Command::Close(args) => cmd::close::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
             Command::Demo(args) => cmd::demo::run(args).await,
-            Command::Exec(_) => Err(CliError::other("`__exec` runs before the runtime starts")),
+            Command::Exec(_) | Command::Guard(_) => {
+                Err(CliError::other("`__exec` and `__guard` run before the runtime starts"))
+            }
         }
     });
     // Background tasks (lease keep-alives, watches) must not delay the exit.

@@ -1,6 +1,9 @@
 //! The local workers of `rdzv run`: started through `rdzv __exec` (so each ends when the
-//! agent dies), each in its own process group (so stopping one stops its children too), with
-//! per-worker log files and error files, and stopped with SIGTERM then SIGKILL.
+//! agent dies), each in its own process group (so stopping one stops its children too) with
+//! a guard in it (`rdzv __guard`, so that the group ends when the agent dies), with
+//! per-worker log files and error files, and stopped with SIGTERM then SIGKILL. A worker
+//! is reaped only after its group's last signal, so that its group's id cannot have been
+//! recycled for another program's processes when it is signalled.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -8,9 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use rustix::process::Signal;
+use std::os::unix::process::ExitStatusExt;
+
+use rustix::process::{Pid, Signal, WaitId, WaitIdOptions, waitid};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -75,22 +81,59 @@ pub struct WorkerExit {
 
 struct Running {
     spec_rank: usize,
-    pgid: u32,
+    /// Its process id, which is also its process group's id.
+    pid: Pid,
     error_file: PathBuf,
     status: Option<ExitStatus>,
+    /// Whether it was reaped. Until then an exited worker is this process's zombie, whose pid
+    /// — its group's id — the kernel gives to no other process: its group is signalled only
+    /// while that holds, never after (a recycled id could be another program's group).
+    reaped: bool,
+}
+
+impl Running {
+    /// Collects its exit status (it exited, or was just sent SIGKILL), freeing its pid.
+    fn reap(&mut self) {
+        if self.reaped {
+            return;
+        }
+        self.reaped = true;
+        match waitid(WaitId::Pid(self.pid), WaitIdOptions::EXITED) {
+            Ok(Some(status)) => self.status = self.status.or(Some(exit_status(&status))),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("reaping the worker of rank {} (pid {}): {e}", self.spec_rank, self.pid),
+        }
+    }
 }
 
 /// The running workers of one attempt.
 pub struct Group {
     workers: Vec<Running>,
     exits: mpsc::UnboundedReceiver<(usize, ExitStatus)>,
+    watcher: JoinHandle<()>,
     copies: Vec<JoinHandle<()>>,
+    /// One guard per worker (`rdzv __guard`), a member of its group, which kills the group
+    /// when this agent ends (see [`GuardPipe`]).
+    guards: Vec<tokio::process::Child>,
+    /// Closed when this agent is done with the group, also when it dies.
+    _guard_pipe: GuardPipe,
+}
+
+/// The pipe the guards read: this agent holds its only write end (close-on-exec, so no
+/// worker inherits it). When the agent ends — even by SIGKILL — the kernel closes it, the
+/// guards read the end of their stdin and kill their groups: what a worker started (its
+/// children, in its group) ends with it. A worker itself also gets a parent-death signal
+/// (`rdzv __exec`).
+struct GuardPipe {
+    read: std::io::PipeReader,
+    _write: std::io::PipeWriter,
 }
 
 impl Group {
     /// Starts `command` once per spec, through `rdzv __exec` (`exe`), each in its own
-    /// process group; `hide` removes what the workers must not inherit (the password).
-    /// Workers started before an error are killed when the returned error drops them.
+    /// process group with a guard (`rdzv __guard`) in it; `hide` removes what the workers
+    /// must not inherit (the password). Workers started before an error are killed when the
+    /// returned error drops them.
     pub fn start(
         exe: &Path,
         command: &[String],
@@ -100,7 +143,17 @@ impl Group {
         hide: impl Fn(&mut Command),
     ) -> std::io::Result<Group> {
         let (tx, exits) = mpsc::unbounded_channel();
-        let mut group = Group { workers: Vec::new(), exits, copies: Vec::new() };
+        // Before any worker starts, so that no exit goes unnoticed.
+        let children = signal(SignalKind::child()).ok();
+        let (read, write) = std::io::pipe()?;
+        let mut group = Group {
+            workers: Vec::new(),
+            exits,
+            watcher: tokio::spawn(async {}),
+            copies: Vec::new(),
+            guards: Vec::new(),
+            _guard_pipe: GuardPipe { read, _write: write },
+        };
         for spec in specs {
             let dir = logs.worker_dir(attempt, spec.local_rank);
             std::fs::create_dir_all(&dir)?;
@@ -119,8 +172,7 @@ impl Group {
                 .args(command)
                 .envs(spec.env.iter().map(|(k, v)| (*k, v.as_str())))
                 .env("TORCHELASTIC_ERROR_FILE", &error_file)
-                .process_group(0)
-                .kill_on_drop(true);
+                .process_group(0);
             hide(&mut cmd);
             let (stdout, stderr) = if logs.tee {
                 (Stdio::piped(), Stdio::piped())
@@ -133,17 +185,30 @@ impl Group {
                 (Stdio::inherit(), Stdio::inherit())
             };
             cmd.stdout(stdout).stderr(stderr);
-            // The parent-death signal of `__exec` fires when the *thread* that started it
-            // ends: this runs on the runtime's main thread or a worker thread, which live
-            // as long as the agent.
-            let mut child = cmd.spawn()?;
-            let pgid = child.id().ok_or_else(|| std::io::Error::other("the worker ended at once"))?;
+            // Spawned without tokio, which would reap it as soon as it exits (see
+            // `Running::reaped`). The parent-death signal of `__exec` fires when the
+            // *thread* that started it ends: this runs on the runtime's main thread or a
+            // worker thread, which live as long as the agent.
+            let mut child = cmd.into_std().spawn()?;
+            let pid = i32::try_from(child.id())
+                .ok()
+                .and_then(Pid::from_raw)
+                .ok_or_else(|| std::io::Error::other("the worker got no usable process id"))?;
+            group.workers.push(Running {
+                spec_rank: spec.rank,
+                pid,
+                error_file,
+                status: None,
+                reaped: false,
+            });
+            group.guards.push(guard(exe, pid, &group._guard_pipe.read)?);
             if logs.tee {
                 let file = |name: &str| -> std::io::Result<Option<std::fs::File>> {
                     if logs.to_files { std::fs::File::create(dir.join(name)).map(Some) } else { Ok(None) }
                 };
                 let prefix = format!("[{}]:", spec.rank);
                 if let Some(out) = child.stdout.take() {
+                    let out = tokio::process::ChildStdout::from_std(out)?;
                     group.copies.push(tokio::spawn(copy_lines(
                         out,
                         file("stdout.log")?,
@@ -152,21 +217,14 @@ impl Group {
                     )));
                 }
                 if let Some(err) = child.stderr.take() {
+                    let err = tokio::process::ChildStderr::from_std(err)?;
                     group.copies.push(tokio::spawn(copy_lines(err, file("stderr.log")?, prefix, true)));
                 }
             }
-            let index = group.workers.len();
-            group.workers.push(Running { spec_rank: spec.rank, pgid, error_file, status: None });
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let status = match child.wait().await {
-                    Ok(status) => status,
-                    // Cannot happen for a child of ours; count it as killed.
-                    Err(_) => std::os::unix::process::ExitStatusExt::from_raw(9),
-                };
-                let _ = tx.send((index, status));
-            });
         }
+        let pids: Vec<Pid> = group.workers.iter().map(|w| w.pid).collect();
+        group.watcher.abort();
+        group.watcher = tokio::spawn(watch_exits(pids, children, tx));
         Ok(group)
     }
 
@@ -182,18 +240,20 @@ impl Group {
     }
 
     /// Sends `signal` to every worker's process group (also those whose worker exited:
-    /// children it left behind are still in it).
+    /// children it left behind are still in it). Only groups whose worker is not reaped yet
+    /// are signalled, which until [`Group::stop`] is all of them.
     pub fn signal(&self, signal: Signal) {
-        for w in &self.workers {
-            if let Err(e) = signal_group(w.pgid, signal) {
-                tracing::warn!("signalling the process group {} of rank {}: {e}", w.pgid, w.spec_rank);
+        for w in self.workers.iter().filter(|w| !w.reaped) {
+            if let Err(e) = signal_group(w.pid.as_raw_nonzero().get().unsigned_abs(), signal) {
+                tracing::warn!("signalling the process group {} of rank {}: {e}", w.pid, w.spec_rank);
             }
         }
     }
 
     /// Stops every worker: `first` to every process group, up to `grace` for the workers to
-    /// exit, then SIGKILL to every group (what the workers left behind included). Returns
-    /// the first failure among the workers, in local rank order (`None`: all exited 0).
+    /// exit, then SIGKILL to every group (what the workers left behind, and the guards,
+    /// included), and only then reaps them. Returns the first failure among the workers, in
+    /// local rank order (`None`: all exited 0).
     pub async fn stop(&mut self, first: Signal, grace: Duration) -> Option<ExitStatus> {
         if self.workers.iter().any(|w| w.status.is_none()) {
             self.signal(first);
@@ -201,6 +261,12 @@ impl Group {
         }
         self.signal(Signal::KILL);
         while self.next_exit().await.is_some() {}
+        for w in &mut self.workers {
+            w.reap();
+        }
+        for guard in &mut self.guards {
+            let _ = tokio::time::timeout(Duration::from_secs(2), guard.wait()).await;
+        }
         // The output copies end when the last writer of each pipe is gone.
         for copy in self.copies.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(2), copy).await;
@@ -211,11 +277,77 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        // The agent is leaving without stopping its workers (an error): no worker outlives it.
-        if self.workers.iter().any(|w| w.status.is_none()) {
+        self.watcher.abort();
+        // The agent is leaving without stopping its workers (an error): no worker outlives
+        // it. Their groups are killed while their ids are still theirs, then reaped.
+        if self.workers.iter().any(|w| !w.reaped) {
             self.signal(Signal::KILL);
+            for w in &mut self.workers {
+                w.reap();
+            }
         }
     }
+}
+
+/// Starts the guard of the group `pid` leads, as a member of that group, reading `pipe`.
+fn guard(exe: &Path, pid: Pid, pipe: &std::io::PipeReader) -> std::io::Result<tokio::process::Child> {
+    let group = pid.as_raw_nonzero().get();
+    Command::new(exe)
+        .arg("__guard")
+        .process_group(group)
+        .stdin(Stdio::from(pipe.try_clone()?))
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+}
+
+/// Sends the exit status of each worker (by its index in `pids`) once it exits, without
+/// reaping it: woken by SIGCHLD (`children`), and every 250 ms in case a signal was missed.
+async fn watch_exits(
+    pids: Vec<Pid>,
+    mut children: Option<tokio::signal::unix::Signal>,
+    exits: mpsc::UnboundedSender<(usize, ExitStatus)>,
+) {
+    let mut waiting: Vec<(usize, Pid)> = pids.into_iter().enumerate().collect();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    while !waiting.is_empty() {
+        waiting.retain(|&(index, pid)| {
+            let options = WaitIdOptions::EXITED | WaitIdOptions::NOWAIT | WaitIdOptions::NOHANG;
+            match waitid(WaitId::Pid(pid), options) {
+                Ok(Some(status)) if status.exited() || status.killed() || status.dumped() => {
+                    let _ = exits.send((index, exit_status(&status)));
+                    false
+                }
+                Ok(_) => true,
+                // Not our child any more (cannot happen while unreaped): count it as killed.
+                Err(_) => {
+                    let _ = exits.send((index, ExitStatus::from_raw(9)));
+                    false
+                }
+            }
+        });
+        match children.as_mut() {
+            Some(children) => {
+                tokio::select! {
+                    _ = children.recv() => {}
+                    _ = tick.tick() => {}
+                }
+            }
+            None => {
+                tick.tick().await;
+            }
+        }
+    }
+}
+
+/// A `waitid` status as an [`ExitStatus`] (a wait status: the code in the second byte, or
+/// the signal in the low bits, 0x80 for a core dump).
+fn exit_status(status: &rustix::process::WaitIdStatus) -> ExitStatus {
+    if let Some(code) = status.exit_status() {
+        return ExitStatus::from_raw((code & 0xff) << 8);
+    }
+    let signal = status.terminating_signal().unwrap_or(9);
+    ExitStatus::from_raw(signal | if status.dumped() { 0x80 } else { 0 })
 }
 
 /// Copies lines from a worker's pipe to `file` (if any) and, prefixed, to the agent's

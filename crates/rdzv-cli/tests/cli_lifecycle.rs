@@ -49,7 +49,7 @@ async fn nothing_left(url: String, run: &str, kv: Arc<dyn Kv>) {
 async fn etcd_run_leaves_nothing_behind() {
     let server = rdzv_etcd::testing::shared().await.unwrap();
     let run = run_id("ttl");
-    let url = server.url(&format!("{run}?min_workers=2&run_ttl=3s&keep_alive_ttl=2s&timeout=20s"));
+    let url = server.url(&format!("{run}?min_workers=2&run_ttl=4s&keep_alive_ttl=2s&timeout=20s"));
     cli_support::bounded(nothing_left(url, &run, server.kv().await)).await;
 }
 
@@ -57,6 +57,6 @@ async fn etcd_run_leaves_nothing_behind() {
 async fn redis_run_leaves_nothing_behind() {
     let server = rdzv_redis::testing::shared();
     let run = run_id("ttl");
-    let url = server.url(&run, "min_workers=2&run_ttl=3s&keep_alive_ttl=2s&timeout=20s");
+    let url = server.url(&run, "min_workers=2&run_ttl=4s&keep_alive_ttl=2s&timeout=20s");
     cli_support::bounded(nothing_left(url, &run, server.kv_in("rdzv").await)).await;
 }

@@ -25,6 +25,25 @@ pub enum KvError {
         #[source]
         source: Option<BoxError>,
     },
+    /// The server answered, but cannot serve now: it has no leader (an election is under
+    /// way), is overloaded ("too many requests"), or a request timed out inside the cluster
+    /// (a leader failed). Retryable, and unlike [`KvError::Unavailable`] worth retrying
+    /// even at the first contact, where a server that cannot be reached fails at once: it
+    /// passes by itself ([`retry_while_busy`](crate::retry_while_busy)).
+    #[error(
+        "{backend} at {endpoint} cannot serve now: {message}; this passes by itself (a leader election, an overload): retry, and if it lasts, check the cluster's health"
+    )]
+    Busy {
+        /// Backend name.
+        backend: &'static str,
+        /// The endpoint(s) tried, without credentials.
+        endpoint: String,
+        /// What the server said.
+        message: String,
+        /// The client library's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The operation did not complete in time. Retryable.
     #[error("{backend}: {operation} timed out after {after:?}")]
     Timeout {
@@ -61,7 +80,8 @@ pub enum KvError {
     InvalidArgument(String),
     /// A key, value or request is larger than the backend accepts; nothing was sent.
     #[error(
-        "{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less (or raise the server's limit and the matching option)"
+        "{backend}: {what} is {size} bytes, more than the limit of {limit} bytes; store less{}",
+        raise_hint(*.raise)
     )]
     TooLarge {
         /// Backend name.
@@ -72,6 +92,9 @@ pub enum KvError {
         size: usize,
         /// The limit in bytes.
         limit: usize,
+        /// How this limit can be raised, if it can (`None`: it is fixed); named in the
+        /// message, so that it never points at an option the backend lacks.
+        raise: Option<&'static str>,
     },
     /// The backend lacks this capability.
     #[error("the {backend} backend does not support {what}")]
@@ -97,7 +120,19 @@ pub enum KvError {
 impl KvError {
     /// Whether retrying the same operation may succeed (server unreachable or slow).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, KvError::Unavailable { .. } | KvError::Timeout { .. } | KvError::WatchEnded { .. })
+        matches!(
+            self,
+            KvError::Unavailable { .. }
+                | KvError::Busy { .. }
+                | KvError::Timeout { .. }
+                | KvError::WatchEnded { .. }
+        )
+    }
+
+    /// Whether the server answered that it cannot serve now ([`KvError::Busy`]): a
+    /// condition that passes by itself, retried even where an unreachable server is not.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, KvError::Busy { .. })
     }
 
     /// Whether a watch failed in a way that a fresh read repairs: its start revision was
@@ -131,6 +166,12 @@ impl KvError {
                 message: with_source(message, source),
                 source: None,
             },
+            KvError::Busy { backend, endpoint, message, source } => KvError::Busy {
+                backend,
+                endpoint: endpoint.clone(),
+                message: with_source(message, source),
+                source: None,
+            },
             KvError::Timeout { backend, operation, after } => {
                 KvError::Timeout { backend, operation: operation.clone(), after: *after }
             }
@@ -140,8 +181,8 @@ impl KvError {
                 KvError::Compacted { requested: *requested, oldest: *oldest }
             }
             KvError::InvalidArgument(message) => KvError::InvalidArgument(message.clone()),
-            KvError::TooLarge { backend, what, size, limit } => {
-                KvError::TooLarge { backend, what, size: *size, limit: *limit }
+            KvError::TooLarge { backend, what, size, limit, raise } => {
+                KvError::TooLarge { backend, what, size: *size, limit: *limit, raise: *raise }
             }
             KvError::Unsupported { backend, what } => KvError::Unsupported { backend, what },
             KvError::Backend { backend, message, source } => {
@@ -153,6 +194,14 @@ impl KvError {
     /// A [`KvError::Backend`] from a message alone.
     pub fn backend(backend: &'static str, message: impl Into<String>) -> Self {
         KvError::Backend { backend, message: message.into(), source: None }
+    }
+}
+
+/// The end of a [`KvError::TooLarge`] message: how to raise the limit, or that it is fixed.
+fn raise_hint(raise: Option<&'static str>) -> String {
+    match raise {
+        Some(how) => format!(", or raise the limit: {how}"),
+        None => " (this limit is fixed)".to_string(),
     }
 }
 
@@ -292,5 +341,23 @@ mod tests {
         ));
         assert!(KvError::backend("redis", "x").duplicate().to_string().contains("redis: x"));
         assert!(!KvError::LeaseNotFound(7).duplicate().is_retryable());
+    }
+
+    #[test]
+    fn too_large_names_how_to_raise_the_limit_only_where_there_is_a_way() {
+        let fixed = KvError::TooLarge { backend: "redis", what: "a value", size: 9, limit: 8, raise: None };
+        let text = fixed.to_string();
+        assert!(text.contains("more than the limit of 8 bytes; store less (this limit is fixed)"), "{text}");
+        assert!(!text.contains("option"), "{text}");
+        let raisable = KvError::TooLarge {
+            backend: "etcd",
+            what: "a value",
+            size: 9,
+            limit: 8,
+            raise: Some("the option max_request_bytes"),
+        };
+        assert!(
+            raisable.duplicate().to_string().ends_with("or raise the limit: the option max_request_bytes")
+        );
     }
 }

@@ -9,8 +9,10 @@ mod ext;
 mod ids;
 mod kv;
 mod params;
+mod per_process;
 mod registry;
 mod rendezvous;
+mod retry;
 mod session;
 mod url;
 
@@ -21,6 +23,8 @@ pub use bytes::Bytes;
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
 pub use ext::{KvExt, Watch, show_key};
 pub use kv::*;
+pub use per_process::PerProcess;
+pub use retry::{retry_delays, retry_while_busy};
 pub use session::Session;
 
 // Parameters, URLs and identifiers.

@@ -159,6 +159,25 @@ impl RendezvousParams {
         ] {
             check_duration_bound(name, &format!("{d:?}"), d)?;
         }
+        // The run lease binds the round counter; the keys of a round that outlive it are bound
+        // to the workers' sessions. When every holder of the run lease is gone (the creator of
+        // a first round died while the others were still joining), the counter expires and
+        // round numbers start again at 1: a dead worker's keys of those rounds must have gone
+        // first, or they are counted in the new rounds as if alive. A dead holder's run lease
+        // lasts at least two thirds of `run_ttl` (refreshed every third), its session keys at
+        // most `keep_alive_ttl`; twice leaves room for the servers' expiry granularity.
+        if self.run_ttl < 2 * self.keep_alive_ttl {
+            return invalid(
+                "run_ttl",
+                format!("{:?}", self.run_ttl),
+                &format!(
+                    "must be at least twice keep_alive_ttl ({:?}): the run's round counter must outlive \
+                     every worker's session keys, or a run whose last lease holder died would number its \
+                     rounds from 1 again while a dead worker's keys of those rounds remain",
+                    self.keep_alive_ttl
+                ),
+            );
+        }
         if self.prefix.is_empty() {
             return invalid("prefix", String::new(), "the key prefix must not be empty");
         }

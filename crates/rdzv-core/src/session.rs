@@ -11,7 +11,7 @@
 //! only kind whose clock tests may pause) it is a task of that runtime, on its clock.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::KvError;
 use crate::kv::{Kv, KvResult, LeaseId};
+use crate::per_process::PerProcess;
 
 /// One lease, refreshed every TTL/3 in the background until [`Session::close`] or drop.
 ///
@@ -146,7 +147,9 @@ struct Driver {
 /// current-thread runtime, that runtime (its driver lives on it).
 type DriverKey = (usize, Option<tokio::runtime::Id>);
 
-static DRIVERS: OnceLock<Mutex<HashMap<DriverKey, Weak<Driver>>>> = OnceLock::new();
+/// The drivers of this process (a forked child starts without its parent's: their tasks ran
+/// on threads the child does not have).
+static DRIVERS: PerProcess<Mutex<HashMap<DriverKey, Weak<Driver>>>> = PerProcess::new(Default::default);
 
 impl Driver {
     /// The driver of `kv` for the current runtime, started if there is none (or its
@@ -159,7 +162,7 @@ impl Driver {
         };
         let runtime = if own_thread.is_some() { None } else { Some(current.id()) };
         let key = (Arc::as_ptr(kv) as *const () as usize, runtime);
-        let mut drivers = DRIVERS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        let mut drivers = DRIVERS.get().lock().unwrap_or_else(|p| p.into_inner());
         if let Some(driver) = drivers.get(&key).and_then(Weak::upgrade)
             && !driver.commands.is_closed()
         {
@@ -181,20 +184,20 @@ impl Driver {
 /// The runtime on a thread of its own that runs the drivers of sessions started in
 /// multi-thread runtimes; `None` if it could not be started (they then run in the caller's
 /// runtime). It lives as long as the process, so that whatever a backend starts from it
-/// (a reconnection, a lease reaper) outlives any one driver.
+/// (a reconnection, a lease reaper) outlives any one driver. A forked child starts its own:
+/// the parent's thread is not in the child, and a driver sent to its runtime would never
+/// run (the child's sessions were never refreshed, and never reported lost).
 fn keep_alive_runtime() -> Option<&'static tokio::runtime::Handle> {
-    static RUNTIME: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            let handle = runtime.handle().clone();
-            std::thread::Builder::new()
-                .name("rdzv-keepalive".into())
-                .spawn(move || runtime.block_on(std::future::pending::<()>()))
-                .ok()?;
-            Some(handle)
-        })
-        .as_ref()
+    static RUNTIME: PerProcess<Option<tokio::runtime::Handle>> = PerProcess::new(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        let handle = runtime.handle().clone();
+        std::thread::Builder::new()
+            .name("rdzv-keepalive".into())
+            .spawn(move || runtime.block_on(std::future::pending::<()>()))
+            .ok()?;
+        Some(handle)
+    });
+    RUNTIME.get().as_ref()
 }
 
 /// A session's interest in a lease.

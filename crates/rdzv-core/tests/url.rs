@@ -238,6 +238,8 @@ fn parameter_errors() {
         ("etcd://h/r?min_workers=1&keep_alive_ttl=0s", "keep_alive_ttl"),
         ("etcd://h/r?min_workers=1&run_ttl=0", "run_ttl"),
         ("etcd://h/r?min_workers=1&last_call_timeout=-5s", "last_call_timeout"),
+        ("etcd://h/r?min_workers=1&keep_alive_ttl=10s&run_ttl=15s", "run_ttl"),
+        ("etcd://h/r?min_workers=1&keep_alive_ttl=3h", "run_ttl"),
     ] {
         match params_err(url) {
             ConfigError::InvalidValue { option: o, reason, .. } => {
@@ -247,6 +249,22 @@ fn parameter_errors() {
             other => panic!("{url}: expected InvalidValue for {option}, got {other:?}"),
         }
     }
+}
+
+/// A run lease shorter than twice the session TTL is refused, saying why and naming both.
+#[test]
+fn a_run_ttl_under_twice_the_keep_alive_ttl_is_refused() {
+    match params_err("etcd://h/r?min_workers=1&keep_alive_ttl=10s&run_ttl=15s") {
+        ConfigError::InvalidValue { option, value, reason } => {
+            assert_eq!((option.as_str(), value.as_str()), ("run_ttl", "15s"));
+            assert!(reason.contains("twice keep_alive_ttl (10s)"), "{reason}");
+        }
+        other => panic!("expected InvalidValue for run_ttl, got {other:?}"),
+    }
+    let mut p = rdzv_core::RendezvousParams::new("r", 1, 1).expect("valid sizes");
+    p.keep_alive_ttl = Duration::from_secs(2);
+    p.run_ttl = Duration::from_secs(4);
+    assert!(p.validate().is_ok(), "exactly twice is enough");
 }
 
 #[test]

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, Identity, KvClient, LeaseClient, TlsOptions, WatchClient,
 };
-use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId};
+use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId, PerProcess};
 use tokio::sync::OnceCell;
 
 use crate::config::{EtcdOptions, TlsFiles};
@@ -261,7 +261,9 @@ struct Entry {
     runtime_alive: Weak<()>,
 }
 
-static CACHE: LazyLock<Mutex<HashMap<CacheKey, Entry>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+/// This process's clients (a forked child starts without its parent's: their connections'
+/// tasks ran on the parent's runtimes, and a parent's thread may have held the lock).
+static CACHE: PerProcess<Mutex<HashMap<CacheKey, Entry>>> = PerProcess::new(Default::default);
 
 /// The shared client for `options`, connecting (and checking that the cluster answers) the
 /// first time.
@@ -278,7 +280,7 @@ pub(crate) async fn shared(options: &EtcdOptions) -> Result<Arc<Shared>, Connect
         connect_timeout: options.connect_timeout,
     };
     let cell = {
-        let mut cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = CACHE.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         cache.retain(|_, entry| entry.runtime_alive.strong_count() > 0);
         let entry = cache.entry(key).or_insert_with(|| {
             let alive = Arc::new(());
@@ -299,7 +301,7 @@ pub(crate) async fn shared(options: &EtcdOptions) -> Result<Arc<Shared>, Connect
 
 /// Number of live cached clients (for tests of the sharing).
 pub(crate) fn cached_clients() -> usize {
-    let cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let cache = CACHE.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     cache.values().filter(|e| e.runtime_alive.strong_count() > 0 && e.cell.initialized()).count()
 }
 
@@ -329,25 +331,31 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
         connect_options = connect_options.with_tls(tls_options(tls)?);
     }
     let operation = "connect";
-    let classify = |e: etcd_client::Error, ctx: Context<'_>| {
+    let classify = |e: etcd_client::Error| {
+        let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
         let tls_failure = error::is_tls_failure(&e);
         let error = error::classify(operation, e, ctx);
-        ConnectError::Kv(if tls_failure { error } else { with_tls_hint(error, options) })
+        if tls_failure { error } else { with_tls_hint(error, options) }
     };
-    let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };
     let members = urls.len() as u32;
     let shared = Shared::new(urls, connect_options, options.username.clone());
     // The first contact: connecting a member (which authenticates, with credentials) and
     // asking for its status, so that a wrong address, a TLS mismatch or a bad password is
     // reported here rather than at the first operation. Each unreachable member may take
-    // the connect timeout.
-    let probe = shared.run(|clients| {
-        let mut maintenance = clients.client.maintenance_client();
-        async move { maintenance.status().await }
+    // the connect timeout. A member that answers it has no leader (an election under way:
+    // the status goes with `require_leader`) is asked again within that time, since that
+    // passes; one that cannot be reached fails at once.
+    let deadline = tokio::time::Instant::now() + options.connect_timeout * members;
+    let probe = rdzv_core::retry_while_busy(deadline, || async {
+        let status = shared.run(|clients| {
+            let mut maintenance = clients.client.maintenance_client();
+            async move { maintenance.status().await }
+        });
+        status.await.map(drop).map_err(classify)
     });
-    match tokio::time::timeout(options.connect_timeout * members, probe).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(classify(e, ctx)),
+    match tokio::time::timeout_at(deadline, probe).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(ConnectError::Kv(e)),
         Err(_) => return Err(ConnectError::Kv(no_answer(&endpoint_list, options))),
     }
     tracing::debug!(endpoints = %endpoint_list, "connected to etcd");

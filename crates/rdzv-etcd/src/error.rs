@@ -17,9 +17,9 @@
 //!
 //! | code | etcd's meanings | becomes |
 //! |---|---|---|
-//! | `Unavailable` | no leader, leader changed, request timed out, server stopped, unhealthy | `Unavailable` |
+//! | `Unavailable` | no leader, leader changed, request timed out, server stopped, unhealthy | `Busy`: it passes by itself, so it is retried even at the first contact |
 //! | `Cancelled`, `Aborted` | the server gave up on the request | `Unavailable` |
-//! | `ResourceExhausted` | too many requests; database space exceeded | `Unavailable` (¹) |
+//! | `ResourceExhausted` | too many requests; database space exceeded | `Busy` (¹) |
 //! | `DeadlineExceeded` | deadline exceeded | `Timeout` |
 //! | `NotFound` | lease not found (the only `NotFound` a key-value request can get) | `LeaseNotFound` with the request's lease, else `Backend` |
 //! | `Unauthenticated` | invalid auth token; credentials refused at login | `Backend`: check user and password |
@@ -31,7 +31,8 @@
 //! several things; each falls back to the code's class when the message is reworded, and
 //! none makes a failure retryable:
 //! (¹) `ResourceExhausted` whose message says a message was larger than the server's
-//! maximum is a too-large request (`InvalidArgument`, not worth retrying);
+//! maximum is a too-large request (`InvalidArgument`, not worth retrying), and one that
+//! says the database space is exceeded needs the operator (`Unavailable`, with the hint);
 //! (²) `InvalidArgument` whose message is about the user name or auth (etcd answers
 //! "user name is empty" to a request without credentials) becomes `Backend` with a hint to
 //! give credentials; "request is too large" gets a hint about `max_request_bytes`.
@@ -158,6 +159,11 @@ mod signals {
         message.contains("too large")
     }
 
+    /// etcd's "database space exceeded" (the NOSPACE alarm).
+    pub fn no_space(message: &str) -> bool {
+        message.contains("space exceeded")
+    }
+
     /// etcd's "user name is empty", "user name not found", "invalid auth token"...
     pub fn about_credentials(message: &str) -> bool {
         message.contains("user name") || message.contains("auth")
@@ -168,6 +174,11 @@ mod signals {
 const TOO_LARGE_HINT: &str = "the request is larger than the server accepts: store less, or if the \
     server's --max-request-bytes was raised, set the option max_request_bytes to the same value";
 
+/// The hint given when the server's database is full.
+const NO_SPACE_HINT: &str = "the etcd database reached its quota (--quota-backend-bytes): \
+    the operator must compact and defragment it and disarm the NOSPACE alarm \
+    (`etcdctl alarm disarm`)";
+
 /// An answer from the server, by its code (`message` only refines the hint).
 fn classify_answer(
     operation: &str,
@@ -177,13 +188,21 @@ fn classify_answer(
     ctx: Context<'_>,
 ) -> KvError {
     match code {
-        Code::Unavailable | Code::Cancelled | Code::Aborted => unavailable(operation, error, ctx),
+        Code::Unavailable => busy(operation, error, ctx),
+        Code::Cancelled | Code::Aborted => unavailable(operation, error, ctx),
         Code::ResourceExhausted if signals::message_too_large(message) => {
             KvError::InvalidArgument(format!("etcd {operation}: {message}: {TOO_LARGE_HINT}"))
         }
-        // "too many requests" passes; "database space exceeded" needs the operator
-        // (compact, defragment, disarm the alarm) and then passes too.
-        Code::ResourceExhausted => unavailable(operation, error, ctx),
+        // "database space exceeded" needs the operator (compact, defragment, disarm the
+        // alarm), and then passes too.
+        Code::ResourceExhausted if signals::no_space(message) => KvError::Unavailable {
+            backend: BACKEND,
+            endpoint: ctx.endpoints.to_string(),
+            message: format!("{operation} failed: {message}: {NO_SPACE_HINT}"),
+            source: Some(Box::new(error)),
+        },
+        // "too many requests" passes.
+        Code::ResourceExhausted => busy(operation, error, ctx),
         Code::DeadlineExceeded => KvError::Timeout {
             backend: BACKEND,
             operation: format!("{operation} at {} ({message})", ctx.endpoints),
@@ -237,16 +256,14 @@ fn classify_answer(
 /// retryable failure of the login stays as it is.
 /// The error etcd put in a lease grant's answer (its `error` field, not a gRPC status): an
 /// overloaded or leaderless server ("too many requests", "timed out", "no leader", "leader
-/// changed") is retryable, as the same words in a status are; anything else is not.
+/// changed") is `Busy`, as the same words in a status are; anything else is final.
 pub(crate) fn grant_answer(message: &str, endpoints: &str) -> KvError {
     const PASSING: [&str; 5] = ["too many requests", "timed out", "no leader", "leader changed", "unhealthy"];
     if PASSING.iter().any(|w| message.contains(w)) {
-        KvError::Unavailable {
+        KvError::Busy {
             backend: BACKEND,
             endpoint: endpoints.to_string(),
-            message: format!(
-                "lease_grant failed: {message} (the server is busy or electing a leader; retry)"
-            ),
+            message: format!("lease_grant failed: {message}"),
             source: None,
         }
     } else {
@@ -271,6 +288,17 @@ pub(crate) fn login_refused(error: EtcdError) -> EtcdError {
 /// like etcd's own answer to other requests about a missing lease.
 pub(crate) fn lease_not_found() -> EtcdError {
     EtcdError::GRpcStatus(Status::not_found("the keep-alive answered TTL 0: lease not found"))
+}
+
+/// A server's answer that it cannot serve now (no leader, overloaded, timed out inside the
+/// cluster).
+fn busy(operation: &str, error: EtcdError, ctx: Context<'_>) -> KvError {
+    KvError::Busy {
+        backend: BACKEND,
+        endpoint: ctx.endpoints.to_string(),
+        message: format!("{operation} failed: {}", describe(&error)),
+        source: Some(Box::new(error)),
+    }
 }
 
 fn unavailable(operation: &str, error: EtcdError, ctx: Context<'_>) -> KvError {
@@ -411,19 +439,25 @@ mod tests {
     fn server_statuses_are_classified_by_code_whatever_their_message() {
         for message in ["etcdserver: no leader", "etcdserver: leader changed", "reworded: nobody leads"] {
             let err = classified(answer(Code::Unavailable, message), None);
-            assert!(matches!(err, KvError::Unavailable { .. }), "{message}: {err:?}");
+            assert!(matches!(err, KvError::Busy { .. }), "{message}: {err:?}");
             assert!(err.to_string().contains(message), "{err}");
             assert!(is_unreachable(&answer(Code::Unavailable, message)), "fails over: {message}");
             assert!(!never_sent(&answer(Code::Unavailable, message)), "it was sent: {message}");
         }
         // etcd may answer a lease grant with its error in the response instead of a status.
-        assert!(grant_answer("etcdserver: too many requests", "h:1").is_retryable());
-        assert!(grant_answer("etcdserver: request timed out", "h:1").is_retryable());
+        assert!(grant_answer("etcdserver: too many requests", "h:1").is_busy());
+        assert!(grant_answer("etcdserver: request timed out", "h:1").is_busy());
         assert!(!grant_answer("etcdserver: lease already exists", "h:1").is_retryable());
         for code in [Code::Cancelled, Code::Aborted, Code::ResourceExhausted] {
             let err = classified(answer(code, "etcdserver: too many requests, or anything"), None);
             assert!(err.is_retryable(), "{code:?}: {err:?}");
         }
+        let err = classified(answer(Code::ResourceExhausted, "etcdserver: too many requests"), None);
+        assert!(err.is_busy(), "{err:?}");
+        let err =
+            classified(answer(Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"), None);
+        assert!(err.is_retryable() && !err.is_busy(), "{err:?}");
+        assert!(err.to_string().contains("alarm disarm"), "{err}");
         let err = classified(answer(Code::DeadlineExceeded, "whatever"), None);
         assert!(matches!(err, KvError::Timeout { after, .. } if after == Duration::from_secs(3)), "{err:?}");
         for message in ["etcdserver: requested lease not found", "lease gone (reworded)"] {

@@ -139,7 +139,13 @@ impl EtcdKv {
     fn check_value(&self, value: &[u8]) -> KvResult<()> {
         let limit = self.max_value_bytes();
         if value.len() > limit {
-            return Err(KvError::TooLarge { backend: BACKEND, what: "a value", size: value.len(), limit });
+            return Err(KvError::TooLarge {
+                backend: BACKEND,
+                what: "a value",
+                size: value.len(),
+                limit,
+                raise: Some(RAISE_VALUE_LIMIT),
+            });
         }
         Ok(())
     }
@@ -281,6 +287,9 @@ impl EtcdKv {
     }
 }
 
+/// How the value limit is raised (docs/ETCD.md, "Size limits").
+const RAISE_VALUE_LIMIT: &str = "start the servers with a larger --max-request-bytes and give the URL option max_request_bytes the same value";
+
 /// Refuses a key (namespace included) over [`MAX_KEY_BYTES`], before sending it.
 fn check_key(full: &[u8]) -> KvResult<()> {
     if full.len() > MAX_KEY_BYTES {
@@ -289,6 +298,7 @@ fn check_key(full: &[u8]) -> KvResult<()> {
             what: "a key (namespace included)",
             size: full.len(),
             limit: MAX_KEY_BYTES,
+            raise: None,
         });
     }
     Ok(())

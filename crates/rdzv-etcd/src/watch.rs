@@ -543,9 +543,8 @@ impl Driver {
     /// the stream yields the error).
     fn end_group(&mut self, gid: u64, what: &str, reason: &str) {
         let Some(group) = self.groups.remove(&gid) else { return };
-        let reason = if reason.is_empty() { "no reason given" } else { reason };
-        let error =
-            KvError::backend(BACKEND, format!("etcd {what} the watch at {}: {reason}", self.endpoints));
+        let key = group.namespace.strip(group.key.clone());
+        let error = ended(what, reason, &self.endpoints, &key);
         for (token, mut member) in group.members {
             self.members.remove(&token);
             if let Some(reply) = member.reply.take() {
@@ -809,5 +808,41 @@ impl Stream for Subscription {
 impl Drop for Subscription {
     fn drop(&mut self) {
         let _ = self.commands.send(Command::Cancel { token: self.token });
+    }
+}
+
+/// The error a watch etcd refused or cancelled (for another reason than compaction) ends
+/// with. A refusal for want of permission is final: the user's roles must change. Anything
+/// else (a member that lags behind the revision asked for, a watch the server gave up on)
+/// ends the watch as a dropped stream does, [`KvError::WatchEnded`]: read again, watch again,
+/// which a fresh read makes safe. Its reason is logged, since the error cannot carry it.
+fn ended(what: &str, reason: &str, endpoints: &str, key: &[u8]) -> KvError {
+    let reason = if reason.is_empty() { "no reason given" } else { reason };
+    if reason.contains("permission denied") {
+        return KvError::backend(
+            BACKEND,
+            format!(
+                "etcd {what} the watch at {endpoints}: {reason}: the user's roles must grant read on \
+                 every key under rdzv's key prefix (see docs/ETCD.md, RBAC)"
+            ),
+        );
+    }
+    tracing::warn!(endpoints, %reason, "etcd {what} a watch; reading again and watching again");
+    KvError::WatchEnded { backend: BACKEND, key: rdzv_core::show_key(key) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cancelled_watch_is_watched_again_unless_permission_is_missing() {
+        for reason in ["mvcc: required revision is a future revision", "", "etcdserver: reworded"] {
+            let e = ended("cancelled", reason, "h:1", b"/p/rdzv/active_version");
+            assert!(matches!(e, KvError::WatchEnded { .. }) && e.needs_reread(), "{reason:?}: {e:?}");
+            assert!(e.to_string().contains("/p/rdzv/active_version"), "{e}");
+        }
+        let e = ended("refused", "etcdserver: permission denied", "h:1", b"/p/");
+        assert!(!e.is_retryable() && e.to_string().contains("roles"), "{e}");
     }
 }

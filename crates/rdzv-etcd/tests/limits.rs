@@ -22,7 +22,7 @@ async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
 
 fn assert_too_large(err: &KvError, expected_what: &str, expected_size: usize, expected_limit: usize) {
     match err {
-        KvError::TooLarge { backend, what, size, limit } => {
+        KvError::TooLarge { backend, what, size, limit, .. } => {
             assert_eq!(*backend, "etcd");
             assert!(what.contains(expected_what), "{what}");
             assert_eq!((*size, *limit), (expected_size, expected_limit), "{err}");
@@ -46,6 +46,10 @@ async fn over_the_limits_is_refused_before_sending_and_the_largest_write_passes(
     let err = kv.put(b"k", &vec![1u8; limit + 1], PutOptions::OVERWRITE).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(1), "fails fast: {:?}", started.elapsed());
     assert_too_large(&err, "value", limit + 1, limit);
+    assert!(
+        err.to_string().contains("--max-request-bytes") && err.to_string().contains("max_request_bytes"),
+        "{err}"
+    );
     // A key of MAX_KEY_BYTES + 1 (namespace included), whatever the operation.
     let long_key = vec![b'k'; MAX_KEY_BYTES + 1 - "ns/".len()];
     let key_errors = [
@@ -57,6 +61,7 @@ async fn over_the_limits_is_refused_before_sending_and_the_largest_write_passes(
     ];
     for err in &key_errors {
         assert_too_large(err, "key", MAX_KEY_BYTES + 1, MAX_KEY_BYTES);
+        assert!(err.to_string().contains("fixed") && !err.to_string().contains("option"), "{err}");
     }
     let after = server.proposals_committed().await.unwrap();
     assert_eq!(before, after, "nothing reached the server");

@@ -62,11 +62,12 @@ struct Limits {
 impl Limits {
     /// Fails with [`KvError::TooLarge`] if `key` or `value` is over its limit.
     fn check(&self, key: &[u8], value: &[u8]) -> KvResult<()> {
-        for (what, size, limit) in
-            [("a key", key.len(), self.max_key), ("a value", value.len(), self.max_value)]
-        {
+        for (what, size, limit, raise) in [
+            ("a key", key.len(), self.max_key, "MemKv::builder().max_key_size(bytes)"),
+            ("a value", value.len(), self.max_value, "MemKv::builder().max_value_size(bytes)"),
+        ] {
             if size > limit {
-                return Err(KvError::TooLarge { backend: "mem", what, size, limit });
+                return Err(KvError::TooLarge { backend: "mem", what, size, limit, raise: Some(raise) });
             }
         }
         Ok(())

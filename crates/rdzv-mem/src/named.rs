@@ -2,13 +2,17 @@
 //! for the same name gets the same store.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
+
+use rdzv_core::PerProcess;
 
 use crate::MemKv;
 
+/// This process's named stores. A forked child starts with none: the copies of its parent's
+/// would expire no lease and wake no watcher (their tasks ran on the parent's threads).
 fn registry() -> &'static Mutex<HashMap<String, Arc<MemKv>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<MemKv>>>> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
+    static REGISTRY: PerProcess<Mutex<HashMap<String, Arc<MemKv>>>> = PerProcess::new(Default::default);
+    REGISTRY.get()
 }
 
 impl MemKv {

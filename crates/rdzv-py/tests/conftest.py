@@ -111,3 +111,62 @@ def run_id(request: pytest.FixtureRequest) -> str:
     """A run id of its own for each test (and each parametrization)."""
     name = "".join(ch if ch.isalnum() else "-" for ch in request.node.name)
     return f"{name[:60]}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+class Link:
+    """A node's way to its servers through `rdzv-netfault` (crates/rdzv-netfault): `freeze()`
+    cuts it off — no byte flows, nothing is reset, as in a partition — `heal()` ends that,
+    `cut()` resets every open connection. Connect through `endpoints` instead of the servers.
+    Use as a context manager; the process ends when its stdin closes."""
+
+    def __init__(self, *targets: str) -> None:
+        binary = os.environ.get("RDZV_NETFAULT_BIN") or str(REPO / "target" / "debug" / "rdzv-netfault")
+        if not os.access(binary, os.X_OK):
+            raise RuntimeError(f"no rdzv-netfault at {binary}: run `cargo build -p rdzv-netfault` first")
+        self._proc = subprocess.Popen(
+            [binary, *targets], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        assert self._proc.stdout is not None
+        self.endpoints: list[str] = self._proc.stdout.readline().split()
+        if len(self.endpoints) != len(targets):
+            raise RuntimeError(f"rdzv-netfault did not start (exit {self._proc.poll()})")
+
+    @property
+    def endpoint_list(self) -> str:
+        """`host:port,host:port` for a URL."""
+        return ",".join(self.endpoints)
+
+    def _command(self, command: str) -> str:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(command + "\n")
+        answer = self._proc.stdout.readline().strip()
+        if not answer.startswith("ok"):
+            raise RuntimeError(f"rdzv-netfault {command}: {answer!r}")
+        return answer
+
+    def freeze(self) -> None:
+        self._command("freeze")
+
+    def heal(self) -> None:
+        self._command("heal")
+
+    def cut(self) -> int:
+        return int(self._command("cut").split()[1])
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def __enter__(self) -> "Link":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -172,3 +172,24 @@ def test_fork_child_makes_its_own_handles(redis: str, run_id: str) -> None:
     assert store.get("child") == b"ok"
     assert parent.next_rendezvous().world_size == 1
     parent.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+def test_a_forked_child_keeps_its_own_session_alive(endpoint: str, run_id: str) -> None:
+    # The parent has a session, so its keep-alive thread runs: the child has none of it.
+    parent = rdzv.connect(f"{endpoint}/{run_id}-parent?min_workers=1")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            child = rdzv.connect(f"{endpoint}/{run_id}?min_workers=1&keep_alive_ttl=1s")
+            child.next_rendezvous()
+            # Three TTLs: a session nobody refreshes would be gone, and the round broken.
+            time.sleep(3)
+            code = 0 if child.round_broken(timeout=0) is None else 2
+            child.shutdown()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    parent.shutdown()
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's session was not kept alive"

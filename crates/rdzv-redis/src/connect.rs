@@ -5,16 +5,20 @@ use std::time::Duration;
 
 use rdzv_core::{KvError, KvResult};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo};
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, ProtocolVersion, RedisConnectionInfo,
+};
 use rustls::AlertDescription;
 
 use crate::config::RedisConfig;
 use crate::error::{NAME, from_redis};
 
-/// A `redis::Client` for `config` (TLS with the configured CA for `rediss://`).
+/// A `redis::Client` for `config` (TLS with the configured CA for `rediss://`). It speaks
+/// RESP3, so that a connection tells its manager when it breaks (see [`manager`]).
 pub(crate) fn client(config: &RedisConfig) -> KvResult<Client> {
     let endpoint = config.endpoint_display();
-    let mut redis_info = RedisConnectionInfo::default().set_db(config.db);
+    let mut redis_info =
+        RedisConnectionInfo::default().set_db(config.db).set_protocol(ProtocolVersion::RESP3);
     if let Some(user) = &config.username {
         redis_info = redis_info.set_username(user);
     }
@@ -78,6 +82,12 @@ fn install_crypto_provider() {
 
 /// The shared connection: reconnects in the background after a failure. It never resends
 /// a request by itself, so a mutation is never applied twice behind our back.
+///
+/// Over RESP3 (see [`client`]) the connection tells its manager when it breaks, and the
+/// manager reconnects at once, before the next request: over RESP2 it learned of a broken
+/// connection only from the next request, which failed for nothing (a write, or the lease
+/// grant of a new handler). Our script's replies, and the stream replies the `redis` crate
+/// parses, read the same in both protocols.
 pub(crate) async fn manager(client: &Client, config: &RedisConfig) -> KvResult<ConnectionManager> {
     let endpoint = config.endpoint_display();
     let manager_config = ConnectionManagerConfig::new()

@@ -9,7 +9,8 @@ use redis::RedisError;
 pub(crate) const NAME: &str = "redis";
 
 /// A client-library error as a [`KvError`]: unreachable / dropped connections are
-/// `Unavailable` (with the endpoint, never the password), timeouts `Timeout`, the rest
+/// `Unavailable` (with the endpoint, never the password), a server that says it cannot serve
+/// now (loading, busy with a script, no primary) `Busy`, timeouts `Timeout`, the rest
 /// (script errors included) `Backend` with the source. `bound` is the timeout that applied.
 pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound: Duration) -> KvError {
     if err.is_timeout() {
@@ -35,6 +36,26 @@ pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound
                  ~{{rdzv:<namespace>}}:*)",
                 err.detail().unwrap_or("NOPERM")
             ),
+            source: Some(Box::new(err)),
+        };
+    }
+    // The server answered that it cannot serve now: it is loading its data after a start,
+    // runs a long script, or (behind a proxy or in a cluster) has no primary for now. That
+    // passes by itself.
+    let passing = matches!(
+        err.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::BusyLoading
+                | redis::ServerErrorKind::TryAgain
+                | redis::ServerErrorKind::ClusterDown
+                | redis::ServerErrorKind::MasterDown
+        )
+    ) || err.code() == Some("BUSY");
+    if passing {
+        return KvError::Busy {
+            backend: NAME,
+            endpoint: endpoint.to_string(),
+            message: format!("{operation} failed: {err}"),
             source: Some(Box::new(err)),
         };
     }
@@ -120,4 +141,30 @@ pub(crate) fn rolled_back(endpoint: &str, namespace: &str, evidence: &str) -> St
          for different data, so this client stops; connect a new client and start over (see \
          docs/REDIS.md on persistence)"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::{ErrorKind, ServerErrorKind};
+
+    use super::*;
+
+    #[test]
+    fn a_server_that_cannot_serve_now_is_busy_and_one_out_of_reach_is_unavailable() {
+        let bound = Duration::from_secs(1);
+        for kind in [ServerErrorKind::BusyLoading, ServerErrorKind::TryAgain, ServerErrorKind::MasterDown] {
+            let err = from_redis(RedisError::from((ErrorKind::Server(kind), "not now")), "h:1", "get", bound);
+            assert!(err.is_busy(), "{kind:?}: {err:?}");
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let err = from_redis(RedisError::from(refused), "h:1", "get", bound);
+        assert!(matches!(err, KvError::Unavailable { .. }), "{err:?}");
+        let err = from_redis(
+            RedisError::from((ErrorKind::Server(ServerErrorKind::ReadOnly), "replica")),
+            "h:1",
+            "put",
+            bound,
+        );
+        assert!(!err.is_retryable(), "{err:?}");
+    }
 }

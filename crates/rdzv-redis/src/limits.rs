@@ -20,7 +20,8 @@ pub const MAX_VALUE_BYTES: usize = 1536 * 1024;
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 
 fn too_large(what: &'static str, size: usize, limit: usize) -> KvError {
-    KvError::TooLarge { backend: NAME, what, size, limit }
+    // Fixed on purpose (see above): no option raises them.
+    KvError::TooLarge { backend: NAME, what, size, limit, raise: None }
 }
 
 /// A key (or prefix) sent to the server.

@@ -112,7 +112,8 @@ impl Watch {
                 Ok(FeedItem::Failed(e)) => return Err(e.duplicate()),
                 Err(RecvError::Lagged(_)) => self.catch_up().await?,
                 Err(RecvError::Closed) => {
-                    return Err(KvError::backend(NAME, "the watch feed ended unexpectedly; watch again"));
+                    tracing::debug!(namespace = %self.log.config.namespace, "redis watch feed ended; watch again");
+                    return Err(self.ended());
                 }
             }
         }
@@ -215,16 +216,25 @@ impl Watch {
         let mut conn = self.shared.conn.clone();
         match bounded(&self.log, self.log.oldest(&mut conn)).await {
             Ok(oldest) if oldest > needed => KvError::Compacted { requested: needed, oldest },
-            Ok(_) => KvError::backend(
-                NAME,
-                format!(
-                    "the event log of namespace `{}` at {} jumps from revision {} to {}: history was \
-                     lost; re-read and watch again",
-                    self.log.config.namespace, self.log.endpoint, self.cursor.0, next.0
-                ),
-            ),
+            Ok(_) => {
+                // Entries are missing below the kept history (a log the server was made to
+                // trim or lose): a fresh read and a watch from there is all a caller needs.
+                tracing::warn!(
+                    namespace = %self.log.config.namespace,
+                    endpoint = %self.log.endpoint,
+                    from = self.cursor.0,
+                    to = next.0,
+                    "the redis event log jumps: history was lost; the watch ends (read again, watch again)"
+                );
+                self.ended()
+            }
             Err(e) => e,
         }
+    }
+
+    /// The end of this watch, retryable like a dropped stream: read again, watch again.
+    fn ended(&self) -> KvError {
+        KvError::WatchEnded { backend: NAME, key: rdzv_core::show_key(&self.key) }
     }
 }
 

@@ -4,9 +4,10 @@
 //! counter keeps counting across uses, so the same barrier key can be passed again and
 //! again (each `world_size` arrivals form the next generation).
 
+use std::future::Future;
 use std::time::Duration;
 
-use rdzv_core::{DeleteMode, KvExt, PutMode};
+use rdzv_core::{DeleteMode, KvExt, KvResult, PutMode};
 
 use crate::counter::add_at;
 use crate::error::StoreError;
@@ -17,6 +18,10 @@ impl Store {
     /// or fails with [`StoreError::Timeout`] after `timeout`. Every rank must pass the same
     /// `world_size` for the same key. A rank that timed out has still been counted, so the
     /// barrier's generations are off by one from then on: after a timeout, use a new key.
+    /// Counting is the one step not safe to repeat (a lost answer to it is
+    /// [`StoreError::OutcomeUnknown`]); what follows — writing or awaiting the done key — is
+    /// retried within `timeout` when the backend fails, so that a failure after counting
+    /// neither fails this rank nor leaves the others waiting for a done key never written.
     /// Barriers are apart from the other keys (`num_keys` does not count them).
     pub async fn barrier(
         &self,
@@ -42,22 +47,48 @@ impl Store {
         };
         let mut counter = base.clone();
         counter.push(b'n');
-        self.bounded("barrier", &[key], timeout, async {
+        self.bounded_write("barrier", &[key], timeout, |sent| async move {
             let kv = self.kv().as_ref();
-            let arrived = add_at(kv, &counter, key, 1, self.lease()).await?;
+            let arrived = add_at(kv, &counter, key, 1, self.lease(), &sent).await?;
+            // Counted for sure: a timeout from here on is the documented one, and every step
+            // left can be repeated.
+            sent.clear();
             let generation = (arrived - 1) / size;
+            let this_done = done(generation);
             if arrived % size != 0 {
-                kv.key_exists(&done(generation)).await?;
+                until_done(|| kv.key_exists(&this_done)).await?;
                 return Ok(());
             }
-            kv.put(&done(generation), b"", self.write(PutMode::Overwrite)).await?;
+            until_done(|| kv.put(&this_done, b"", self.write(PutMode::Overwrite))).await?;
             if generation > 0 {
                 // Every rank of the previous generation has arrived in this one, so has
-                // left the previous wait: nobody needs its done key any more.
-                kv.delete(&done(generation - 1), DeleteMode::Any).await?;
+                // left the previous wait: nobody needs its done key any more. Only tidying:
+                // a failure is left to the next generation's tidying, or the lease.
+                if let Err(e) = kv.delete(&done(generation - 1), DeleteMode::Any).await {
+                    tracing::debug!(error = %e, "barrier: could not delete the previous generation's done key");
+                }
             }
             Ok(())
         })
         .await
+    }
+}
+
+/// Runs `step` (one that is safe to repeat) again after each retryable backend error, with
+/// the project's jittered backoff; the caller's deadline bounds it.
+async fn until_done<T, F, Fut>(mut step: F) -> KvResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = KvResult<T>>,
+{
+    let mut pauses = rdzv_core::retry_delays(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        match step().await {
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(error = %e, "barrier: retrying after a backend failure");
+                tokio::time::sleep(pauses.next().unwrap_or(Duration::from_secs(1))).await;
+            }
+            other => return other,
+        }
     }
 }

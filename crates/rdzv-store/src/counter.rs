@@ -5,7 +5,7 @@
 use rdzv_core::{KeyValue, Kv, KvExt, LeaseId, PutMode, PutOptions};
 
 use crate::error::StoreError;
-use crate::store::Store;
+use crate::store::{Sent, Store};
 
 /// The result of [`Store::compare_set_checked`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,27 +21,31 @@ impl Store {
     /// key counts as 0. Counters are stored as decimal text, so `get` on one returns e.g.
     /// `b"42"`, and `set(key, b"7")` makes a counter of 7. Fails with
     /// [`StoreError::NotANumber`] if the key holds something else, and
-    /// [`StoreError::Overflow`] if the sum does not fit in an `i64`.
+    /// [`StoreError::Overflow`] if the sum does not fit in an `i64`. Not safe to repeat: if
+    /// the answer to its write is lost, it fails with [`StoreError::OutcomeUnknown`] (the
+    /// count may have been made), never with a retryable error.
     pub async fn add(&self, key: impl AsRef<[u8]>, delta: i64) -> Result<i64, StoreError> {
         let key = key.as_ref();
         let full = self.user_key(key);
-        self.bounded("add", &[key], self.timeout(), async {
-            add_at(self.kv().as_ref(), &full, key, delta, self.lease()).await
+        self.bounded_write("add", &[key], self.timeout(), |sent| async move {
+            add_at(self.kv().as_ref(), &full, key, delta, self.lease(), &sent).await
         })
         .await
     }
 
     /// Appends `value` to the bytes stored at `key`, creating it if missing; atomic with
-    /// respect to every other writer.
+    /// respect to every other writer. Not safe to repeat, like [`Store::add`]: a lost answer
+    /// is [`StoreError::OutcomeUnknown`].
     pub async fn append(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
         let key = key.as_ref();
         let value = value.as_ref();
         let full = self.user_key(key);
-        self.bounded("append", &[key], self.timeout(), async {
+        self.bounded_write("append", &[key], self.timeout(), |sent| async move {
             self.kv()
                 .compare_and_swap(&full, self.write(PutMode::Overwrite), |current| {
                     let mut next = current.map(|kv| kv.value.to_vec()).unwrap_or_default();
                     next.extend_from_slice(value);
+                    sent.mark();
                     Some(next)
                 })
                 .await?;
@@ -55,6 +59,8 @@ impl Store {
     /// the key is missing and `expected` is not empty: then nothing is written and
     /// `expected` itself is returned (c10d's documented quirk, kept for compatibility). Use
     /// [`Store::compare_set_checked`] to learn unambiguously whether the swap happened.
+    /// Safe to call again after a retryable error: if the first swap took effect, the key
+    /// holds `desired`, so the second writes nothing and returns it.
     pub async fn compare_set(
         &self,
         key: impl AsRef<[u8]>,
@@ -100,22 +106,27 @@ impl Store {
 }
 
 /// `add` on the backend key `full` (`key` is its user name, for errors), written under
-/// `lease` if given.
+/// `lease` if given; `sent` is marked before each write.
 pub(crate) async fn add_at(
     kv: &dyn Kv,
     full: &[u8],
     key: &[u8],
     delta: i64,
     lease: Option<LeaseId>,
+    sent: &Sent,
 ) -> Result<i64, StoreError> {
     // A native increment cannot bind the key to a lease: leased counters use the swap.
     let native = match lease {
-        None => kv.increment(full, delta).await,
+        None => {
+            sent.mark();
+            kv.increment(full, delta).await
+        }
         Some(_) => Ok(None),
     };
     match native {
         Ok(Some(value)) => return Ok(value),
-        Ok(None) => {}
+        // Declined: nothing was written.
+        Ok(None) => sent.clear(),
         // A native increment reports a bad value in its own words; say it in the Store's.
         Err(e) if !e.is_retryable() => {
             let current = kv.get(full).await?.kv;
@@ -128,7 +139,11 @@ pub(crate) async fn add_at(
     let mut verdict: Result<i64, StoreError> = Ok(0);
     kv.compare_and_swap(full, PutOptions { mode: PutMode::Overwrite, lease }, |current| {
         verdict = next_count(current, key, delta);
-        verdict.as_ref().ok().map(|n| n.to_string().into_bytes())
+        let next = verdict.as_ref().ok().map(|n| n.to_string().into_bytes());
+        if next.is_some() {
+            sent.mark();
+        }
+        next
     })
     .await?;
     verdict

@@ -14,8 +14,9 @@ pub enum StoreError {
     /// The operation did not complete within its timeout (the store's
     /// [`timeout`](crate::Store::timeout), or the one passed to `wait`/`barrier`). For a
     /// blocking call, `keys` are the keys that were still missing; for any other call, the
-    /// keys it was working on. Calling again (perhaps with a longer timeout) is safe, except
-    /// for a [`barrier`](crate::Store::barrier), whose arrival was already counted.
+    /// keys it was working on. Nothing was written that calling again would repeat (an
+    /// operation whose write was under way reports [`StoreError::OutcomeUnknown`] instead),
+    /// except by a [`barrier`](crate::Store::barrier), whose arrival was already counted.
     #[error(
         "`{operation}` timed out after {after:?} on {keys}; check that the process that writes them runs, or raise the store timeout",
         keys = show_keys(keys)
@@ -62,12 +63,33 @@ pub enum StoreError {
     /// The backend failed; see [`StoreError::is_retryable`].
     #[error("store backend error: {0}")]
     Backend(#[from] KvError),
+    /// An operation that is not safe to repeat — [`add`](crate::Store::add),
+    /// [`append`](crate::Store::append), [`queue_push`](crate::Store::queue_push),
+    /// [`queue_pop`](crate::Store::queue_pop), [`barrier`](crate::Store::barrier) — sent its
+    /// write, and the answer did not come back (the backend failed, or the deadline passed):
+    /// the write may or may not have taken effect. Calling again may apply it twice (count
+    /// twice, append twice, push a second item), and a pop may have removed an item that is
+    /// now lost. Not retryable: read the key to learn where it stands.
+    #[error(
+        "`{operation}` on {keys} may or may not have taken effect: its write was sent, then {reason}; calling it again may apply it twice (read the key to see where it stands)",
+        keys = show_keys(keys)
+    )]
+    OutcomeUnknown {
+        /// The Store operation.
+        operation: &'static str,
+        /// The keys concerned, as the caller named them.
+        keys: Vec<Vec<u8>>,
+        /// What happened to the write's answer (the backend's error, or the deadline).
+        reason: String,
+    },
 }
 
 impl StoreError {
     /// Whether retrying the same operation may succeed because the backend was unreachable
-    /// or slow. A [`StoreError::Timeout`] of the Store itself is not counted here: it means
-    /// nobody wrote the awaited key in time, which a retry does not fix by itself.
+    /// or slow — and is safe: an operation whose write may already have taken effect fails
+    /// with [`StoreError::OutcomeUnknown`] instead, which is not retryable. A
+    /// [`StoreError::Timeout`] of the Store itself is not counted here: it means nobody
+    /// wrote the awaited key in time, which a retry does not fix by itself.
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Backend(e) if e.is_retryable())
     }

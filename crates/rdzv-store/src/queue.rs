@@ -15,20 +15,22 @@ use rdzv_core::{
 };
 
 use crate::error::StoreError;
-use crate::store::Store;
+use crate::store::{Sent, Store};
 
 impl Store {
     /// Appends `value` to the queue `key` (queues are apart from the other keys: `get`,
     /// `check` and `num_keys` do not see them). Wakes one blocked
-    /// [`queue_pop`](Store::queue_pop).
+    /// [`queue_pop`](Store::queue_pop). Not safe to repeat: if the answer to its write is
+    /// lost, it fails with [`StoreError::OutcomeUnknown`] (the item may be in the queue).
     pub async fn queue_push(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
         let key = key.as_ref();
         let prefix = self.queue_prefix(key);
-        self.bounded("queue_push", &[key], self.timeout(), async {
+        self.bounded_write("queue_push", &[key], self.timeout(), |sent| async move {
             loop {
                 let mut item = prefix.clone();
                 item.extend_from_slice(&unique_name());
                 let options = self.write(PutMode::Create);
+                sent.mark();
                 match self.kv().put(&item, value.as_ref(), options).await? {
                     PutOutcome::Written { .. } => return Ok(()),
                     // Another writer picked the same name (all but impossible): pick again.
@@ -42,13 +44,15 @@ impl Store {
     /// Removes and returns the oldest item of the queue `key`. If the queue is empty: with
     /// `block`, waits for a push (until the store timeout, then [`StoreError::Timeout`]);
     /// without, fails at once with [`StoreError::QueueEmpty`]. Every pushed item is returned
-    /// by exactly one pop, however many pop concurrently.
+    /// by exactly one pop, however many pop concurrently. If the answer to the delete that
+    /// takes an item is lost, it fails with [`StoreError::OutcomeUnknown`]: the item may
+    /// have been removed, and is then lost.
     pub async fn queue_pop(&self, key: impl AsRef<[u8]>, block: bool) -> Result<Vec<u8>, StoreError> {
         let key = key.as_ref();
         let prefix = self.queue_prefix(key);
         let popped = self
-            .bounded("queue_pop", &[key], self.timeout(), async {
-                Ok(pop(self.kv().as_ref(), &prefix, block).await?)
+            .bounded_write("queue_pop", &[key], self.timeout(), |sent| async move {
+                Ok(pop(self.kv().as_ref(), &prefix, block, &sent).await?)
             })
             .await?;
         popped.ok_or_else(|| StoreError::QueueEmpty { key: key.to_vec() })
@@ -67,13 +71,13 @@ impl Store {
 }
 
 /// Pops the oldest item under `prefix`; `None` if it is empty and `block` is false.
-async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>, KvError> {
+async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool, sent: &Sent) -> Result<Option<Vec<u8>>, KvError> {
     let oldest =
         RangeOptions { limit: Some(1), order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
     loop {
         let read = kv.range(prefix, oldest).await?;
         if let Some(item) = read.kvs.into_iter().next() {
-            if let Some(value) = take(kv, item).await? {
+            if let Some(value) = take(kv, item, sent).await? {
                 return Ok(Some(value));
             }
             // Another popper took it; the next one is now the oldest.
@@ -88,7 +92,7 @@ async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>,
         loop {
             match events.next().await {
                 Ok(event) if event.kind == EventKind::Put => {
-                    if let Some(value) = take(kv, event.kv).await? {
+                    if let Some(value) = take(kv, event.kv, sent).await? {
                         return Ok(Some(value));
                     }
                 }
@@ -104,10 +108,15 @@ async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool) -> Result<Option<Vec<u8>>,
     }
 }
 
-/// Deletes `item` if nobody else has; returns its value if this call deleted it.
-async fn take(kv: &dyn Kv, item: KeyValue) -> Result<Option<Vec<u8>>, KvError> {
+/// Deletes `item` if nobody else has; returns its value if this call deleted it. `sent` is
+/// marked while the delete is in flight (its loss would lose the item).
+async fn take(kv: &dyn Kv, item: KeyValue, sent: &Sent) -> Result<Option<Vec<u8>>, KvError> {
     let mode = DeleteMode::IfRevision(item.mod_revision);
-    match kv.delete(&item.key, mode).await? {
+    sent.mark();
+    let outcome = kv.delete(&item.key, mode).await?;
+    // Answered: nothing of this attempt is in doubt any more.
+    sent.clear();
+    match outcome {
         DeleteOutcome::Deleted { .. } => Ok(Some(item.value.into())),
         DeleteOutcome::Missing | DeleteOutcome::Conflict { .. } => Ok(None),
     }

@@ -168,6 +168,61 @@ impl Store {
     }
 }
 
+impl Store {
+    /// [`Store::bounded`] for an operation that is not safe to repeat: `work` calls
+    /// [`Sent::mark`] before each write whose effect a failure would leave in doubt. A
+    /// failure after that — the deadline, or a retryable backend error (the answer was lost,
+    /// not the request refused) — is [`StoreError::OutcomeUnknown`], so that nobody repeats
+    /// a write that may have been applied.
+    pub(crate) async fn bounded_write<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        keys: &[&[u8]],
+        timeout: Duration,
+        work: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(Sent) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let sent = Sent::default();
+        let unknown = |reason: String| StoreError::OutcomeUnknown {
+            operation,
+            keys: keys.iter().map(|k| k.to_vec()).collect(),
+            reason,
+        };
+        match self.bounded(operation, keys, timeout, work(sent.clone())).await {
+            Err(StoreError::Timeout { after, .. }) if sent.is_marked() => {
+                Err(unknown(format!("no answer came within the timeout of {after:?}")))
+            }
+            Err(StoreError::Backend(e)) if sent.is_marked() && e.is_retryable() => {
+                Err(unknown(format!("it failed: {e}")))
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether an operation has sent a write (see [`Store::bounded_write`]); clones share it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Sent(Arc<std::sync::atomic::AtomicBool>);
+
+impl Sent {
+    /// A write is about to be sent.
+    pub(crate) fn mark(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The write was declined without taking effect.
+    pub(crate) fn clear(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn is_marked(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// `timeout` from now, or a date decades away if that does not fit in an [`Instant`].
 pub(crate) fn deadline_after(timeout: Duration) -> Instant {
     let now = Instant::now();

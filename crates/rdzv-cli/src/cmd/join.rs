@@ -7,7 +7,7 @@ use rdzv::{Rendezvous, RoundBroken};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::exit::{CliError, FAILURE};
+use crate::exit::{CLOSED, CliError, FAILURE};
 use crate::output::{JoinFormat, RoundView, print_flush};
 use crate::progress::Progress;
 use crate::signals::{Signals, stdin_closed};
@@ -21,8 +21,8 @@ Then it stays a member: for --hold, or (without --hold) until its stdin closes o
 SIGINT/SIGTERM; then it leaves (the run stays open; others see their round broken). If the
 round breaks meanwhile (a peer died or left), it joins the next round and prints that one
 too: one line (json) or block (env, text) per round. If the run is closed while it holds, it
-leaves and exits 0. Without --hold and with stdin closed or /dev/null, it leaves as soon as
-it printed the first round.
+leaves and exits 4, as when it is closed while waiting. Without --hold and with stdin closed
+or /dev/null, it leaves as soon as it printed the first round.
 
 Examples:
   rdzv join 'etcd://10.0.0.5:2379/job42?min_workers=4' --hold 1h
@@ -110,12 +110,19 @@ pub async fn run(args: JoinArgs) -> Result<ExitCode, CliError> {
             _ = sleep_until(hold_until) => None,
         };
         match broken {
-            None | Some(RoundBroken::Closed) => {
-                if broken.is_some() {
-                    eprintln!("rdzv: the run was closed; leaving");
-                }
+            None => {
                 leave(&worker).await;
                 return Ok(ExitCode::SUCCESS);
+            }
+            Some(RoundBroken::Closed) => {
+                leave(&worker).await;
+                return Err(CliError {
+                    code: CLOSED,
+                    message: format!(
+                        "the run `{}` was closed while this worker held round {}; left",
+                        round.info.run_id, round.info.version
+                    ),
+                });
             }
             Some(reason) => {
                 eprintln!(

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod close;
 pub mod demo;
 pub mod exec;
+pub mod guard;
 pub mod join;
 pub mod run;
 pub mod status;

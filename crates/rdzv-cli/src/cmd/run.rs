@@ -61,8 +61,10 @@ Process control: each worker runs in its own process group; stopping it sends SI
 the group (its children too), then SIGKILL after --grace-period. SIGINT is passed on to the
 workers as SIGINT; SIGTERM, SIGHUP and SIGQUIT as SIGTERM; the agent then leaves the run
 and exits with the workers' status (or 128+N for signal N). A worker whose agent dies (even
-by SIGKILL) is killed by the kernel (a parent-death signal), so no worker trains alone;
-processes a worker started in another process group, or that outlive it, are not covered.
+by SIGKILL) is killed, with everything it started in its process group (a parent-death
+signal, and a guard process in each group that kills the group when the agent is gone), so
+no worker trains alone; only processes a worker moved to another process group are not
+covered.
 
 Logs: without --log-dir the workers write to the agent's stdout and stderr. With
 --log-dir DIR each worker writes DIR/attempt_<k>/<local_rank>/stdout.log and stderr.log (k

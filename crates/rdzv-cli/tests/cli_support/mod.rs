@@ -119,6 +119,11 @@ impl Proc {
         }
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("a process that has not been waited for")
+    }
+
     /// Whether it is still running.
     pub fn running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -398,6 +403,25 @@ pub async fn close_while_waiting(url: UrlFn<'_>) {
     assert_eq!(code, 4, "{err}");
 }
 
+/// `rdzv close` while two members hold their round (no `--hold`, stdin open): both leave
+/// and exit 4, "the run is closed", as a worker still waiting does.
+pub async fn close_while_holding(url: UrlFn<'_>) {
+    let run = run_id("close-holding");
+    let join_url = url(&run, "min_workers=2&keep_alive_ttl=2s&timeout=30s");
+    let mut procs: Vec<Proc> = (0..2).map(|i| spawn_join(&join_url, &format!("h{i}"))).collect();
+    let mut rounds = Vec::new();
+    for p in &mut procs {
+        rounds.push(p.json(T).await);
+    }
+    assert_one_round(&rounds, 2);
+    let (code, _, err) = run_once(&["close", &url(&run, "")]).await;
+    assert_eq!(code, 0, "{err}");
+    for p in &mut procs {
+        assert_eq!(p.exit_code(T).await, 4, "{}", p.stderr());
+        assert!(p.stderr().contains("closed"), "{}", p.stderr());
+    }
+}
+
 /// One worker of two needed: exit code 3 by the deadline.
 pub async fn too_few_workers(url: UrlFn<'_>) {
     let url = url(&run_id("few"), "min_workers=2&keep_alive_ttl=2s&timeout=3s");
@@ -649,7 +673,7 @@ macro_rules! cli_scenarios {
     ($url_fn:path, $down:expr) => {
         $crate::cli_scenarios!(@cases $url_fn;
             four_form_a_round, min_below_max_last_call, six_with_max_four_then_sigkill,
-            graceful_leave, close_while_waiting, too_few_workers, run_end_to_end,
+            graceful_leave, close_while_waiting, close_while_holding, too_few_workers, run_end_to_end,
             run_failure_is_seen, run_admits_a_waiter, bench, bench_client_per_worker);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,7 +121,9 @@ struct Worker {
 
 impl RendezvousHandler {
     /// A handler for `params.run_id` on `kv`. Starts this worker's session lease, so an
-    /// unreachable backend fails here with [`RendezvousError::Unavailable`].
+    /// unreachable backend fails here with [`RendezvousError::Unavailable`]; a server that
+    /// answers it cannot serve now ([`KvError::Busy`]: no leader yet, overloaded) is asked
+    /// again until the `timeout` parameter has passed.
     pub async fn new(kv: Arc<dyn Kv>, params: RendezvousParams) -> Result<Self> {
         params.validate()?;
         let keys = RunKeys::new(&params.prefix, &params.run_id);
@@ -129,7 +131,11 @@ impl RendezvousHandler {
         let addr = params.local_addr.clone().unwrap_or_else(host_name);
         let me = Participant { node, addr, pid: std::process::id(), port: None };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
-        let session = Session::start(kv.clone(), params.keep_alive_ttl).await?;
+        // A server that answers it cannot serve yet (a leader election) is retried within
+        // the rendezvous deadline; one that cannot be reached fails here at once.
+        let deadline = Instant::now() + params.timeout;
+        let session =
+            crate::retry_while_busy(deadline, || Session::start(kv.clone(), params.keep_alive_ttl)).await?;
         let sizing = Sizing::from_params(&params);
         let ctx = Context { kv, params, sizing, keys, me, run_lease };
         let worker = Worker { session: Some(session), ..Worker::default() };

@@ -89,15 +89,28 @@ impl Monitor {
     }
 }
 
+/// Pauses before re-checking a round whose watch failed: from `RECHECK_FIRST` growing to
+/// `RECHECK_LONGEST`, each with jitter, so that the monitors of thousands of handlers that
+/// lost their watches together (an outage) neither poll a recovering server every half
+/// second nor come back to it in lockstep. A watch that lasted longer than the longest pause
+/// starts the next failure's pauses from the first again.
+const RECHECK_FIRST: Duration = Duration::from_millis(500);
+const RECHECK_LONGEST: Duration = Duration::from_secs(2);
+
 async fn watch_round(round: &Watched) -> RoundBroken {
     let (mut states_from, mut members_from) = (round.final_revision + 1, round.members_from + 1);
+    let mut pauses = crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST);
     loop {
+        let opened = tokio::time::Instant::now();
         match watch_from(round, states_from, members_from).await {
             Ok(reason) => return reason,
             Err(e) => {
                 // Compaction or an outage: re-check the round with a read, then watch again.
                 tracing::debug!(error = %e, "round monitor lost its watch; re-reading");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                if opened.elapsed() > RECHECK_LONGEST {
+                    pauses = crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST);
+                }
+                tokio::time::sleep(pauses.next().unwrap_or(RECHECK_LONGEST)).await;
                 match recheck(round).await {
                     Ok(Ok(revision)) => (states_from, members_from) = (revision + 1, revision + 1),
                     Ok(Err(reason)) => return reason,

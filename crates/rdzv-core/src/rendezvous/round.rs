@@ -444,12 +444,7 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(("0.0.0.0", 0))?.local_addr()?.port())
 }
 
+/// The retry delays of the protocol: 50 ms doubling to 2 s, with jitter.
 pub(crate) fn backoff() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_secs(2))
-        .with_jitter()
-        .without_max_times()
-        .build()
+    crate::retry::retry_delays(Duration::from_millis(50), Duration::from_secs(2))
 }

@@ -316,12 +316,15 @@ mod recent {
     use bytes::Bytes;
 
     use super::State;
+    use crate::PerProcess;
 
     const KEEP: usize = 4;
 
     /// Held as `Bytes`, so a buffer kept here is never freed and reused for another value:
-    /// the same address and length is then the same value.
-    static RECENT: Mutex<VecDeque<(Bytes, State)>> = Mutex::new(VecDeque::new());
+    /// the same address and length is then the same value. One per process: a child forked
+    /// while a parent thread held the lock would otherwise wait on it for ever.
+    static RECENT: PerProcess<Mutex<VecDeque<(Bytes, State)>>> =
+        PerProcess::new(|| Mutex::new(VecDeque::new()));
 
     fn same_buffer(a: &Bytes, b: &Bytes) -> bool {
         a.as_ptr() == b.as_ptr() && a.len() == b.len()
@@ -329,13 +332,13 @@ mod recent {
 
     /// The state a byte-identical value parsed to, if it is among the recent ones.
     pub(super) fn find(value: &Bytes) -> Option<State> {
-        let recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let recent = RECENT.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let hit = recent.iter().find(|(bytes, _)| same_buffer(bytes, value));
         hit.or_else(|| recent.iter().find(|(bytes, _)| bytes == value)).map(|(_, state)| state.clone())
     }
 
     pub(super) fn remember(value: &Bytes, state: &State) {
-        let mut recent = RECENT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut recent = RECENT.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if recent.len() == KEEP {
             recent.pop_front();
         }

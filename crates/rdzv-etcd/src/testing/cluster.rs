@@ -64,6 +64,36 @@ impl EtcdCluster {
         &mut self.members[index]
     }
 
+    /// The index of the member that leads the cluster now, as the running members see it
+    /// (asked in turn; the first that knows a leader answers). Fails while there is none.
+    pub async fn leader(&self) -> Result<usize, HarnessError> {
+        let mut last = String::from("no member is running");
+        for member in self.members.iter().filter(|m| m.is_running()) {
+            let status = async {
+                let options = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
+                let client = etcd_client::Client::connect([member.client_url()], Some(options)).await?;
+                client.maintenance_client().status().await
+            };
+            match tokio::time::timeout(Duration::from_secs(2), status).await {
+                Ok(Ok(status)) if status.leader() != 0 => {
+                    let leader = status.leader();
+                    // Each member's own id is in the header of its own answer.
+                    for (index, candidate) in self.members.iter().enumerate().filter(|(_, m)| m.is_running())
+                    {
+                        if candidate.member_id().await == Some(leader) {
+                            return Ok(index);
+                        }
+                    }
+                    last = format!("the leader {leader:x} is not a running member");
+                }
+                Ok(Ok(_)) => last = "no leader elected".to_string(),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "status request timed out".to_string(),
+            }
+        }
+        Err(HarnessError::new(format!("cannot find the cluster's leader: {last}")))
+    }
+
     /// Connection options naming every member.
     pub fn options(&self) -> EtcdOptions {
         EtcdOptions::new(self.members.iter().map(EtcdServer::endpoint).collect())

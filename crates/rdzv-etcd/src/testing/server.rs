@@ -570,6 +570,17 @@ impl EtcdServer {
     pub(crate) fn peer_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.peer_port)
     }
+
+    /// This member's raft id, from its own status answer (`None` if it does not answer).
+    pub(crate) async fn member_id(&self) -> Option<u64> {
+        let status = async {
+            let options = ConnectOptions::new().with_connect_timeout(Duration::from_secs(1));
+            let client = Client::connect([self.client_url()], Some(options)).await?;
+            client.maintenance_client().status().await
+        };
+        let status = tokio::time::timeout(Duration::from_secs(2), status).await.ok()?.ok()?;
+        status.header().map(|h| h.member_id())
+    }
 }
 
 /// The etcd binary: `$ETCD_BIN`, else `etcd` on `PATH`.

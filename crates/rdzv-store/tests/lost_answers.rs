@@ -1,0 +1,108 @@
+//! A write whose answer is lost (the backend applied it; the connection dropped before the
+//! answer came): what each Store call then reports, and whether calling it again is safe
+//! (docs/STORE.md, "Calling again"). `FaultyKv::set_fail_after_applying` makes exactly that
+//! happen once.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdzv_core::testing::{FaultyKv, Latency};
+use rdzv_core::{Kv, LeaseId};
+use rdzv_mem::MemKv;
+use rdzv_store::{Store, StoreError};
+
+const T: Duration = Duration::from_secs(10);
+
+/// A Store on memory through a `FaultyKv` whose next `operation` takes effect and then fails.
+fn losing_next(operation: &'static str) -> (Store, Arc<FaultyKv>) {
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 7);
+    faulty.set_fail_after_applying(true);
+    faulty.fail_next(operation);
+    (Store::new(faulty.clone() as Arc<dyn Kv>, "s/").with_timeout(T), faulty)
+}
+
+fn assert_unknown(result: Result<impl std::fmt::Debug, StoreError>, operation: &str) {
+    match result {
+        Err(e @ StoreError::OutcomeUnknown { .. }) => {
+            assert!(!e.is_retryable(), "{e}");
+            let text = e.to_string();
+            assert!(text.contains(operation) && text.contains("may apply it twice"), "{text}");
+        }
+        other => panic!("{operation}: expected OutcomeUnknown, got {other:?}"),
+    }
+}
+
+async fn leased(kv: &Arc<FaultyKv>) -> LeaseId {
+    kv.inner().lease_grant(Duration::from_secs(600)).await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_a_count_append_or_push_is_never_retryable() {
+    // Native increment (memory without a lease).
+    let (store, _) = losing_next("increment");
+    assert_unknown(store.add("n", 1).await, "add");
+    assert_eq!(store.get("n").await.unwrap(), b"1", "it was counted once");
+    // Compare-and-swap counter (a leased Store).
+    let (store, faulty) = losing_next("put");
+    let store = store.with_lease(Some(leased(&faulty).await));
+    assert_unknown(store.add("n", 5).await, "add");
+    assert_eq!(store.get("n").await.unwrap(), b"5");
+    let (store, _) = losing_next("put");
+    assert_unknown(store.append("log", "a").await, "append");
+    assert_eq!(store.get("log").await.unwrap(), b"a");
+    let (store, _) = losing_next("put");
+    assert_unknown(store.queue_push("q", "x").await, "queue_push");
+    assert_eq!(store.queue_len("q").await.unwrap(), 1, "the item is in the queue");
+    // A pop whose delete took effect: the item is gone, and was not returned.
+    let (store, faulty) = losing_next("delete");
+    faulty.clear();
+    store.queue_push("q", "x").await.unwrap();
+    faulty.set_fail_after_applying(true);
+    faulty.fail_next("delete");
+    assert_unknown(store.queue_pop("q", false).await, "queue_pop");
+    assert_eq!(store.queue_len("q").await.unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_a_set_or_compare_set_is_retryable_and_calling_again_is_safe() {
+    let (store, _) = losing_next("put");
+    let e = store.set("k", "v").await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    store.set("k", "v").await.unwrap();
+    assert_eq!(store.get("k").await.unwrap(), b"v");
+
+    let (store, _) = losing_next("put");
+    let e = store.compare_set("c", "", "first").await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    // The first swap took effect: the second finds `desired` and writes nothing.
+    assert_eq!(store.compare_set("c", "", "first").await.unwrap(), b"first");
+    assert_eq!(store.get("c").await.unwrap(), b"first");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_during_a_write_is_an_unknown_outcome_and_during_a_wait_a_timeout() {
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 3);
+    let store = Store::new(faulty.clone() as Arc<dyn Kv>, "s/").with_timeout(Duration::from_secs(1));
+    faulty.set_latency(Latency::Fixed(Duration::from_secs(5)));
+    assert_unknown(store.add("n", 1).await, "add");
+    faulty.clear();
+    let e = store.get("missing").await.unwrap_err();
+    assert!(e.is_timeout(), "{e}");
+}
+
+/// The last rank's write of the done key fails once: it is written again, and every rank
+/// passes (the last used to fail retryably — a retry would count it twice — and the others
+/// to wait for a done key never written).
+#[tokio::test(start_paused = true)]
+async fn a_barrier_whose_done_key_write_fails_still_releases_every_rank() {
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 5);
+    let store = Store::new(faulty.clone() as Arc<dyn Kv>, "s/").with_timeout(T);
+    let first = store.clone();
+    let waiting = tokio::spawn(async move { first.barrier("b", 2, T).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    faulty.fail_next("put");
+    store.barrier("b", 2, T).await.unwrap();
+    waiting.await.unwrap().unwrap();
+}

@@ -1,0 +1,83 @@
+//! Regressions of defects found by reading the code (issue 23), each reproduced
+//! deterministically where it can be: on the in-memory backend, under a paused clock, with
+//! `FaultyKv`. See docs/PROTOCOL.md, "Failure handling".
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdzv::core::{Kv, RendezvousHandler, RendezvousParams, RoundBroken};
+use rdzv_core::testing::{CountingKv, FaultyKv};
+use rdzv_mem::MemKv;
+use tokio::time::Instant;
+
+fn params(run: &str, n: usize, node: &str) -> RendezvousParams {
+    let mut p = RendezvousParams::new(run, n, n).unwrap();
+    p.prefix = "/faults".into();
+    p.timeout = Duration::from_secs(60);
+    p.keep_alive_ttl = Duration::from_secs(600);
+    p.node_id = Some(node.into());
+    p
+}
+
+async fn round_of(kv: &Arc<dyn Kv>, run: &str, n: usize) -> Vec<RendezvousHandler> {
+    let mut handlers = Vec::new();
+    for i in 0..n {
+        handlers.push(RendezvousHandler::new(kv.clone(), params(run, n, &format!("w{i}"))).await.unwrap());
+    }
+    let calls: Vec<_> =
+        handlers.iter().cloned().map(|h| tokio::spawn(async move { h.next_rendezvous().await })).collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    handlers
+}
+
+/// Item 8: the round monitors of many handlers lose their watches at the same moment (an
+/// outage); they must re-check with a growing, jittered backoff — not every 500 ms in
+/// lockstep, which at a recovering server is thousands of requests at once — and still see
+/// the round end once the server is back.
+#[tokio::test(start_paused = true)]
+async fn monitors_that_lost_their_watches_together_back_off_apart() {
+    const N: usize = 16;
+    const OUTAGE: Duration = Duration::from_secs(60);
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 8);
+    let counting = CountingKv::new(faulty.clone());
+    let kv: Arc<dyn Kv> = counting.clone();
+    let handlers = round_of(&kv, "monitors", N).await;
+
+    faulty.set_failure_probability(1.0);
+    faulty.drop_open_watches();
+    counting.reset();
+    // Step through the outage in 10 ms slices, counting the re-checks (reads of the state)
+    // made in each.
+    let mut most_at_once = 0;
+    let step = Duration::from_millis(10);
+    let started = Instant::now();
+    while started.elapsed() < OUTAGE {
+        let before = counting.snapshot().gets;
+        tokio::time::sleep(step).await;
+        most_at_once = most_at_once.max(counting.snapshot().gets - before);
+    }
+    let rechecks = counting.snapshot().gets;
+    // Every 500 ms, that was 120 each; from 500 ms growing to 2 s (plus jitter), about 20.
+    assert!(rechecks <= (N as u64) * 30, "{rechecks} re-checks by {N} monitors in {OUTAGE:?}");
+    assert!(most_at_once <= (N as u64) / 2, "{most_at_once} of {N} monitors re-checked within {step:?}");
+
+    faulty.clear();
+    for h in &handlers {
+        assert_eq!(tokio::time::timeout(Duration::from_millis(1), h.round_broken()).await.ok(), None);
+    }
+    // Back: a member leaves, and every other monitor sees it within its longest pause (2 s,
+    // up to twice that with jitter).
+    handlers[0].shutdown().await.unwrap();
+    let told = Instant::now();
+    for h in &handlers[1..] {
+        let reason = tokio::time::timeout(Duration::from_secs(5), h.round_broken()).await.expect("not told");
+        assert!(matches!(reason, RoundBroken::MemberGone { .. }), "{reason:?}");
+    }
+    println!(
+        "{rechecks} re-checks in {OUTAGE:?}, at most {most_at_once} at once; told {:?} after",
+        told.elapsed()
+    );
+}
