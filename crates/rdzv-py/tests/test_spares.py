@@ -30,9 +30,20 @@ TTL = 3
 
 
 def agent(
-    launcher: str, etcd: str, run_id: str, nnodes: str, name: str, out: Path, target: int, hold: Path, log: Path
+    launcher: str,
+    etcd: str,
+    run_id: str,
+    nnodes: str,
+    name: str,
+    out: Path,
+    target: int,
+    hold: Path,
+    log: Path,
+    script: str = TRAIN,
+    ttl: int = TTL,
 ) -> subprocess.Popen:
-    """Starts one agent in a session of its own (so that it dies with its workers)."""
+    """Starts one agent (its etcd at `etcd`, `host:port`) running `script` in a session of its
+    own (so that it dies with its workers)."""
     env = dict(
         os.environ,
         OUT_DIR=str(out),
@@ -48,17 +59,17 @@ def agent(
             sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
-            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={TTL},join_timeout=90", "--local-addr=127.0.0.1",
-            "--monitor-interval=0.5", "--max-restarts=3", TRAIN,
+            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout=90", "--local-addr=127.0.0.1",
+            "--monitor-interval=0.5", "--max-restarts=3", script,
         ]  # fmt: skip
     else:
         url = (
             f"etcd://{etcd}/{run_id}?min_workers={lo}&max_workers={hi or lo}"
-            f"&keep_alive_ttl={TTL}s&last_call_timeout=2s&timeout=90s"
+            f"&keep_alive_ttl={ttl}s&last_call_timeout=2s&timeout=90s"
         )
         cmd = [
             rdzv_binary(), "run", url, "--nproc-per-node", "1", "--local-addr", "127.0.0.1",
-            "--monitor-interval", "0.5s", "--", sys.executable, TRAIN,
+            "--monitor-interval", "0.5s", "--grace-period", "2s", "--", sys.executable, script,
         ]  # fmt: skip
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)

@@ -342,13 +342,17 @@ impl RendezvousHandler {
     /// agent re-enters the rendezvous when this is above 0, to admit them; re-entering for
     /// spares would only trade one worker for another, for ever.
     ///
-    /// A member of the running round whose monitor sees it intact answers a full round with
-    /// one read (or none).
+    /// A member of the running round whose monitor sees it intact answers a full round
+    /// without a request. A member whose round is over (a member gone, its own lease lost, …)
+    /// gets 0 at once, also while the backend does not answer: it re-forms anyway, and an
+    /// agent polling this must not hang on an unreachable backend when it should be stopping
+    /// its workers (see [`round_broken`](Self::round_broken)).
     pub async fn num_nodes_waiting(&self) -> Result<usize> {
         let max = self.inner.ctx.params.max_workers;
+        let mut status = self.inner.status.subscribe();
         let (mine, intact) = {
-            let status = self.inner.status.borrow();
-            (status.version, status.version.is_some() && status.broken.is_none())
+            let now = status.borrow_and_update();
+            (now.version, now.version.is_some() && now.broken.is_none())
         };
         let worker = self.inner.worker.try_lock().ok();
         let full_member = worker
@@ -359,7 +363,13 @@ impl RendezvousHandler {
             return Ok(0);
         }
         drop(worker);
-        Ok(self.waiting().await?.admissible)
+        let broken = async move {
+            let _ = status.wait_for(|s| s.version == mine && s.broken.is_some()).await;
+        };
+        tokio::select! {
+            waiting = self.waiting() => Ok(waiting?.admissible),
+            () = broken, if mine.is_some() => Ok(0),
+        }
     }
 
     /// The workers waiting for the next round, in the order it would take them, and how many

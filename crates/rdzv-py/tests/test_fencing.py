@@ -1,0 +1,88 @@
+"""Fencing: a node of a training job cut off from etcd (a real partition through
+`rdzv-netfault`: bytes stop, nothing is reset) for about three keep-alive TTLs, with workers
+that talk to no peer (`solo.py`), so that only its agent can stop them. Through both
+launchers, on a real etcd:
+
+- the cut-off agent's lease is lost within a TTL, so it is no member any more: it stops its
+  workers at once (not when it can reach the server again), even while its check for waiting
+  nodes hangs on the frozen link (the world of 3 has room for a 4th, so that check asks the
+  server);
+- the others re-form without it within the TTL and a few seconds;
+- healed, it is admitted again, and the job finishes with every agent exiting 0, the cut-off
+  one without having used up a restart.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Link
+from test_spares import LAUNCHERS, agent, starts, wait_exit
+from test_torchrun import kill, wait_for
+
+SOLO = str(Path(__file__).with_name("solo.py"))
+TTL = 2
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def worlds(out: Path) -> list[dict[str, dict]]:
+    """The worlds that started, in order: agent name → its start line."""
+    by_master: dict[str, dict[str, dict]] = {}
+    for start in starts(out) if (out / "starts.jsonl").exists() else []:
+        by_master.setdefault(start["master"], {})[start["agent"]] = start
+    return [w for w in by_master.values() if len(w) == next(iter(w.values()))["world"]]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_node_cut_off_stops_its_workers_and_rejoins_when_healed(
+    launcher: str, etcd: str, run_id: str, tmp_path: Path
+) -> None:
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    out.mkdir()
+    hold.touch()
+    names = ["a0", "a1", "cut"]
+    logs = {n: tmp_path / f"{n}.log" for n in names}
+    with Link(etcd) as link:
+        endpoints = {"a0": etcd, "a1": etcd, "cut": link.endpoint_list}
+        procs = {
+            n: agent(launcher, endpoints[n], run_id, "2:4", n, out, 3, hold, logs[n], script=SOLO, ttl=TTL)
+            for n in names
+        }
+        everyone = list(procs.values())
+        wait_for(lambda: any(len(w) == 3 for w in worlds(out)), "a world of 3", everyone)
+        (first,) = [w for w in worlds(out) if len(w) == 3]
+        worker = first["cut"]["pid"]
+        link.freeze()
+        frozen = time.monotonic()
+        # Fenced: its worker is stopped within the TTL, the grace period and slack.
+        wait_for(lambda: not alive(worker), "the cut-off node's worker to stop", everyone, timeout=TTL + 2 + 5)
+        stopped = time.monotonic() - frozen
+        # The others re-form without it.
+        wait_for(lambda: any(set(w) == {"a0", "a1"} for w in worlds(out)), "a world of a0 and a1", everyone, timeout=30)
+        reformed = time.monotonic() - frozen
+        time.sleep(max(0.0, 3 * TTL - (time.monotonic() - frozen)))
+        assert procs["cut"].poll() is None, f"the cut-off agent ended:\n{logs['cut'].read_text()[-3000:]}"
+        link.heal()
+        # Admitted again: a world of all three, then the job ends.
+        wait_for(lambda: len([w for w in worlds(out) if len(w) == 3]) >= 2, "a world of 3 again", everyone, timeout=60)
+        hold.unlink()
+        try:
+            wait_exit(procs, logs)
+        finally:
+            kill(everyone)
+    last = [w for w in worlds(out) if len(w) == 3][-1]
+    assert last["cut"]["restart"] == 0, f"the cut-off node used up a restart: {last['cut']}"
+    assert stopped < TTL + 2 + 3, f"its worker stopped {stopped:.1f} s into the cut"
+    assert reformed < TTL + 10, f"the others re-formed {reformed:.1f} s into the cut"
+    assert not any(alive(s["pid"]) for s in starts(out)), "a worker outlived its agent"
