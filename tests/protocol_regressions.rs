@@ -508,3 +508,72 @@ fn a_lost_answer_then_an_ended_call_leaves_no_setup_and_no_ghost_join_key() {
         assert!(round.participants.iter().all(|p| p.node != "a"), "{:?}", round.participants);
     });
 }
+
+/// Issue 23, item 11: a worker restarted with its old node id on the same machine, whose
+/// earlier process was frozen into a round and is gone, ends that round at once (the gone
+/// process can never confirm) instead of making everyone wait for the frozen lease (10 s).
+#[test]
+fn a_restarted_worker_ends_a_round_frozen_with_its_gone_predecessor() {
+    paused().block_on(async {
+        let kv: Arc<dyn Kv> = Arc::new(MemKv::new());
+        let a = handler(kv.clone(), 2, 2, "a").await;
+        let a_call = {
+            let a = a.clone();
+            tokio::spawn(async move { a.next_rendezvous().await })
+        };
+        let state_key = a.keys().state();
+        let version = loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Some(kv) = kv.get(&state_key).await.unwrap().kv
+                && let Ok(rdzv::core::State::Joinable { version, .. }) =
+                    rdzv::core::State::parse(&kv.key, &kv.value)
+            {
+                break version;
+            }
+        };
+        // The earlier process of "x" on host-x joined, then died (its pid is gone) before
+        // confirming; a third worker comes, so the round freezes with a and that process.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let gone_pid = gone.id();
+        gone.wait().unwrap();
+        let before =
+            rdzv::core::Participant { node: "x".into(), addr: "host-x".into(), pid: gone_pid, port: None };
+        kv.put(&a.keys().join(version, "x"), &before.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let b = handler(kv.clone(), 2, 2, "b").await;
+        let b_call = {
+            let b = b.clone();
+            tokio::spawn(async move { b.next_rendezvous().await })
+        };
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let now = kv.get(&state_key).await.unwrap().kv.unwrap();
+            if let rdzv::core::State::Frozen { participants, .. } =
+                rdzv::core::State::parse(&now.key, &now.value).unwrap()
+            {
+                assert!(participants.iter().any(|p| p.pid == gone_pid), "{participants:?}");
+                break;
+            }
+        }
+        // x restarts on host-x: the round its earlier process stalls ends at once.
+        let mut p = params(2, 2, "x");
+        p.local_addr = Some("host-x".into());
+        let x = RendezvousHandler::new(kv.clone(), p).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let x_call = tokio::spawn(async move { x.next_rendezvous().await });
+        // Two of the three form the next round (max = 2); the third waits as a spare.
+        let mut calls = vec![a_call, b_call, x_call];
+        let mut rounds = Vec::new();
+        while rounds.len() < 2 && started.elapsed() < Duration::from_secs(3) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            for call in calls.iter_mut().filter(|c| c.is_finished()) {
+                rounds.push(call.await.unwrap().unwrap());
+            }
+            calls.retain(|c| !c.is_finished());
+        }
+        assert_eq!(rounds.len(), 2, "no round of 2 within 3 s of the restart: {rounds:?}");
+        assert!(
+            rounds.iter().all(|r| r.version > version && r.participants.iter().all(|p| p.pid != gone_pid))
+        );
+    });
+}

@@ -228,6 +228,8 @@ impl World {
                     .collect(),
             ),
             Action::Get { key } => Input::Key(model.keys.get(key).cloned()),
+            // The model's workers are all alive (none restarts with an old node id).
+            Action::ProcessAlive { .. } => Input::Alive(true),
             Action::Delete { key, mode } => {
                 model.delete(key, *mode);
                 Input::Ack

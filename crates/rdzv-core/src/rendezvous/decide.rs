@@ -61,6 +61,12 @@ pub fn is_me(p: &Participant, me: &Participant) -> bool {
     p.node == me.node && p.addr == me.addr && p.pid == me.pid
 }
 
+/// Whether `p` is an earlier process of the worker `me` on the same machine: its node id and
+/// address, another process id (a worker restarted with its old node id).
+pub fn is_predecessor(p: &Participant, me: &Participant) -> bool {
+    p.node == me.node && p.addr == me.addr && p.pid != me.pid
+}
+
 /// What to do after reading the state at the start of an attempt (phase 1, Init).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InitAction {
@@ -85,6 +91,15 @@ pub enum InitAction {
     },
     /// Someone is creating or freezing a round: wait until the state changes.
     AwaitChange,
+    /// Round `version` froze with an earlier process of this worker in it (same node id and
+    /// address, another process id): if that process is gone from this machine, it will never
+    /// confirm, so end the round at once instead of waiting for the frozen lease.
+    CheckPredecessor {
+        /// The round.
+        version: u64,
+        /// The earlier process's id.
+        pid: u32,
+    },
     /// The run is over.
     Closed,
     /// Round `version` froze with this worker in it (it started over after joining, e.g.
@@ -125,7 +140,11 @@ pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
         }
         Some(State::Frozen { version, participants }) => match rank_of(participants) {
             Some(rank) if !left(*version) => InitAction::ResumeConfirm { version: *version, rank },
-            _ => InitAction::AwaitChange,
+            Some(_) => InitAction::AwaitChange,
+            None => match participants.iter().find(|p| is_predecessor(p, viewer.me)) {
+                Some(p) => InitAction::CheckPredecessor { version: *version, pid: p.pid },
+                None => InitAction::AwaitChange,
+            },
         },
         Some(State::Final { version, participants, .. }) => {
             let (version, world_size) = (*version, participants.len());
@@ -565,6 +584,21 @@ mod tests {
         );
         let frozen = State::Frozen { version: 2, participants: vec![p("a")].into() };
         assert_eq!(on_state(Some(&frozen), leaving), InitAction::AwaitChange);
+    }
+
+    #[test]
+    fn a_round_frozen_with_an_earlier_process_of_mine_is_checked() {
+        let me = p("a");
+        let before = Participant { pid: 7, ..p("a") };
+        let viewer = Viewer { me: &me, setup_is_mine: false, leaving: None };
+        let frozen = State::Frozen { version: 4, participants: vec![before, p("b")].into() };
+        assert_eq!(on_state(Some(&frozen), viewer), InitAction::CheckPredecessor { version: 4, pid: 7 });
+        // Elsewhere (another address): a twin, not a predecessor.
+        let twin = State::Frozen {
+            version: 4,
+            participants: vec![Participant { addr: "h2".into(), pid: 7, ..p("a") }].into(),
+        };
+        assert_eq!(on_state(Some(&twin), viewer), InitAction::AwaitChange);
     }
 
     #[test]

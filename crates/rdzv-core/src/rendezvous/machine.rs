@@ -148,6 +148,12 @@ pub enum Action {
         /// The precondition.
         mode: DeleteMode,
     },
+    /// Whether process `pid` runs on this machine → [`Input::Alive`] (`true` when that cannot
+    /// be told).
+    ProcessAlive {
+        /// The process id.
+        pid: u32,
+    },
     /// Wait until `key` (last seen at revision `after`) is deleted → [`Input::Ack`].
     AwaitDelete {
         /// The key.
@@ -195,6 +201,8 @@ pub enum Input {
     Members(Vec<Participant>),
     /// A key read.
     Key(Option<KeyValue>),
+    /// Whether a process runs.
+    Alive(bool),
     /// The action was carried out.
     Ack,
     /// The action failed.
@@ -309,6 +317,9 @@ enum Phase {
     Late { version: u64, world_size: usize, observed: Observed, step: LateStep },
     /// Another live process holds a key of mine: waiting for it to go.
     Release,
+    /// Phase 1, Init found `frozen{N}` with an earlier process of mine in it (as `observed`):
+    /// is that process still there? If not, the round is ended (deleted by revision).
+    Predecessor { observed: Observed, step: PredecessorStep },
     /// Phase 6, a failed leave: deleting my keep-alive key so that the others notice
     /// anyway, before handling `error`.
     Dropping { error: RendezvousError },
@@ -393,6 +404,14 @@ enum ConfirmStep {
     Waiting { mine: Revision },
     /// Another process with my node id holds my rank: waiting for the state to change.
     Taken,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum PredecessorStep {
+    /// Asking whether the earlier process runs.
+    Asking,
+    /// Deleting the round it stalls.
+    Ending,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -520,6 +539,7 @@ impl Machine {
             Phase::Member { .. } => "resume",
             Phase::Late { .. } => "late",
             Phase::Release => "release",
+            Phase::Predecessor { .. } => "init",
             Phase::Dropping { .. } => "leave",
             Phase::Backoff => "backoff",
             Phase::Over => "over",
@@ -663,6 +683,23 @@ impl Machine {
                 Input::Ack => self.read_state(),
                 other => self.unexpected(other),
             },
+            Phase::Predecessor { observed, step } => match (step, input) {
+                (PredecessorStep::Asking, Input::Alive(true)) => self.await_change(observed.seen),
+                (PredecessorStep::Asking, Input::Alive(false)) => {
+                    tracing::info!(
+                        node = %self.me.node,
+                        "the round froze with an earlier process of this worker, which is gone; ending the round"
+                    );
+                    let revision = observed.mod_revision;
+                    self.phase = Phase::Predecessor { observed, step: PredecessorStep::Ending };
+                    Action::Delete { key: self.keys.state(), mode: DeleteMode::IfRevision(revision) }
+                }
+                (PredecessorStep::Ending, Input::Ack) => self.read_state(),
+                (step, other) => {
+                    self.phase = Phase::Predecessor { observed, step };
+                    self.unexpected(other)
+                }
+            },
             Phase::Dropping { error } => {
                 // Whether the delete worked or not, the leave's own error decides.
                 self.classify(error)
@@ -723,12 +760,21 @@ impl Machine {
                 self.phase = Phase::Member { observed, version, rank, world_size };
                 Action::Get { key }
             }
-            InitAction::AwaitChange => {
-                self.doing = "waiting for another worker to finish setting up or freezing a round";
-                self.phase = Phase::AwaitChange(Step::Watching);
-                Action::WatchState { from: observed.seen + 1 }
+            InitAction::AwaitChange => self.await_change(observed.seen),
+            InitAction::CheckPredecessor { version, pid } => {
+                tracing::debug!(version, pid, "the round froze with an earlier process of this worker in it");
+                self.phase = Phase::Predecessor { observed, step: PredecessorStep::Asking };
+                Action::ProcessAlive { pid }
             }
         }
+    }
+
+    /// Someone is creating or freezing a round: watch the state from after `seen` until it
+    /// changes.
+    fn await_change(&mut self, seen: Revision) -> Action {
+        self.doing = "waiting for another worker to finish setting up or freezing a round";
+        self.phase = Phase::AwaitChange(Step::Watching);
+        Action::WatchState { from: seen + 1 }
     }
 
     /// Writes `setup` (bound to this worker's session: if it dies now, the value vanishes)

@@ -317,6 +317,7 @@ impl<'a> Attempt<'a> {
                 }
                 Input::Ack
             }
+            Action::ProcessAlive { pid } => Input::Alive(process_alive(pid)),
             Action::AwaitDelete { key, after } => {
                 kv.wait_for_delete(&key, after, Instant::now() + ctx.params.timeout).await?;
                 Input::Ack
@@ -420,6 +421,13 @@ async fn count_up_to(kv: &dyn Kv, prefix: &[u8], revision: Revision) -> Result<u
         Ok(Some(count)) => Ok(count),
         Ok(None) | Err(_) => Ok(kv.count(prefix, Some(revision)).await?),
     }
+}
+
+/// Whether process `pid` runs on this machine, as Linux's `/proc` tells; `true` wherever that
+/// cannot be told (no `/proc`): the caller then waits, as it would for a live process.
+fn process_alive(pid: u32) -> bool {
+    let proc = std::path::Path::new("/proc");
+    !proc.join("self").exists() || proc.join(pid.to_string()).exists()
 }
 
 /// The next event of `watch` (pending forever without one).
