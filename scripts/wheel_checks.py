@@ -49,6 +49,10 @@ def check_user(version: str, license: str, repository: str) -> None:
     meta = distribution("rdzv").metadata
     assert meta["Requires-Python"] == ">=3.9", meta["Requires-Python"]
     assert meta["License-Expression"] == license, f"{meta['License-Expression']!r} != workspace's {license!r}"
+    shipped = sorted(meta.get_all("License-File") or [])
+    assert shipped == ["LICENSE-APACHE", "LICENSE-MIT"], f"license files in the metadata: {shipped}"
+    texts = [f for f in distribution("rdzv").files or [] if f.name in ("LICENSE-MIT", "LICENSE-APACHE")]
+    assert len(texts) == 2 and all("license" in f.read_text().lower() for f in texts), f"license texts: {texts}"
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
     assert {"Repository", "Documentation", "Issues"} <= set(urls), f"project URLs: {urls}"
     bad = {k: u for k, u in urls.items() if not u.startswith(repository)}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from test_rdzv_run import rdzv_binary
-from test_torchrun import TRAIN, kill, wait_for
+from test_torchrun import TRAIN, kill, kill_tree, wait_for
 
 LAUNCHERS = ["torchrun", "rdzv-run"]
 TTL = 3
@@ -146,8 +145,7 @@ def test_a_spare_takes_a_killed_members_place_and_the_others_keep_their_ranks(
     (spare,) = set(procs) - set(first)
     victim = next(name for name, rank in first.items() if rank == 1)
     killed = time.monotonic()
-    os.killpg(procs[victim].pid, signal.SIGKILL)
-    procs.pop(victim).wait()
+    kill_tree(procs.pop(victim))
     wait_for(lambda: len(worlds(out, 3)) >= 2, "a world of 3 with the spare", list(procs.values()))
     took = time.monotonic() - killed
     second = worlds(out, 3)[1]
@@ -169,8 +167,7 @@ def test_an_elastic_world_that_loses_a_member_keeps_the_ranks_that_still_exist(
     wait_for(lambda: len(worlds(out, 3)) >= 1, "a world of 3", list(procs.values()))
     (first,) = worlds(out, 3)
     victim = next(name for name, rank in first.items() if rank == 1)
-    os.killpg(procs[victim].pid, signal.SIGKILL)
-    procs.pop(victim).wait()
+    kill_tree(procs.pop(victim))
     hold.unlink()
     wait_exit(procs, {n: logs[n] for n in procs})
     (second,) = worlds(out, 2)

@@ -66,11 +66,45 @@ def wait_for(predicate, what: str, procs: list[subprocess.Popen], timeout: float
         time.sleep(0.2)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), whatever session or group it moved to: torch's
+    agent starts its workers in sessions of their own, out of reach of a kill of its group."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILLs an agent started in a session of its own, its group, and every process below it."""
+    below = descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def kill(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+            kill_tree(p)
 
 
 def test_entry_point_registers_the_backend_and_its_store_serves_the_agent(run_id: str) -> None:
@@ -225,8 +259,7 @@ def test_killed_agent_survivors_restart_as_world_of_2(etcd: str, run_id: str, tm
     # Wait until the world of 3 runs: every agent logged its rendezvous result.
     wait_for(lambda: all("group_world_size=3" in log.read_text() for log in logs), "a world of 3", procs)
     victim = procs.pop()
-    os.killpg(victim.pid, signal.SIGKILL)  # the agent and its workers
-    victim.wait()
+    kill_tree(victim)  # the agent and its workers
     finish(procs, logs[:2])
     rs = results(out)
     assert sorted(r["rank"] for r in rs) == [0, 1]
