@@ -153,15 +153,15 @@ pub async fn a_spare_takes_a_dead_members_place(kv: Arc<dyn Kv>) {
         RoundChanges {
             previous_version: Some(first[0].version),
             previous_rank: None,
-            left: vec![dead_rank],
-            joined: vec![dead_rank]
+            left: vec![dead_rank].into(),
+            joined: vec![dead_rank].into()
         }
     );
     for info in &next[..2] {
         let node = &info.participants[info.rank].node;
         assert_eq!(info.rank, of(&first, node).rank, "survivor {node} moved");
         assert_eq!(info.changes.previous_rank, Some(info.rank));
-        assert_eq!((&info.changes.left, &info.changes.joined), (&vec![dead_rank], &vec![dead_rank]));
+        assert_eq!((&*info.changes.left, &*info.changes.joined), (&[dead_rank][..], &[dead_rank][..]));
     }
     assert!(!still_spare.is_finished(), "the second spare stays a spare");
     ws[4].handler.shutdown().await.unwrap();
@@ -190,7 +190,7 @@ pub async fn survivors_keep_their_ranks_when_the_world_shrinks(kv: Arc<dyn Kv>) 
     assert_eq!(nodes, [node_at(0), node_at(3), node_at(2)], "only rank 3 moves, into the hole at 1");
     let mover = of(&next, &node_at(3));
     assert_eq!((mover.rank, mover.changes.previous_rank), (1, Some(3)));
-    assert_eq!((&mover.changes.left, &mover.changes.joined), (&vec![1], &vec![]));
+    assert_eq!((&*mover.changes.left, &*mover.changes.joined), (&[1][..], &[][..]));
 }
 
 /// With `rank_order=natural`, newcomers take ranks by address, then node id, digits compared

@@ -283,8 +283,8 @@ mod tests {
             changes: RoundChanges {
                 previous_version: Some(2),
                 previous_rank: None,
-                left: vec![1],
-                joined: vec![1],
+                left: vec![1].into(),
+                joined: vec![1].into(),
             },
         }
     }

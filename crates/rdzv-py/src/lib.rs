@@ -416,8 +416,8 @@ impl Round {
             master_port: round.bootstrap.master_port,
             previous_version: round.info.changes.previous_version,
             previous_rank: round.info.changes.previous_rank,
-            left: round.info.changes.left,
-            joined: round.info.changes.joined,
+            left: round.info.changes.left.to_vec(),
+            joined: round.info.changes.joined.to_vec(),
             store: Py::new(py, Store::new(round.store))?,
         })
     }

@@ -279,10 +279,12 @@ pub fn freeze(
 ) -> FreezeAction {
     let count = candidates.len() as u64;
     if trigger == Trigger::Full {
-        let missing = alive
+        let joined: std::collections::HashSet<(&str, &str, u32)> = candidates
             .iter()
-            .filter(|member| !candidates.iter().any(|c| is_me(&c.joiner.participant(), member)))
-            .count();
+            .map(|c| (c.joiner.node.as_str(), c.joiner.addr.as_str(), c.joiner.pid))
+            .collect();
+        let missing =
+            alive.iter().filter(|m| !joined.contains(&(m.node.as_str(), m.addr.as_str(), m.pid))).count();
         if missing > 0 {
             return FreezeAction::AwaitSurvivors { missing };
         }

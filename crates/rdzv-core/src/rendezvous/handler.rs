@@ -13,7 +13,8 @@ use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::session::Session;
 
-use super::decide::{Sizing, is_me};
+use super::changes::RoundChanges;
+use super::decide::Sizing;
 use super::keys::RunKeys;
 use super::machine::{Completed, RoundTimings};
 use super::monitor::{Monitor, RoundBroken, RoundStatus, Watched};
@@ -50,42 +51,6 @@ pub struct RendezvousInfo {
     pub timings: RoundTimings,
     /// What changed since the round before, as this worker knew it.
     pub changes: RoundChanges,
-}
-
-/// What changed for a member since the round before, as it knew it: the last round it was a
-/// member of, or else the last running round it waited on (as a spare or late arrival).
-/// Members are told apart by node id, address and process id.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RoundChanges {
-    /// The round compared with (`None`: this worker's first round; then nothing else is set).
-    pub previous_version: Option<u64>,
-    /// This worker's rank in that round (`None`: it was not a member of it).
-    pub previous_rank: Option<usize>,
-    /// Ranks of that round whose members are not in this one (died, left, or not admitted),
-    /// ascending.
-    pub left: Vec<usize>,
-    /// Ranks of this round whose members were not in that one (spares and newcomers),
-    /// ascending.
-    pub joined: Vec<usize>,
-}
-
-impl RoundChanges {
-    /// The changes from round `previous_version` (with `before`'s members, of whom this worker
-    /// was `previous_rank`) to a round of `now`'s members.
-    fn between(
-        previous_version: u64,
-        previous_rank: Option<usize>,
-        before: &[Participant],
-        now: &[Participant],
-    ) -> RoundChanges {
-        let absent = |p: &Participant, among: &[Participant]| !among.iter().any(|q| is_me(p, q));
-        RoundChanges {
-            previous_version: Some(previous_version),
-            previous_rank,
-            left: (0..before.len()).filter(|&r| absent(&before[r], now)).collect(),
-            joined: (0..now.len()).filter(|&r| absent(&now[r], before)).collect(),
-        }
-    }
 }
 
 /// One worker's handle on a run: forms rounds with the other workers, tells when a round

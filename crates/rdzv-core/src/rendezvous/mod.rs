@@ -8,8 +8,10 @@
 //! - `monitor.rs`: phase 4, watching a running round for its end.
 //! - `handler.rs`: the public [`RendezvousHandler`].
 //! - `state.rs`, `keys.rs`: the state value and the key layout.
+//! - `changes.rs`: what changed for a member between two rounds.
 //! - `waiting.rs`: who waits for the next round, and how many of them it could admit.
 
+mod changes;
 pub mod decide;
 mod handler;
 mod keys;
@@ -20,8 +22,9 @@ mod run_lease;
 mod state;
 mod waiting;
 
+pub use changes::RoundChanges;
 pub use decide::Sizing;
-pub use handler::{RendezvousHandler, RendezvousInfo, RoundChanges};
+pub use handler::{RendezvousHandler, RendezvousInfo};
 pub use keys::RunKeys;
 pub use machine::RoundTimings;
 pub use monitor::RoundBroken;
