@@ -13,7 +13,8 @@
 # default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
 # default 16,64,128,256); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
 # COST_SIZES (default 16,64,128,512,1024,4096); CLIENTS_WORKERS (default 1024);
-# DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); RDZV_JOIN_BIN (a worker command for the multi-process runs,
+# DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); C10D_SIZES (default 32,64) and
+# C10D_RUNS (default 5) for the comparison with PyTorch's c10d rendezvous; RDZV_JOIN_BIN (a worker command for the multi-process runs,
 # called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
 # RDZV_BENCH_URL / RDZV_BENCH_BACKENDS are passed to the benches (see benches/common/mod.rs).
 #
@@ -123,6 +124,14 @@ if [ -x "$cli" ]; then
     echo "== failure detection: survivors told of a SIGKILLed member, against the keep-alive TTL"
     python3 scripts/etcd_figures.py detect --rdzv "$cli" --workers 8 --ttls "${DETECT_TTLS:-2,5,10}" --runs 3 \
         --out "$results/detect.jsonl" || echo "bench: the failure-detection runs failed"
+
+    echo "== against PyTorch's default rendezvous (c10d over a TCPStore), separate processes"
+    if [ -x .venv-py/bin/python ] && .venv-py/bin/python -c 'import torch, rdzv' 2>/dev/null; then
+        python3 scripts/c10d_compare.py --python .venv-py/bin/python --sizes "${C10D_SIZES:-32,64}" --runs "${C10D_RUNS:-5}" \
+            --out "$results/c10d.jsonl" || echo "bench: the c10d comparison failed"
+    else
+        echo "bench: no .venv-py with torch and rdzv (run scripts/test-python.sh once); skipping the c10d comparison"
+    fi
 
     echo "== spare promotion: a spare takes a SIGKILLed member's place, against the keep-alive TTL"
     python3 scripts/etcd_figures.py promote --rdzv "$cli" --workers 4 --ttls "${PROMOTE_TTLS:-3,10}" --runs 5 \

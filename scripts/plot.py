@@ -413,6 +413,29 @@ def main():
                      fmt_spread(ok), "–", f"≤ TTL + 1 s = {ttl + 1:g} s"])
     md.append(table(["figure", "measured", "reference", "target"], rows))
     md.append("")
+    c10d = load(res, "c10d.jsonl")
+    if c10d:
+        md.append("### Against PyTorch's default rendezvous (torchrun's `c10d` backend)")
+        md.append("")
+        md.append("`python3 scripts/c10d_compare.py --python .venv-py/bin/python --sizes 32,64 --runs 5 --out "
+                  "benches/results/c10d.jsonl` (run by `scripts/bench.sh`): N separate worker processes of each "
+                  "system, alternating run by run; each imports its library and connects (c10d: "
+                  "`DynamicRendezvousHandler` over a TCPStore this script hosts, torch "
+                  "2.15's defaults; rdzv: `rdzv.connect` to a local etcd on tmpfs), then all are told to go at "
+                  "one instant, and the time runs until the last has its round (min = max = N). Median "
+                  "(min–max) over the runs; ratio of the medians. Load average during the runs: "
+                  f"{c10d[0].get('load_at_start', '?')} at the start, {c10d[-1].get('load', '?')} at the end.")
+        md.append("")
+        rows = []
+        for n in sorted({r["workers"] for r in c10d}):
+            times = {s: [r["seconds"] for r in c10d if r["workers"] == n and r["system"] == s and not r.get("failed")]
+                     for s in ("c10d", "rdzv")}
+            failed = [r for r in c10d if r["workers"] == n and r.get("failed")]
+            ratio = (f"{statistics.median(times['c10d']) / statistics.median(times['rdzv']):.0f}×"
+                     if times["c10d"] and times["rdzv"] else "–")
+            rows.append([n, fmt_spread(times["c10d"]), fmt_spread(times["rdzv"]), ratio, len(failed)])
+        md.append(table(["N processes", "c10d (TCPStore)", "rdzv (etcd)", "c10d / rdzv", "failed runs"], rows))
+        md.append("")
     if promote:
         workers = sorted({r["workers"] for r in promote})
         md.append("Spare promotion (`python3 scripts/etcd_figures.py promote --rdzv target/release/rdzv --workers 4 "

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""rdzv against PyTorch's default rendezvous, side by side in one run, as separate processes.
+
+usage: c10d_compare.py --python PY --sizes 32,64 --runs 5 --out FILE
+
+PY is a Python with torch and rdzv installed (scripts/test-python.sh's .venv-py/bin/python).
+For each size N and run, N worker processes of each system are started and, once every one of
+them has imported its library and connected (the *ready* line), all are told to go at the same
+instant (one line on each one's stdin); the time runs from that instant until the last of them
+has its round:
+
+- c10d: torchrun's default backend, `DynamicRendezvousHandler` over a TCPStore
+  (`get_rendezvous_handler(RendezvousParameters(backend="c10d", …))`, min = max = N), the
+  store hosted by this script (as torchrun's first agent would host it);
+- rdzv: `rdzv.connect("etcd://…/<run>?min_workers=N").next_rendezvous()` on a local etcd
+  started here (scripts/multiproc.py's `Etcd`, data on tmpfs).
+
+The two systems alternate run by run, so that the machine's noise falls on both alike.
+Results: one JSON line per system, size and run, appended to FILE.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from multiproc import Etcd, free_port  # noqa: E402
+
+WORKER = r'''
+import json, sys, time
+system, target, run_id, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+if system == "c10d":
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+    params = RendezvousParameters(backend="c10d", endpoint=target, run_id=run_id, min_nodes=n, max_nodes=n,
+                                  is_host=False, join_timeout=120, last_call_timeout=1)
+    handler = get_rendezvous_handler(params)
+    go = lambda: handler.next_rendezvous()
+    rank_of = lambda info: info.rank
+else:
+    import rdzv
+    worker = rdzv.connect(f"etcd://{target}/{run_id}?min_workers={n}&timeout=120s")
+    go = lambda: worker.next_rendezvous()
+    rank_of = lambda r: r.rank
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+info = go()
+print(json.dumps({"done": time.monotonic(), "took": time.monotonic() - started, "rank": rank_of(info)}), flush=True)
+sys.stdin.readline()
+'''
+
+
+def one_run(python, system, target, n, run_id, timeout):
+    procs = [subprocess.Popen([python, "-c", WORKER, system, target, run_id, str(n)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    r = {"system": system, "workers": n, "run_id": run_id}
+    try:
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                r["failed"] = f"a worker did not get ready: {line!r} {p.stderr.read()[-400:] if p.poll() is not None else ''}"
+                return r
+        go = time.monotonic()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            line = p.stdout.readline()
+            if not line or time.monotonic() > deadline:
+                r["failed"] = f"a worker did not finish: {p.stderr.read()[-400:] if p.poll() is not None else 'timeout'}"
+                return r
+            results.append(json.loads(line))
+        ranks = sorted(x["rank"] for x in results)
+        if ranks != list(range(n)):
+            r["failed"] = f"ranks {ranks[:8]}… are not 0..{n}"
+            return r
+        r.update({"seconds": max(x["done"] for x in results) - go,
+                  "median_worker_seconds": sorted(x["took"] for x in results)[n // 2]})
+        return r
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.stdin.write("bye\n")
+                    p.stdin.close()
+                except (BrokenPipeError, OSError):
+                    pass
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--python", required=True, help="a Python with torch and rdzv")
+    ap.add_argument("--sizes", default="32,64")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    etcd = Etcd()
+    port = free_port()
+    # The c10d store, hosted here (multi-tenant, as torchrun's agents share it).
+    host = subprocess.Popen([a.python, "-c", (
+        "import sys, datetime, torch.distributed as d\n"
+        f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, multi_tenant=True, wait_for_workers=False, "
+        "timeout=datetime.timedelta(seconds=600))\n"
+        "print('ready', flush=True)\nsys.stdin.readline()\n")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "ready", "the TCPStore did not start"
+        load = " ".join(open("/proc/loadavg").read().split()[:3])
+        with open(a.out, "a") as out:
+            for n in [int(x) for x in a.sizes.split(",")]:
+                for run in range(a.runs):
+                    for system, target in (("c10d", f"127.0.0.1:{port}"), ("rdzv", etcd.hosts)):
+                        run_id = f"cmp-{system}-{n}-{run}-{os.getpid()}-{time.time_ns()}"
+                        r = one_run(a.python, system, target, n, run_id, a.timeout)
+                        r.update({"run": run, "load": " ".join(open("/proc/loadavg").read().split()[:3]),
+                                  "load_at_start": load, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+                        print(f"{system} N={n} run {run}: "
+                              + (f"{r['seconds']:.3f} s" if "seconds" in r else f"FAILED: {r['failed']}"), flush=True)
+                        out.write(json.dumps(r) + "\n")
+                        out.flush()
+    finally:
+        host.stdin.close()
+        host.wait(10)
+        etcd.stop()
+
+
+if __name__ == "__main__":
+    main()
