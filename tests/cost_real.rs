@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 
 use rdzv::core::{Kv, RendezvousHandler};
-use rdzv_core::testing::CountingKv;
+use rdzv_core::layer::CountingKv;
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 

@@ -216,7 +216,7 @@ fn a_member_gone_just_before_final_is_noticed() {
         let kv = mem();
         let p = params(&run_id("gone-before-final"), 3, 3);
         let ws = support::workers(&kv, &p, 3).await;
-        ws[2].link.set_latency(rdzv_core::testing::Latency::Fixed(Duration::from_millis(300)));
+        ws[2].link.set_latency(rdzv_core::layer::Latency::Fixed(Duration::from_millis(300)));
         let calls: Vec<_> = ws
             .iter()
             .map(|w| {
@@ -308,7 +308,7 @@ fn shutdown_racing_a_completing_round() {
             let p = params(&run_id("shutdown-race"), 2, 2);
             let ws = support::workers(&kv, &p, 3).await;
             for w in &ws {
-                w.link.set_latency(rdzv_core::testing::Latency::Fixed(Duration::from_millis(20)));
+                w.link.set_latency(rdzv_core::layer::Latency::Fixed(Duration::from_millis(20)));
             }
             let a = ws[0].handler.clone();
             let pending = tokio::spawn(async move {

@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rdzv::core::{
-    DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvExt, KvResult, LeaseId,
-    PutOptions, PutOutcome, RangeOptions, RangeResponse, RendezvousError, RendezvousHandler,
-    RendezvousParams, Revision, RoundBroken, State, WatchScope, WatchStream,
+    DeleteMode, Kv, KvError, KvExt, KvResult, PutOptions, PutOutcome, RendezvousError, RendezvousHandler,
+    RendezvousParams, RoundBroken, State,
 };
-use rdzv_core::testing::FaultyKv;
+use rdzv_core::layer::{FaultyKv, Layer};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;
 
@@ -125,15 +124,9 @@ struct Hooked {
 }
 
 #[async_trait]
-impl Kv for Hooked {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        self.inner.get(key).await
-    }
-    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
-        self.inner.range(prefix, options).await
+impl Layer for Hooked {
+    fn inner(&self) -> &dyn Kv {
+        &*self.inner
     }
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
         if String::from_utf8_lossy(key).contains("/kv/")
@@ -157,27 +150,6 @@ impl Kv for Hooked {
             }
         }
         self.inner.put(key, value, options).await
-    }
-    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
-        self.inner.delete(key, mode).await
-    }
-    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
-        self.inner.delete_prefix(prefix).await
-    }
-    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
-        self.inner.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
-        self.inner.lease_keep_alive(lease).await
-    }
-    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
-        self.inner.lease_revoke(lease).await
-    }
-    async fn watch(&self, key: &[u8], scope: WatchScope, start: Revision) -> KvResult<WatchStream> {
-        self.inner.watch(key, scope, start).await
-    }
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
-        self.inner.count_at_revision(prefix, revision).await
     }
 }
 

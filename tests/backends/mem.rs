@@ -42,7 +42,7 @@ mod kv_wrapped {
     use std::time::Duration;
 
     use rdzv_core::Kv;
-    use rdzv_core::testing::{CountingKv, FaultyKv, Latency};
+    use rdzv_core::layer::{CountingKv, FaultyKv, Latency};
     use rdzv_mem::MemKv;
 
     fn wrapped(latency: Latency) -> Arc<dyn Kv> {
@@ -52,7 +52,7 @@ mod kv_wrapped {
     }
 
     mod idle {
-        rdzv_core::conformance_suite!(async { super::wrapped(rdzv_core::testing::Latency::None) });
+        rdzv_core::conformance_suite!(async { super::wrapped(rdzv_core::layer::Latency::None) });
     }
 
     mod slow {
@@ -69,7 +69,7 @@ mod store_with_latency {
     use std::time::Duration;
 
     use rdzv_core::Kv;
-    use rdzv_core::testing::{FaultyKv, Latency};
+    use rdzv_core::layer::{FaultyKv, Latency};
     use rdzv_mem::MemKv;
 
     rdzv_store::store_suite!(async {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
-use rdzv_core::testing::FaultyKv;
+use rdzv_core::layer::FaultyKv;
 
 /// A unique run id for one test case.
 pub fn run_id(name: &str) -> String {

@@ -8,12 +8,15 @@ mod error;
 mod ext;
 mod ids;
 mod kv;
+pub mod layer;
 mod params;
 mod per_process;
 mod registry;
 mod rendezvous;
 mod retry;
 mod session;
+#[cfg(test)]
+mod stub;
 mod url;
 
 // The backend contract: the trait, its types, its conveniences and errors.

@@ -1,7 +1,6 @@
 //! Testing aids (feature `testing`): the backend conformance suite of docs/KV.md, one set of
-//! test cases written once against [`Kv`] that every backend must pass; and two decorators
-//! for any backend, [`CountingKv`] (counts operations by kind, for cost tests and
-//! `rdzv bench`) and [`FaultyKv`] (injects latency, failures and dropped watches).
+//! test cases written once against [`Kv`] that every backend must pass. (The decorators
+//! tests use, `CountingKv` and `FaultyKv`, are in [`layer`](crate::layer), for every build.)
 //!
 //! Each case is a plain `pub async fn case(kv: Arc<dyn Kv>, ns: Vec<u8>)` that panics on a
 //! violation. It touches only keys under its namespace `ns`, so cases can share one store
@@ -46,8 +45,6 @@
 //! 50 compare-and-swap incrementers, native increments, concurrent writers.
 
 mod compaction;
-mod counting;
-mod faulty;
 mod leases;
 mod preconditions;
 mod reads;
@@ -56,8 +53,6 @@ mod watch;
 mod writes;
 
 pub use compaction::*;
-pub use counting::{CountingKv, OpCounts};
-pub use faulty::{FaultyKv, Latency};
 pub use leases::*;
 pub use preconditions::*;
 pub use reads::*;
