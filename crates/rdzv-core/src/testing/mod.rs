@@ -39,7 +39,8 @@
 //! creation-revision filter and keys-only. Preconditions (`preconditions`): create-if-absent
 //! (and its race), swap on a stale revision, conditional deletes. Writes (`writes`): prefix
 //! delete as one write, re-creation, 1 MiB and binary data, the native increment. Leases
-//! (`leases`): expiry with delete events, keep-alive, revoke, dead leases, unbinding.
+//! (`leases`): expiry with delete events, keep-alive (of one lease, and batched with each
+//! lease answered alone), revoke, dead leases, unbinding.
 //! Watches (`watch`): exact replay from a past revision, key and prefix scopes, event
 //! contents, 1,000 events without gaps. Compaction (`compaction`). Contention (`stress`):
 //! 50 compare-and-swap incrementers, native increments, concurrent writers.
@@ -254,6 +255,7 @@ macro_rules! conformance_suite {
             increment_matches_compare_and_swap,
             lease_expiry_deletes_keys_with_events,
             keep_alive_prolongs_lease,
+            keep_alive_many_answers_each_lease_alone,
             revoke_deletes_at_once,
             put_with_dead_lease_fails,
             keep_alive_of_dead_lease_fails,
