@@ -325,7 +325,8 @@ impl Kv for EtcdKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+        // No native increment: etcd has none (the Store increments with compare-and-swap).
+        Capabilities { min_lease_ttl: MIN_LEASE_TTL, ..Capabilities::default() }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

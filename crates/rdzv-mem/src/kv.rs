@@ -198,7 +198,7 @@ impl Kv for MemKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+        Capabilities { native_increment: true, min_lease_ttl: MIN_LEASE_TTL, ..Capabilities::default() }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

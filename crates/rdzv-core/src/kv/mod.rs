@@ -117,10 +117,14 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
         Ok(None)
     }
 
-    /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0), if the
-    /// backend has a native increment; `Ok(None)` means "not native, use compare-and-swap".
+    /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0) and
+    /// returns the sum, on a backend whose [`Capabilities::native_increment`] says it can;
+    /// [`KvError::Unsupported`] on any other. `Ok(None)`: declined for this call, nothing was
+    /// written (the numbers are beyond what the backend computes exactly): increment with a
+    /// compare-and-swap instead. A stored value that is not a decimal integer, or a sum that
+    /// overflows, is [`KvError::InvalidArgument`].
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         let _ = (key, delta);
-        Ok(None)
+        Err(KvError::Unsupported { backend: self.name(), what: "native increments" })
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use rdzv_core::layer::Layer;
-use rdzv_core::{Kv, KvError, KvExt, KvResult, PutOptions, Revision, WatchScope, WatchStream};
+use rdzv_core::{Capabilities, Kv, KvError, KvExt, KvResult, PutOptions, Revision, WatchScope, WatchStream};
 use rdzv_mem::MemKv;
 
 /// [`MemKv`] with quirks.
@@ -36,6 +36,10 @@ impl Layer for QuirkyKv {
         "quirky-mem"
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { native_increment: self.native_increment, ..self.inner.capabilities() }
+    }
+
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
         if self.compact_every_other_watch && self.watches.fetch_add(1, Ordering::Relaxed).is_multiple_of(2) {
             let compacted = KvError::Compacted { requested: start_revision, oldest: start_revision + 1 };
@@ -46,7 +50,7 @@ impl Layer for QuirkyKv {
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         if !self.native_increment {
-            return Ok(None);
+            return Err(KvError::Unsupported { backend: "quirky-mem", what: "native increments" });
         }
         let mut verdict = Ok(0);
         self.inner
