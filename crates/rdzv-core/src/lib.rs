@@ -18,6 +18,7 @@ mod session;
 #[cfg(test)]
 mod stub;
 mod url;
+pub mod wait;
 
 // The backend contract: the trait, its types, its conveniences and errors.
 /// The byte buffer of [`KeyValue::value`] (re-exported from the `bytes` crate): cheap to clone,
