@@ -4,8 +4,12 @@
 //! a key, compare-and-swap loops, sessions) live in [`KvExt`](crate::KvExt) and
 //! [`Session`](crate::Session).
 
+mod limit;
+mod prefix;
 mod types;
 
+pub use limit::SizeLimit;
+pub use prefix::prefix_end;
 pub use types::*;
 
 use std::pin::Pin;
@@ -33,7 +37,7 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = KvResult<Event>> + Send + 'stat
 ///   one lease ending may share one revision.
 /// - A failed precondition is an *outcome* ([`PutOutcome::Conflict`],
 ///   [`DeleteOutcome::Conflict`]) carrying the current key, never an error.
-/// - Errors are [`KvError`]s: `Unavailable`/`Timeout` may be retried; the rest may not.
+/// - Errors are [`KvError`]s; [`KvError::is_retryable`] says which may be retried.
 /// - Keys and values are arbitrary bytes.
 #[async_trait]
 pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
