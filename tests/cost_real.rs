@@ -3,7 +3,7 @@
 //! committed raft proposals from its `/metrics`).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! O(1) times per round — for a first round and for a re-rendezvous of everyone.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 //! Grouped by area, one module each.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -6,9 +6,6 @@
 //! scenarios run under a paused clock, so their timeouts and TTLs cost no real time.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 
 use rdzv::core::Kv;
@@ -29,9 +26,9 @@ mod store {
     rdzv_store::store_suite!(super::fresh());
 }
 
-/// The rendezvous scenarios of `tests/support/scenarios.rs`.
+/// The rendezvous scenarios of `rdzv_core::testing::rendezvous`.
 mod rendezvous {
-    crate::rendezvous_scenarios!(#[tokio::test(start_paused = true)]; super::fresh());
+    rdzv_core::rendezvous_scenarios!(#[tokio::test(start_paused = true)]; super::fresh());
 }
 
 mod kv_wrapped {

@@ -1,5 +1,7 @@
 //! Testing aids (feature `testing`): the backend conformance suite of docs/KV.md, one set of
-//! test cases written once against [`Kv`] that every backend must pass. (The decorators
+//! test cases written once against [`Kv`] that every backend must pass; and the rendezvous
+//! scenarios ([`rendezvous`]), run on every backend the same way. With the Store's suite
+//! (`rdzv_store::testing`), a backend runs all three from one test file. (The decorators
 //! tests use, `CountingKv` and `FaultyKv`, are in [`layer`](crate::layer), for every build.)
 //!
 //! Each case is a plain `pub async fn case(kv: Arc<dyn Kv>, ns: Vec<u8>)` that panics on a
@@ -49,6 +51,7 @@ mod compaction;
 mod leases;
 mod preconditions;
 mod reads;
+pub mod rendezvous;
 mod stress;
 mod watch;
 mod writes;
