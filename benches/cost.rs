@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
-use rdzv_core::testing::{CountingKv, OpCounts};
+use rdzv_core::layer::{CountingKv, OpCounts};
 use rdzv_etcd::testing::{PROPOSALS_COMMITTED, metric_value};
 
 const SIZES: [usize; 5] = [16, 64, 128, 512, 1024];

@@ -3,12 +3,12 @@
 //! committed raft proposals from its `/metrics`).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 
 use rdzv::core::{Kv, RendezvousHandler};
-use rdzv_core::testing::CountingKv;
+use rdzv_core::layer::CountingKv;
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 

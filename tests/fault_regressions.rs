@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdzv::core::{Kv, RendezvousHandler, RendezvousParams, RoundBroken};
-use rdzv_core::testing::{CountingKv, FaultyKv};
+use rdzv_core::layer::{CountingKv, FaultyKv};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;
 

@@ -3,7 +3,7 @@
 //! panics, nothing is silently wrong.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::time::Duration;
 

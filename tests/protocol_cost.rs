@@ -3,13 +3,13 @@
 //! O(1) times per round — for a first round and for a re-rendezvous of everyone.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 
 use futures::StreamExt;
 use rdzv::core::{Kv, RendezvousHandler, WatchScope};
-use rdzv_core::testing::{CountingKv, OpCounts};
+use rdzv_core::layer::{CountingKv, OpCounts};
 use rdzv_mem::MemKv;
 
 async fn state_changes_since(kv: &Arc<dyn Kv>, key: &[u8], from: i64, upto: i64) -> usize {

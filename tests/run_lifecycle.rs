@@ -4,7 +4,7 @@
 //! with an empty Store. On memory (paused clock), real etcd and real Redis.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! back is printed (BENCHMARKS.md records it).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,9 +6,6 @@
 //! scenarios run under a paused clock, so their timeouts and TTLs cost no real time.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 
 use rdzv::core::Kv;
@@ -29,9 +26,9 @@ mod store {
     rdzv_store::store_suite!(super::fresh());
 }
 
-/// The rendezvous scenarios of `tests/support/scenarios.rs`.
+/// The rendezvous scenarios of `rdzv_core::testing::rendezvous`.
 mod rendezvous {
-    crate::rendezvous_scenarios!(#[tokio::test(start_paused = true)]; super::fresh());
+    rdzv_core::rendezvous_scenarios!(#[tokio::test(start_paused = true)]; super::fresh());
 }
 
 mod kv_wrapped {
@@ -42,7 +39,7 @@ mod kv_wrapped {
     use std::time::Duration;
 
     use rdzv_core::Kv;
-    use rdzv_core::testing::{CountingKv, FaultyKv, Latency};
+    use rdzv_core::layer::{CountingKv, FaultyKv, Latency};
     use rdzv_mem::MemKv;
 
     fn wrapped(latency: Latency) -> Arc<dyn Kv> {
@@ -52,7 +49,7 @@ mod kv_wrapped {
     }
 
     mod idle {
-        rdzv_core::conformance_suite!(async { super::wrapped(rdzv_core::testing::Latency::None) });
+        rdzv_core::conformance_suite!(async { super::wrapped(rdzv_core::layer::Latency::None) });
     }
 
     mod slow {
@@ -69,7 +66,7 @@ mod store_with_latency {
     use std::time::Duration;
 
     use rdzv_core::Kv;
-    use rdzv_core::testing::{FaultyKv, Latency};
+    use rdzv_core::layer::{FaultyKv, Latency};
     use rdzv_mem::MemKv;
 
     rdzv_store::store_suite!(async {

@@ -4,9 +4,6 @@
 //! "The backend matrix"). The scenarios run in real time.
 #![allow(clippy::unwrap_used)]
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use std::sync::Arc;
 
 use rdzv::core::Kv;
@@ -26,7 +23,7 @@ mod store {
     rdzv_store::store_suite!(super::fresh());
 }
 
-/// The rendezvous scenarios of `tests/support/scenarios.rs`.
+/// The rendezvous scenarios of `rdzv_core::testing::rendezvous`.
 mod rendezvous {
-    crate::rendezvous_scenarios!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]; super::fresh());
+    rdzv_core::rendezvous_scenarios!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]; super::fresh());
 }

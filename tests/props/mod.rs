@@ -22,7 +22,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rdzv::core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
 // (`RendezvousParams` is also what the final-state recorder reads the run's keys from.)
-use rdzv_core::testing::{FaultyKv, Latency};
+use rdzv_core::layer::{FaultyKv, Latency};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

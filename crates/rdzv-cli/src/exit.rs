@@ -47,7 +47,8 @@ pub fn code_of(e: &RendezvousError) -> u8 {
         RendezvousError::State { .. }
         | RendezvousError::LeaseLost
         | RendezvousError::Shutdown
-        | RendezvousError::Backend(_) => FAILURE,
+        | RendezvousError::Backend(_)
+        | RendezvousError::Internal(_) => FAILURE,
         // The enum is non-exhaustive: anything new is "anything else".
         _ => FAILURE,
     }
@@ -117,6 +118,7 @@ mod tests {
             (RendezvousError::LeaseLost, FAILURE),
             (RendezvousError::Shutdown, FAILURE),
             (RendezvousError::Backend(KvError::backend("etcd", "boom")), FAILURE),
+            (RendezvousError::Internal("a bug".into()), FAILURE),
         ];
         for (e, code) in cases {
             let cli = CliError::from(e);

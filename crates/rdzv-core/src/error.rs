@@ -279,7 +279,8 @@ pub enum RendezvousError {
         /// The deadline that passed.
         after: Duration,
     },
-    /// The backend could not be reached (retryable).
+    /// The backend could not be reached, or could not serve: a [`KvError`] that
+    /// [`is_retryable`](KvError::is_retryable), and only such. Retryable.
     #[error("rendezvous backend unreachable: {0}")]
     Unavailable(#[source] KvError),
     /// A value under the rendezvous' keys is corrupt.
@@ -300,9 +301,41 @@ pub enum RendezvousError {
     /// The handler was shut down.
     #[error("the rendezvous handler was shut down")]
     Shutdown,
-    /// Any other backend error.
+    /// Any other backend error: a [`KvError`] that is not retryable.
     #[error("rendezvous backend error: {0}")]
     Backend(#[source] KvError),
+    /// A step lost a race that only starting over repairs (a key it was creating vanished
+    /// before the answer came). Retryable: `next_rendezvous` starts over by itself, within
+    /// its deadline.
+    #[error("the rendezvous must start over: {0}")]
+    Raced(String),
+    /// A bug of rdzv: the protocol reached a state it never should. Not retryable.
+    #[error("internal error of rdzv: {0}; this is a bug, please report it")]
+    Internal(String),
+}
+
+impl RendezvousError {
+    /// Whether calling again may succeed: the backend was out of reach or busy
+    /// ([`RendezvousError::Unavailable`], decided by [`KvError::is_retryable`]), or a race
+    /// was lost ([`RendezvousError::Raced`]).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RendezvousError::Unavailable(e) | RendezvousError::Backend(e) => e.is_retryable(),
+            RendezvousError::Raced(_) => true,
+            _ => false,
+        }
+    }
+
+    /// What a [`BackendFactory`](crate::BackendFactory) returns when its backend could not
+    /// connect with `error`: a setting the backend refused ([`KvError::InvalidArgument`]: an
+    /// unreadable TLS file, a bad namespace) is a [`ConfigError::InvalidUrl`]; any other
+    /// error is `Unavailable` or `Backend` as [`KvError::is_retryable`] says.
+    pub fn connecting(error: KvError) -> RendezvousError {
+        match error {
+            KvError::InvalidArgument(reason) => RendezvousError::Config(ConfigError::InvalidUrl(reason)),
+            other => other.into(),
+        }
+    }
 }
 
 fn closed_because(outcome: Option<crate::rendezvous::RunOutcome>) -> &'static str {
@@ -341,6 +374,57 @@ mod tests {
         ));
         assert!(KvError::backend("redis", "x").duplicate().to_string().contains("redis: x"));
         assert!(!KvError::LeaseNotFound(7).duplicate().is_retryable());
+    }
+
+    fn samples() -> Vec<KvError> {
+        vec![
+            KvError::Unavailable {
+                backend: "x",
+                endpoint: "h:1".into(),
+                message: "refused".into(),
+                source: None,
+            },
+            KvError::Busy { backend: "x", endpoint: "h:1".into(), message: "no leader".into(), source: None },
+            KvError::Timeout { backend: "x", operation: "get".into(), after: Duration::from_secs(1) },
+            KvError::WatchEnded { backend: "x", key: "k".into() },
+            KvError::LeaseNotFound(7),
+            KvError::Compacted { requested: 3, oldest: 5 },
+            KvError::InvalidArgument("empty prefix".into()),
+            KvError::TooLarge { backend: "x", what: "a key", size: 9, limit: 8, raise: None },
+            KvError::Unsupported { backend: "x", what: "compaction" },
+            KvError::backend("x", "boom"),
+        ]
+    }
+
+    #[test]
+    fn a_rendezvous_error_is_retryable_exactly_when_its_backend_error_is() {
+        for e in samples() {
+            let retryable = e.is_retryable();
+            let wrapped = RendezvousError::from(e);
+            assert_eq!(wrapped.is_retryable(), retryable, "{wrapped:?}");
+            assert_eq!(matches!(wrapped, RendezvousError::Unavailable(_)), retryable, "{wrapped:?}");
+        }
+        assert!(RendezvousError::Raced("a key vanished".into()).is_retryable());
+        let bug = RendezvousError::Internal("got Ack in phase `join`".into());
+        assert!(!bug.is_retryable());
+        assert!(bug.to_string().contains("bug, please report it"), "{bug}");
+        for other in [RendezvousError::LeaseLost, RendezvousError::Shutdown] {
+            assert!(!other.is_retryable(), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn a_failed_connect_is_a_configuration_error_only_for_a_refused_setting() {
+        for e in samples() {
+            let refused_setting = matches!(e, KvError::InvalidArgument(_));
+            let retryable = e.is_retryable();
+            match RendezvousError::connecting(e) {
+                RendezvousError::Config(ConfigError::InvalidUrl(reason)) => {
+                    assert!(refused_setting && reason == "empty prefix", "{reason}")
+                }
+                other => assert!(!refused_setting && other.is_retryable() == retryable, "{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Conveniences written once against [`Kv`]: the one watch-from-a-revision recipe
-//! ([`KvExt::watch_from`]), waiting for a key to appear or vanish by watching from a known
-//! revision (never polling), counting keys, and a compare-and-swap
-//! loop that learns the winner's value from each lost swap.
+//! ([`KvExt::watch_from`]), the one wait loop on top of it ([`KvExt::wait_until`]) and two
+//! waits written with it (a key to appear, a key to go: by watching, never polling), counting
+//! keys, and a compare-and-swap loop that learns the winner's value from each lost swap.
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -12,6 +12,7 @@ use crate::kv::{
     Event, EventKind, KeyValue, Kv, KvResult, PutMode, PutOptions, PutOutcome, RangeOptions, Revision,
     WatchScope, WatchStream,
 };
+use crate::wait::{Reading, Start, Wait};
 
 /// Conveniences for every [`Kv`] (blanket-implemented, also for `dyn Kv`).
 #[async_trait]
@@ -27,28 +28,21 @@ pub trait KvExt: Kv {
         Ok(Watch { events, backend: self.name(), key: key.to_vec() })
     }
 
+    /// The one wait loop, for every wait on the store (see [`wait`](crate::wait)): from
+    /// `start`, read with [`Wait::read`]; unless that ends the wait, watch the
+    /// [`Wait::watched`] keys from the read's revision + 1, handing each event to
+    /// [`Wait::event`]; after a failure that [`Wait::failed`] accepts (by default a compacted
+    /// start or an ended watch), read again. Unbounded: the caller applies its deadline by
+    /// dropping it.
+    async fn wait_until<W: Wait>(&self, wait: W, start: Start) -> KvResult<W::Output> {
+        crate::wait::wait_until(self, wait, start).await
+    }
+
     /// Returns `key` as soon as it exists: reads it, and if absent watches it from the read's
-    /// revision + 1; a compacted start or an ended watch reads again (neither can hide the
-    /// key from a fresh read). Unbounded: the caller applies its deadline by dropping it.
+    /// revision + 1 ([`KvExt::wait_until`]). Unbounded: the caller applies its deadline by
+    /// dropping it.
     async fn key_exists(&self, key: &[u8]) -> KvResult<KeyValue> {
-        loop {
-            let read = self.get(key).await?;
-            if let Some(kv) = read.kv {
-                return Ok(kv);
-            }
-            let mut events = self.watch_from(key, WatchScope::Key, read.revision + 1).await?;
-            loop {
-                match events.next().await {
-                    Ok(event) if event.kind == EventKind::Put => return Ok(event.kv),
-                    Ok(_) => {}
-                    Err(e) if e.needs_reread() => {
-                        tracing::debug!(error = %e, "waiting for `{}`: reading again", show_key(key));
-                        break;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
+        self.wait_until(KeyAppears { kv: self, key }, Start::Read).await
     }
 
     /// [`key_exists`](KvExt::key_exists) within `deadline` ([`KvError::Timeout`] after it).
@@ -63,34 +57,11 @@ pub trait KvExt: Kv {
     }
 
     /// Returns once `key` does not exist, watching from `after` + 1 (pass the revision at
-    /// which it was last seen); a compacted start or an ended watch reads again. Returns the
-    /// revision of the delete (or of the read that found it absent). Fails with
-    /// [`KvError::Timeout`] at `deadline`.
+    /// which it was last seen; [`KvExt::wait_until`]). Returns the revision of the delete (or
+    /// of the read that found it absent). Fails with [`KvError::Timeout`] at `deadline`.
     async fn wait_for_delete(&self, key: &[u8], after: Revision, deadline: Instant) -> KvResult<Revision> {
         let started = Instant::now();
-        let wait = async {
-            let mut from = after + 1;
-            loop {
-                let mut events = self.watch_from(key, WatchScope::Key, from).await?;
-                // The key may already be gone and its delete compacted away; a read settles that.
-                let read = self.get(key).await?;
-                if read.kv.is_none() {
-                    return Ok(read.revision);
-                }
-                loop {
-                    match events.next().await {
-                        Ok(event) if event.kind == EventKind::Delete => return Ok(event.revision()),
-                        Ok(_) => {}
-                        Err(e) if e.needs_reread() => {
-                            tracing::debug!(error = %e, "waiting for `{}` to go: reading again", show_key(key));
-                            from = read.revision + 1;
-                            break;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-        };
+        let wait = self.wait_until(KeyGone { kv: self, key }, Start::Watch(vec![after + 1]));
         match tokio::time::timeout_at(deadline, wait).await {
             Ok(result) => result,
             Err(_) => Err(timeout(
@@ -140,6 +111,58 @@ pub trait KvExt: Kv {
 }
 
 impl<T: Kv + ?Sized> KvExt for T {}
+
+/// The wait of [`KvExt::key_exists`].
+struct KeyAppears<'a, K: ?Sized> {
+    kv: &'a K,
+    key: &'a [u8],
+}
+
+impl<K: Kv + ?Sized> Wait for KeyAppears<'_, K> {
+    type Output = KeyValue;
+
+    fn watched(&self) -> Vec<(Vec<u8>, WatchScope)> {
+        vec![(self.key.to_vec(), WatchScope::Key)]
+    }
+
+    async fn read(&mut self) -> KvResult<Reading<KeyValue>> {
+        let read = self.kv.get(self.key).await?;
+        Ok(match read.kv {
+            Some(kv) => Reading::Done(kv),
+            None => Reading::Pending(read.revision),
+        })
+    }
+
+    async fn event(&mut self, _: usize, event: Event) -> KvResult<Option<KeyValue>> {
+        Ok((event.kind == EventKind::Put).then_some(event.kv))
+    }
+}
+
+/// The wait of [`KvExt::wait_for_delete`].
+struct KeyGone<'a, K: ?Sized> {
+    kv: &'a K,
+    key: &'a [u8],
+}
+
+impl<K: Kv + ?Sized> Wait for KeyGone<'_, K> {
+    type Output = Revision;
+
+    fn watched(&self) -> Vec<(Vec<u8>, WatchScope)> {
+        vec![(self.key.to_vec(), WatchScope::Key)]
+    }
+
+    async fn read(&mut self) -> KvResult<Reading<Revision>> {
+        let read = self.kv.get(self.key).await?;
+        Ok(match read.kv {
+            Some(_) => Reading::Pending(read.revision),
+            None => Reading::Done(read.revision),
+        })
+    }
+
+    async fn event(&mut self, _: usize, event: Event) -> KvResult<Option<Revision>> {
+        Ok((event.kind == EventKind::Delete).then(|| event.revision()))
+    }
+}
 
 /// A watch opened by [`KvExt::watch_from`]: the events of one key or prefix, in revision
 /// order. Dropping it cancels the watch.

@@ -8,13 +8,17 @@ mod error;
 mod ext;
 mod ids;
 mod kv;
+pub mod layer;
 mod params;
 mod per_process;
 mod registry;
 mod rendezvous;
 mod retry;
 mod session;
+#[cfg(test)]
+mod stub;
 mod url;
+pub mod wait;
 
 // The backend contract: the trait, its types, its conveniences and errors.
 /// The byte buffer of [`KeyValue::value`] (re-exported from the `bytes` crate): cheap to clone,

@@ -380,96 +380,13 @@ fn settle(leases: &mut HashMap<LeaseId, Entry>, batch: Vec<LeaseId>, sent: Insta
 mod tests {
     use std::collections::HashSet;
 
-    use async_trait::async_trait;
-
     use super::*;
-    use crate::kv::{
-        DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, PutOptions, PutOutcome, RangeOptions,
-        RangeResponse, Revision, WatchScope, WatchStream,
-    };
-
-    const TTL: Duration = Duration::from_secs(9);
-
-    /// Grants leases and records every refresh; `gone` leases are not found, and while
-    /// `failing` every refresh fails as if the server were out of reach.
-    #[derive(Debug, Default)]
-    struct Recording {
-        next: Mutex<LeaseId>,
-        batches: Mutex<Vec<Vec<LeaseId>>>,
-        gone: Mutex<HashSet<LeaseId>>,
-        failing: std::sync::atomic::AtomicBool,
-    }
-
-    impl Recording {
-        fn batches(&self) -> Vec<Vec<LeaseId>> {
-            self.batches.lock().unwrap().clone()
-        }
-
-        fn answer(&self, lease: LeaseId) -> KvResult<Duration> {
-            if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-                Err(KvError::Unavailable {
-                    backend: "recording",
-                    endpoint: "nowhere".into(),
-                    message: "out of reach".into(),
-                    source: None,
-                })
-            } else if self.gone.lock().unwrap().contains(&lease) {
-                Err(KvError::LeaseNotFound(lease))
-            } else {
-                Ok(TTL)
-            }
-        }
-    }
-
-    fn unsupported<T>() -> KvResult<T> {
-        Err(KvError::Unsupported { backend: "recording", what: "anything but leases" })
-    }
-
-    #[async_trait]
-    impl Kv for Recording {
-        fn name(&self) -> &'static str {
-            "recording"
-        }
-        async fn get(&self, _: &[u8]) -> KvResult<GetResponse> {
-            unsupported()
-        }
-        async fn range(&self, _: &[u8], _: RangeOptions) -> KvResult<RangeResponse> {
-            unsupported()
-        }
-        async fn put(&self, _: &[u8], _: &[u8], _: PutOptions) -> KvResult<PutOutcome> {
-            unsupported()
-        }
-        async fn delete(&self, _: &[u8], _: DeleteMode) -> KvResult<DeleteOutcome> {
-            unsupported()
-        }
-        async fn delete_prefix(&self, _: &[u8]) -> KvResult<DeletePrefixResponse> {
-            unsupported()
-        }
-        async fn lease_grant(&self, _: Duration) -> KvResult<LeaseId> {
-            let mut next = self.next.lock().unwrap();
-            *next += 1;
-            Ok(*next)
-        }
-        async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
-            self.batches.lock().unwrap().push(vec![lease]);
-            self.answer(lease)
-        }
-        async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
-            self.batches.lock().unwrap().push(leases.to_vec());
-            leases.iter().map(|&lease| self.answer(lease)).collect()
-        }
-        async fn lease_revoke(&self, _: LeaseId) -> KvResult<()> {
-            Ok(())
-        }
-        async fn watch(&self, _: &[u8], _: WatchScope, _: Revision) -> KvResult<WatchStream> {
-            unsupported()
-        }
-    }
+    use crate::stub::{STUB_TTL as TTL, Stub};
 
     #[tokio::test(start_paused = true)]
     async fn sessions_of_one_client_share_one_refresh_per_period() {
-        let recording = Arc::new(Recording::default());
-        let kv: Arc<dyn Kv> = recording.clone();
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
         let mut sessions = Vec::new();
         for _ in 0..100 {
             sessions.push(Session::start(kv.clone(), TTL).await.unwrap());
@@ -479,7 +396,7 @@ mod tests {
             (0..100).map(|_| Session::attach(kv.clone(), run.lease(), TTL)).collect();
         // Refreshes are due at 3 s and 6 s (TTL/3 after the previous one was sent).
         tokio::time::sleep(TTL - Duration::from_millis(500)).await;
-        let batches = recording.batches();
+        let batches: Vec<Vec<LeaseId>> = stub.refreshes().iter().map(|r| r.leases()).collect();
         assert_eq!(batches.len(), 2, "one refresh call per period for all sessions: {batches:?}");
         for batch in &batches {
             let distinct: HashSet<_> = batch.iter().collect();
@@ -490,14 +407,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lease_gone_from_the_server_loses_its_sessions_only() {
-        let recording = Arc::new(Recording::default());
-        let kv: Arc<dyn Kv> = recording.clone();
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
         let kept = Session::start(kv.clone(), TTL).await.unwrap();
         let doomed = Session::start(kv.clone(), TTL).await.unwrap();
         let doomed_too = Session::attach(kv.clone(), doomed.lease(), TTL);
         let closed = Session::start(kv.clone(), TTL).await.unwrap();
         let closed_lost = closed.lost();
-        recording.gone.lock().unwrap().extend([doomed.lease(), closed.lease()]);
+        stub.forget([doomed.lease(), closed.lease()]);
         closed.close().await.unwrap();
         tokio::time::sleep(TTL / 2).await;
         assert!(doomed.is_lost() && doomed_too.is_lost(), "both holders of the gone lease are told");
@@ -507,14 +424,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_session_whose_refreshes_fail_for_a_ttl_is_lost_then() {
-        let recording = Arc::new(Recording::default());
-        let kv: Arc<dyn Kv> = recording.clone();
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
         let started = Instant::now();
         let session = Session::start(kv.clone(), TTL).await.unwrap();
-        recording.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        stub.set_failing(true);
         session.lost().cancelled().await;
         let after = started.elapsed();
         assert!(after >= TTL && after < TTL + Duration::from_secs(1), "lost after {after:?}, TTL {TTL:?}");
-        assert!(recording.batches().len() > 3, "retried before giving up: {:?}", recording.batches());
+        assert!(stub.refreshes().len() > 3, "retried before giving up: {:?}", stub.refreshes());
     }
 }

@@ -62,7 +62,7 @@ impl BackendFactory for EtcdFactory {
             Err(ConnectError::Config(e)) => Err(RendezvousError::Config(e)),
             // Unreachable is retryable (`Unavailable`); anything else (authentication…) is
             // reported as a backend error.
-            Err(ConnectError::Kv(e)) => Err(RendezvousError::from(e)),
+            Err(ConnectError::Kv(e)) => Err(RendezvousError::connecting(e)),
         }
     }
 }

@@ -2,21 +2,7 @@
 //! `[P, P+1)`, and an optional namespace is prepended to every key on the way in and cut off
 //! on the way out.
 
-use rdzv_core::KeyValue;
-
-/// The smallest key greater than every key that starts with `prefix`: the prefix with its
-/// last byte below 0xff incremented and everything after it dropped. `"\0"` (etcd's "to the
-/// end of the key space") when there is no such key (empty prefix, or only 0xff bytes).
-pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    match prefix.iter().rposition(|&b| b < 0xff) {
-        Some(i) => {
-            let mut end = prefix[..=i].to_vec();
-            end[i] += 1;
-            end
-        }
-        None => vec![0],
-    }
-}
+use rdzv_core::{KeyValue, prefix_end};
 
 /// A namespace: a byte prefix that isolates one user's keys from another's on the same
 /// cluster (like etcd's `--namespace` proxy).
@@ -47,7 +33,8 @@ impl Namespace {
             // The whole key space: from "\0" (the smallest non-empty key) to the end.
             return (vec![0], vec![0]);
         }
-        let end = prefix_end(&start);
+        // No key after the prefix (all 0xff): etcd's "\0" runs to the end of the key space.
+        let end = prefix_end(&start).unwrap_or_else(|| vec![0]);
         (start, end)
     }
 
@@ -83,19 +70,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prefix_end_increments_the_last_byte_below_ff() {
-        assert_eq!(prefix_end(b"abc"), b"abd".to_vec());
-        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
-        assert_eq!(prefix_end(b"a\xfe\xff\xff"), b"a\xff".to_vec());
-        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
-        assert_eq!(prefix_end(b""), vec![0]);
-    }
-
-    #[test]
     fn namespace_ranges() {
         let none = Namespace::default();
         assert_eq!(none.prefix_range(b""), (vec![0], vec![0]));
         assert_eq!(none.prefix_range(b"k/"), (b"k/".to_vec(), b"k0".to_vec()));
+        // No key follows every key under 0xff 0xff: the range runs to etcd's end, "\0".
+        assert_eq!(none.prefix_range(b"\xff\xff"), (b"\xff\xff".to_vec(), vec![0]));
         let ns = Namespace::new(b"ns/".to_vec());
         assert_eq!(ns.prefix_range(b""), (b"ns/".to_vec(), b"ns0".to_vec()));
         assert_eq!(ns.key(b"a"), b"ns/a".to_vec());

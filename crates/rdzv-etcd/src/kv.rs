@@ -14,7 +14,7 @@ use etcd_client::{
 use rdzv_core::{
     Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, Kv, KvError,
     KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision,
-    WatchScope, WatchStream,
+    SizeLimit, WatchScope, WatchStream,
 };
 
 use crate::client::{self, Clients, ConnectError, Shared};
@@ -138,16 +138,8 @@ impl EtcdKv {
     /// Refuses a value the server would refuse, before sending it.
     fn check_value(&self, value: &[u8]) -> KvResult<()> {
         let limit = self.max_value_bytes();
-        if value.len() > limit {
-            return Err(KvError::TooLarge {
-                backend: BACKEND,
-                what: "a value",
-                size: value.len(),
-                limit,
-                raise: Some(RAISE_VALUE_LIMIT),
-            });
-        }
-        Ok(())
+        SizeLimit { backend: BACKEND, what: "a value", limit, raise: Some(RAISE_VALUE_LIMIT) }
+            .check(value.len())
     }
 
     /// The underlying client of the member requests currently go to (connecting it if
@@ -292,16 +284,9 @@ const RAISE_VALUE_LIMIT: &str = "start the servers with a larger --max-request-b
 
 /// Refuses a key (namespace included) over [`MAX_KEY_BYTES`], before sending it.
 fn check_key(full: &[u8]) -> KvResult<()> {
-    if full.len() > MAX_KEY_BYTES {
-        return Err(KvError::TooLarge {
-            backend: BACKEND,
-            what: "a key (namespace included)",
-            size: full.len(),
-            limit: MAX_KEY_BYTES,
-            raise: None,
-        });
-    }
-    Ok(())
+    const KEY: SizeLimit =
+        SizeLimit { backend: BACKEND, what: "a key (namespace included)", limit: MAX_KEY_BYTES, raise: None };
+    KEY.check(full.len())
 }
 
 /// The revision of a response header; etcd always sends one.
@@ -325,7 +310,8 @@ impl Kv for EtcdKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+        // No native increment: etcd has none (the Store increments with compare-and-swap).
+        Capabilities { min_lease_ttl: MIN_LEASE_TTL, ..Capabilities::default() }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rdzv_core::{
     Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvResult,
-    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, SizeLimit, WatchScope,
+    WatchStream,
 };
 use tokio::time::Instant;
 
@@ -55,22 +56,25 @@ pub struct MemKv {
 /// The size limits of one store.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
-    max_key: usize,
-    max_value: usize,
+    key: SizeLimit,
+    value: SizeLimit,
 }
 
 impl Limits {
     /// Fails with [`KvError::TooLarge`] if `key` or `value` is over its limit.
     fn check(&self, key: &[u8], value: &[u8]) -> KvResult<()> {
-        for (what, size, limit, raise) in [
-            ("a key", key.len(), self.max_key, "MemKv::builder().max_key_size(bytes)"),
-            ("a value", value.len(), self.max_value, "MemKv::builder().max_value_size(bytes)"),
-        ] {
-            if size > limit {
-                return Err(KvError::TooLarge { backend: "mem", what, size, limit, raise: Some(raise) });
-            }
+        self.key.check(key.len())?;
+        self.value.check(value.len())
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let limit = |what, limit, raise| SizeLimit { backend: "mem", what, limit, raise: Some(raise) };
+        Limits {
+            key: limit("a key", DEFAULT_MAX_KEY_SIZE, "MemKv::builder().max_key_size(bytes)"),
+            value: limit("a value", DEFAULT_MAX_VALUE_SIZE, "MemKv::builder().max_value_size(bytes)"),
         }
-        Ok(())
     }
 }
 
@@ -92,14 +96,14 @@ impl MemKvBuilder {
     /// Refuse keys longer than `bytes` with [`KvError::TooLarge`]. Default:
     /// [`DEFAULT_MAX_KEY_SIZE`].
     pub fn max_key_size(mut self, bytes: usize) -> Self {
-        self.limits.max_key = bytes;
+        self.limits.key.limit = bytes;
         self
     }
 
     /// Refuse values longer than `bytes` with [`KvError::TooLarge`]. Default:
     /// [`DEFAULT_MAX_VALUE_SIZE`].
     pub fn max_value_size(mut self, bytes: usize) -> Self {
-        self.limits.max_value = bytes;
+        self.limits.value.limit = bytes;
         self
     }
 
@@ -115,10 +119,7 @@ impl MemKvBuilder {
 
 impl Default for MemKvBuilder {
     fn default() -> Self {
-        MemKvBuilder {
-            history_limit: DEFAULT_HISTORY_LIMIT,
-            limits: Limits { max_key: DEFAULT_MAX_KEY_SIZE, max_value: DEFAULT_MAX_VALUE_SIZE },
-        }
+        MemKvBuilder { history_limit: DEFAULT_HISTORY_LIMIT, limits: Limits::default() }
     }
 }
 
@@ -198,7 +199,7 @@ impl Kv for MemKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+        Capabilities { native_increment: true, min_lease_ttl: MIN_LEASE_TTL, ..Capabilities::default() }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

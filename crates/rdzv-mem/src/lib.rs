@@ -9,7 +9,7 @@
 //! [`MemFactory`] serves for `mem://<name>/…` URLs.
 //!
 //! To test how callers cope with a slow or failing store, wrap it in
-//! `rdzv_core::testing::FaultyKv` (feature `testing` of rdzv-core).
+//! [`rdzv_core::layer::FaultyKv`].
 //!
 //! ```
 //! use std::sync::Arc;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use rdzv_core::{
     DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, KvError, KvResult, LeaseId,
     PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    prefix_end,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
@@ -363,30 +364,9 @@ impl State {
     }
 }
 
-/// The first key after every key that starts with `prefix` (`None`: no such key, the prefix
-/// is empty or all `0xff`).
-fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < u8::MAX {
-            end.push(last + 1);
-            return Some(end);
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefix_ends() {
-        assert_eq!(prefix_end(b"a/"), Some(b"a0".to_vec()));
-        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
-        assert_eq!(prefix_end(b"\xff\xff"), None);
-        assert_eq!(prefix_end(b""), None);
-    }
 
     #[test]
     fn ranges_stop_at_the_prefix_end() {

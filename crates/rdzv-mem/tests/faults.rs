@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::testing::{FaultyKv, Latency};
+use rdzv_core::layer::{FaultyKv, Latency};
 use rdzv_core::{Kv, KvError, PutOptions, WatchScope};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;

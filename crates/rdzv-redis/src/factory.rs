@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rdzv_core::{BackendFactory, ConfigError, Kv, KvError, RendezvousError, RendezvousUrl};
+use rdzv_core::{BackendFactory, ConfigError, Kv, RendezvousError, RendezvousUrl};
 
 use crate::config::{DEFAULT_PORT, OPTIONS, RedisConfig};
 use crate::kv::RedisKv;
@@ -60,10 +60,7 @@ impl BackendFactory for RedisFactory {
         let config = RedisConfig::from_url(url)?;
         match RedisKv::connect(config).await {
             Ok(kv) => Ok(Arc::new(kv)),
-            Err(KvError::InvalidArgument(reason)) => {
-                Err(RendezvousError::Config(rdzv_core::ConfigError::InvalidUrl(reason)))
-            }
-            Err(e) => Err(e.into()),
+            Err(e) => Err(RendezvousError::connecting(e)),
         }
     }
 }

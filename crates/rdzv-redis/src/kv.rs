@@ -122,7 +122,11 @@ impl Kv for RedisKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: crate::reaper::MIN_LEASE_TTL }
+        Capabilities {
+            native_increment: true,
+            min_lease_ttl: crate::reaper::MIN_LEASE_TTL,
+            ..Capabilities::default()
+        }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

@@ -6,7 +6,7 @@
 //! same order of size as etcd's default request limit (1.5 MiB): a request that would not fit
 //! on etcd is not accepted here either, and a job moves between backends unchanged.
 
-use rdzv_core::{KvError, KvResult};
+use rdzv_core::{KvResult, SizeLimit};
 
 use crate::error::NAME;
 
@@ -19,28 +19,20 @@ pub const MAX_VALUE_BYTES: usize = 1536 * 1024;
 /// Largest request: a key and its value together, in bytes.
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 
-fn too_large(what: &'static str, size: usize, limit: usize) -> KvError {
-    // Fixed on purpose (see above): no option raises them.
-    KvError::TooLarge { backend: NAME, what, size, limit, raise: None }
-}
+// Fixed on purpose (see above): no option raises them.
+const KEY: SizeLimit = SizeLimit { backend: NAME, what: "a key", limit: MAX_KEY_BYTES, raise: None };
+const VALUE: SizeLimit = SizeLimit { backend: NAME, what: "a value", limit: MAX_VALUE_BYTES, raise: None };
+const REQUEST: SizeLimit =
+    SizeLimit { backend: NAME, what: "a request", limit: MAX_REQUEST_BYTES, raise: None };
 
 /// A key (or prefix) sent to the server.
 pub(crate) fn check_key(key: &[u8]) -> KvResult<()> {
-    if key.len() > MAX_KEY_BYTES {
-        return Err(too_large("a key", key.len(), MAX_KEY_BYTES));
-    }
-    Ok(())
+    KEY.check(key.len())
 }
 
 /// A write of `value` under `key`.
 pub(crate) fn check_write(key: &[u8], value: &[u8]) -> KvResult<()> {
-    check_key(key)?;
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(too_large("a value", value.len(), MAX_VALUE_BYTES));
-    }
-    let request = key.len() + value.len();
-    if request > MAX_REQUEST_BYTES {
-        return Err(too_large("a request", request, MAX_REQUEST_BYTES));
-    }
-    Ok(())
+    KEY.check(key.len())?;
+    VALUE.check(value.len())?;
+    REQUEST.check(key.len() + value.len())
 }

@@ -116,12 +116,11 @@ pub(crate) async fn add_at(
     sent: &Sent,
 ) -> Result<i64, StoreError> {
     // A native increment cannot bind the key to a lease: leased counters use the swap.
-    let native = match lease {
-        None => {
-            sent.mark();
-            kv.increment(full, delta).await
-        }
-        Some(_) => Ok(None),
+    let native = if lease.is_none() && kv.capabilities().native_increment {
+        sent.mark();
+        kv.increment(full, delta).await
+    } else {
+        Ok(None)
     };
     match native {
         Ok(Some(value)) => return Ok(value),

@@ -9,9 +9,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rdzv_core::wait::{Reading, Start, Wait};
 use rdzv_core::{
-    DeleteMode, DeleteOutcome, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOutcome, RangeOptions,
-    RangeOrder, WatchScope,
+    DeleteMode, DeleteOutcome, Event, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOutcome,
+    RangeOptions, RangeOrder, WatchScope,
 };
 
 use crate::error::StoreError;
@@ -72,39 +73,47 @@ impl Store {
 
 /// Pops the oldest item under `prefix`; `None` if it is empty and `block` is false.
 async fn pop(kv: &dyn Kv, prefix: &[u8], block: bool, sent: &Sent) -> Result<Option<Vec<u8>>, KvError> {
-    let oldest =
-        RangeOptions { limit: Some(1), order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
-    loop {
-        let read = kv.range(prefix, oldest).await?;
-        if let Some(item) = read.kvs.into_iter().next() {
-            if let Some(value) = take(kv, item, sent).await? {
-                return Ok(Some(value));
+    kv.wait_until(Pop { kv, prefix, block, sent }, Start::Read).await
+}
+
+/// The wait of a pop: for an item this pop takes.
+struct Pop<'a> {
+    kv: &'a dyn Kv,
+    prefix: &'a [u8],
+    block: bool,
+    sent: &'a Sent,
+}
+
+impl Wait for Pop<'_> {
+    type Output = Option<Vec<u8>>;
+
+    fn watched(&self) -> Vec<(Vec<u8>, WatchScope)> {
+        vec![(self.prefix.to_vec(), WatchScope::Prefix)]
+    }
+
+    /// Takes the oldest item, or the next oldest if another popper took it; empty at the
+    /// read's revision, every item pushed from then on shows up in the watch, oldest first.
+    async fn read(&mut self) -> Result<Reading<Self::Output>, KvError> {
+        let oldest =
+            RangeOptions { limit: Some(1), order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+        loop {
+            let read = self.kv.range(self.prefix, oldest).await?;
+            let Some(item) = read.kvs.into_iter().next() else {
+                return Ok(if self.block { Reading::Pending(read.revision) } else { Reading::Done(None) });
+            };
+            if let Some(value) = take(self.kv, item, self.sent).await? {
+                return Ok(Reading::Done(Some(value)));
             }
             // Another popper took it; the next one is now the oldest.
-            continue;
         }
-        if !block {
+    }
+
+    /// Tries each pushed item in turn until one is ours.
+    async fn event(&mut self, _: usize, event: Event) -> Result<Option<Self::Output>, KvError> {
+        if event.kind != EventKind::Put {
             return Ok(None);
         }
-        // Empty at `read.revision`: every item pushed from now on shows up in this watch,
-        // oldest first; try each in turn until one is ours.
-        let mut events = kv.watch_from(prefix, WatchScope::Prefix, read.revision + 1).await?;
-        loop {
-            match events.next().await {
-                Ok(event) if event.kind == EventKind::Put => {
-                    if let Some(value) = take(kv, event.kv, sent).await? {
-                        return Ok(Some(value));
-                    }
-                }
-                Ok(_) => {}
-                // The history we needed is gone, or the watch ended: read the queue afresh.
-                Err(e) if e.needs_reread() => {
-                    tracing::debug!(error = %e, "popping from `{}`: reading again", rdzv_core::show_key(prefix));
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        Ok(take(self.kv, event.kv, self.sent).await?.map(Some))
     }
 }
 

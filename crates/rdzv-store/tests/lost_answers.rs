@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::testing::{FaultyKv, Latency};
+use rdzv_core::layer::{FaultyKv, Latency};
 use rdzv_core::{Kv, LeaseId};
 use rdzv_mem::MemKv;
 use rdzv_store::{Store, StoreError};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdzv::core::Kv;
 use rdzv::{Rendezvous, RendezvousParams};
-use rdzv_core::testing::{CountingKv, OpCounts};
+use rdzv_core::layer::{CountingKv, OpCounts};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdzv::{Rendezvous, RendezvousParams, Round};
-use rdzv_core::testing::FaultyKv;
+use rdzv_core::layer::FaultyKv;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 

@@ -4,8 +4,12 @@
 //! a key, compare-and-swap loops, sessions) live in [`KvExt`](crate::KvExt) and
 //! [`Session`](crate::Session).
 
+mod limit;
+mod prefix;
 mod types;
 
+pub use limit::SizeLimit;
+pub use prefix::prefix_end;
 pub use types::*;
 
 use std::pin::Pin;
@@ -33,7 +37,7 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = KvResult<Event>> + Send + 'stat
 ///   one lease ending may share one revision.
 /// - A failed precondition is an *outcome* ([`PutOutcome::Conflict`],
 ///   [`DeleteOutcome::Conflict`]) carrying the current key, never an error.
-/// - Errors are [`KvError`]s: `Unavailable`/`Timeout` may be retried; the rest may not.
+/// - Errors are [`KvError`]s; [`KvError::is_retryable`] says which may be retried.
 /// - Keys and values are arbitrary bytes.
 #[async_trait]
 pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
@@ -117,10 +121,14 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
         Ok(None)
     }
 
-    /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0), if the
-    /// backend has a native increment; `Ok(None)` means "not native, use compare-and-swap".
+    /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0) and
+    /// returns the sum, on a backend whose [`Capabilities::native_increment`] says it can;
+    /// [`KvError::Unsupported`] on any other. `Ok(None)`: declined for this call, nothing was
+    /// written (the numbers are beyond what the backend computes exactly): increment with a
+    /// compare-and-swap instead. A stored value that is not a decimal integer, or a sum that
+    /// overflows, is [`KvError::InvalidArgument`].
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         let _ = (key, delta);
-        Ok(None)
+        Err(KvError::Unsupported { backend: self.name(), what: "native increments" })
     }
 }

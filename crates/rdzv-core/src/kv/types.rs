@@ -229,20 +229,30 @@ impl Event {
     }
 }
 
-/// A feature a backend may lack; the conformance suite checks that it then fails cleanly
-/// with [`KvError::Unsupported`](crate::KvError::Unsupported).
+/// What a backend can do: the one place a caller learns it. A call to a feature the backend
+/// lacks fails with [`KvError::Unsupported`](crate::KvError::Unsupported) (the conformance
+/// suite checks that it does).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capabilities {
     /// Watches from a past revision replay history (false: only from the current one).
     pub watch_history: bool,
     /// The backend can compact its history on demand (test hook).
     pub compaction: bool,
+    /// The backend has a native [`Kv::increment`](super::Kv::increment) (false: increment
+    /// with a compare-and-swap of the decimal value).
+    pub native_increment: bool,
     /// The smallest lease TTL the backend honours exactly; shorter TTLs are rounded up.
     pub min_lease_ttl: Duration,
 }
 
 impl Default for Capabilities {
+    /// History and compaction, no native increment, leases of 1 s and more.
     fn default() -> Self {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: Duration::from_secs(1) }
+        Capabilities {
+            watch_history: true,
+            compaction: true,
+            native_increment: false,
+            min_lease_ttl: Duration::from_secs(1),
+        }
     }
 }

@@ -1230,19 +1230,25 @@ impl Machine {
         }
     }
 
-    /// Retryable backend errors start over from Init after a backoff (the caller's deadline
-    /// bounds it all); the loss of this worker's session ends the call with `LeaseLost` (the
-    /// caller starts a new session); anything else ends the call.
+    /// Retryable errors ([`RendezvousError::is_retryable`]) and those that say the round
+    /// moved on start over from Init after a backoff (the caller's deadline bounds it all);
+    /// the loss of this worker's session ends the call with `LeaseLost` (the caller starts a
+    /// new session); anything else ends the call.
     fn classify(&mut self, error: RendezvousError) -> Action {
         match error {
             RendezvousError::Backend(KvError::LeaseNotFound(lease)) if lease == self.session => {
                 self.fail(RendezvousError::LeaseLost)
             }
-            // A short-lived lease (a `frozen` value's, or the run lease) expired between its
-            // grant and its use: the round moved on; start over.
-            RendezvousError::Unavailable(e)
-            | RendezvousError::Backend(e @ (KvError::Compacted { .. } | KvError::LeaseNotFound(_))) => {
-                tracing::debug!(error = %e, "backend error; starting over");
+            // The round moved on: a short-lived lease (a `frozen` value's, or the run lease)
+            // expired between its grant and its use, or the history a watch needed is gone.
+            error
+                if error.is_retryable()
+                    || matches!(
+                        error,
+                        RendezvousError::Backend(KvError::Compacted { .. } | KvError::LeaseNotFound(_))
+                    ) =>
+            {
+                tracing::debug!(error = %error, "starting over");
                 self.doing = "retrying after a backend error";
                 self.phase = Phase::Backoff;
                 Action::Backoff
@@ -1276,13 +1282,10 @@ impl Machine {
     /// An input the current phase never asked for: a bug of the executor.
     fn unexpected(&mut self, input: Input) -> Action {
         let phase = self.phase_name();
-        self.fail(RendezvousError::Backend(KvError::backend(
-            "rdzv",
-            format!("internal error: the protocol got {input:?} in phase `{phase}`; please report it"),
-        )))
+        self.fail(RendezvousError::Internal(format!("the protocol got {input:?} in phase `{phase}`")))
     }
 }
 
 fn vanished() -> RendezvousError {
-    RendezvousError::Unavailable(KvError::backend("rdzv", "a key vanished while it was being created"))
+    RendezvousError::Raced("a key vanished while it was being created".into())
 }

@@ -6,10 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::error::KvError;
 use crate::ext::KvExt;
-use crate::kv::{EventKind, Kv, KvResult, Revision, WatchScope};
+use crate::kv::{Event, EventKind, Kv, KvResult, Revision, WatchScope};
+use crate::wait::{Reading, Start, Wait};
 
 use super::decide;
 use super::keys::RunKeys;
@@ -97,70 +100,83 @@ impl Monitor {
 const RECHECK_FIRST: Duration = Duration::from_millis(500);
 const RECHECK_LONGEST: Duration = Duration::from_secs(2);
 
+/// Watches the round from the revisions its `final` was written and confirmed at, until it
+/// is over; any failure (compaction, an outage) re-checks it with a read after a pause.
 async fn watch_round(round: &Watched) -> RoundBroken {
-    let (mut states_from, mut members_from) = (round.final_revision + 1, round.members_from + 1);
-    let mut pauses = crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST);
-    loop {
-        let opened = tokio::time::Instant::now();
-        match watch_from(round, states_from, members_from).await {
-            Ok(reason) => return reason,
-            Err(e) => {
-                // Compaction or an outage: re-check the round with a read, then watch again.
-                tracing::debug!(error = %e, "round monitor lost its watch; re-reading");
-                if opened.elapsed() > RECHECK_LONGEST {
-                    pauses = crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST);
-                }
-                tokio::time::sleep(pauses.next().unwrap_or(RECHECK_LONGEST)).await;
-                match recheck(round).await {
-                    Ok(Ok(revision)) => (states_from, members_from) = (revision + 1, revision + 1),
-                    Ok(Err(reason)) => return reason,
-                    Err(_) => {}
-                }
-            }
-        }
-    }
+    let from = vec![round.final_revision + 1, round.members_from + 1];
+    let wait = RoundWait {
+        round,
+        rank_prefix: round.keys.ranks(round.version),
+        pauses: Box::new(crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST)),
+        watching_since: Some(Instant::now()),
+    };
+    round.kv.wait_until(wait, Start::Watch(from)).await.unwrap_or_else(|e| {
+        // `RoundWait::failed` reads again after every error: a bug. Tell the owner, rather
+        // than leave it in a round nobody watches.
+        tracing::error!(error = %e, "the round monitor stopped (a bug of rdzv; please report it)");
+        RoundBroken::Ended
+    })
 }
 
-async fn watch_from(round: &Watched, states_from: Revision, members_from: Revision) -> KvResult<RoundBroken> {
-    let mut states = round.kv.watch_from(&round.keys.state(), WatchScope::Key, states_from).await?;
-    let rank_prefix = round.keys.ranks(round.version);
-    let mut members = round.kv.watch_from(&rank_prefix, WatchScope::Prefix, members_from).await?;
-    loop {
-        tokio::select! {
-            event = states.next() => {
-                let event = event?;
-                let state = match event.kind {
-                    EventKind::Put => State::parse(&event.kv.key, &event.kv.value).ok(),
-                    EventKind::Delete => None,
-                };
-                if let Some(reason) = decide::running_round(state.as_ref(), round.version) {
-                    return Ok(reason);
-                }
-            }
-            event = members.next() => {
-                let event = event?;
-                if event.kind == EventKind::Delete {
-                    let rank = std::str::from_utf8(&event.kv.key[rank_prefix.len().min(event.kv.key.len())..])
-                        .ok()
-                        .and_then(|r| r.parse().ok());
-                    return Ok(RoundBroken::MemberGone { rank });
-                }
-            }
-        }
-    }
+/// The wait of a round's monitor: for the state to move on, or a member's keep-alive key
+/// to go.
+struct RoundWait<'a> {
+    round: &'a Watched,
+    rank_prefix: Vec<u8>,
+    pauses: Box<dyn Iterator<Item = Duration> + Send>,
+    /// When the watches last started: since a read found the round intact.
+    watching_since: Option<Instant>,
 }
 
-/// Reads the round: `Ok(Ok(revision))` if it is intact as of `revision`, `Ok(Err(reason))` if
-/// it is over.
-async fn recheck(round: &Watched) -> KvResult<Result<Revision, RoundBroken>> {
-    let read = round.kv.get(&round.keys.state()).await?;
-    let state = read.kv.as_ref().and_then(|kv| State::parse(&kv.key, &kv.value).ok());
-    if let Some(reason) = decide::running_round(state.as_ref(), round.version) {
-        return Ok(Err(reason));
+/// Which of [`RoundWait::watched`] an event is of.
+const STATE: usize = 0;
+
+impl Wait for RoundWait<'_> {
+    type Output = RoundBroken;
+
+    fn watched(&self) -> Vec<(Vec<u8>, WatchScope)> {
+        vec![(self.round.keys.state(), WatchScope::Key), (self.rank_prefix.clone(), WatchScope::Prefix)]
     }
-    let alive = round.kv.count(&round.keys.ranks(round.version), None).await?;
-    if !decide::completes_round(alive, round.world_size) {
-        return Ok(Err(RoundBroken::MemberGone { rank: None }));
+
+    /// Whether the round is intact as of the read's revision, else why it is over.
+    async fn read(&mut self) -> KvResult<Reading<RoundBroken>> {
+        let round = self.round;
+        let read = round.kv.get(&round.keys.state()).await?;
+        let state = read.kv.as_ref().and_then(|kv| State::parse(&kv.key, &kv.value).ok());
+        if let Some(reason) = decide::running_round(state.as_ref(), round.version) {
+            return Ok(Reading::Done(reason));
+        }
+        let alive = round.kv.count(&self.rank_prefix, None).await?;
+        if !decide::completes_round(alive, round.world_size) {
+            return Ok(Reading::Done(RoundBroken::MemberGone { rank: None }));
+        }
+        self.watching_since = Some(Instant::now());
+        Ok(Reading::Pending(read.revision))
     }
-    Ok(Ok(read.revision))
+
+    async fn event(&mut self, index: usize, event: Event) -> KvResult<Option<RoundBroken>> {
+        if index == STATE {
+            let state = match event.kind {
+                EventKind::Put => State::parse(&event.kv.key, &event.kv.value).ok(),
+                EventKind::Delete => None,
+            };
+            return Ok(decide::running_round(state.as_ref(), self.round.version));
+        }
+        if event.kind != EventKind::Delete {
+            return Ok(None);
+        }
+        let rank = std::str::from_utf8(&event.kv.key[self.rank_prefix.len().min(event.kv.key.len())..])
+            .ok()
+            .and_then(|r| r.parse().ok());
+        Ok(Some(RoundBroken::MemberGone { rank }))
+    }
+
+    /// Every failure re-checks the round, after a pause.
+    async fn failed(&mut self, _: KvError) -> KvResult<()> {
+        if self.watching_since.take().is_some_and(|since| since.elapsed() > RECHECK_LONGEST) {
+            self.pauses = Box::new(crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST));
+        }
+        tokio::time::sleep(self.pauses.next().unwrap_or(RECHECK_LONGEST)).await;
+        Ok(())
+    }
 }

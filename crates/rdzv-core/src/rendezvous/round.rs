@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{KvError, RendezvousError};
+use crate::error::RendezvousError;
 use crate::ext::{KvExt, Watch};
 use crate::kv::{
     DeleteMode, EventKind, Kv, LeaseId, PutOptions, RangeOptions, RangeOrder, Revision, WatchScope,
@@ -340,10 +340,7 @@ impl<'a> Attempt<'a> {
     async fn next_wake(&mut self, until: Option<Instant>) -> Result<Input> {
         let Attempt { states, prefix, .. } = self;
         let Some(states) = states.as_mut() else {
-            return Err(RendezvousError::Backend(KvError::backend(
-                "rdzv",
-                "internal error: waiting without a watch of the state; please report it",
-            )));
+            return Err(RendezvousError::Internal("waiting without a watch of the state".into()));
         };
         tokio::select! {
             event = states.next() => {

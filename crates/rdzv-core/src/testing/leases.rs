@@ -1,5 +1,5 @@
-//! Leases: expiry deletes bound keys with delete events, keep-alive prolongs, revoke
-//! deletes at once, and a dead lease cannot be used. Real time, short TTLs.
+//! Leases: expiry deletes bound keys with delete events, keep-alive prolongs (one lease or a
+//! batch), revoke deletes at once, and a dead lease cannot be used. Real time, short TTLs.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -58,6 +58,46 @@ pub async fn keep_alive_prolongs_lease(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     }
     assert!(within("get", kv.get(&k)).await.expect("get").kv.is_some(), "a kept-alive lease's key vanished");
     within("revoke", kv.lease_revoke(lease)).await.expect("revoke");
+}
+
+/// A batched keep-alive answers for each lease on its own, in the order given: the live
+/// leases are refreshed (their keys outlive the TTL on batched refreshes alone), a lease that
+/// is gone fails alone with `LeaseNotFound`, and an empty batch has no answers.
+pub async fn keep_alive_many_answers_each_lease_alone(kv: Arc<dyn Kv>, ns: Vec<u8>) {
+    let ttl = lease_ttl(&*kv);
+    let grant = || async { within("lease_grant", kv.lease_grant(ttl)).await.expect("grant") };
+    let (first, gone, second) = (grant().await, grant().await, grant().await);
+    within("revoke", kv.lease_revoke(gone)).await.expect("revoke");
+    let (k1, k2) = (key(&ns, "first"), key(&ns, "second"));
+    put_with(&*kv, &k1, b"1", PutOptions::OVERWRITE.with_lease(Some(first))).await;
+    put_with(&*kv, &k2, b"2", PutOptions::OVERWRITE.with_lease(Some(second))).await;
+    assert!(within("an empty batch", kv.lease_keep_alive_many(&[])).await.is_empty());
+    let until = Instant::now() + ttl * 2 + ttl / 2;
+    while Instant::now() < until {
+        tokio::time::sleep(ttl / 4).await;
+        let answers = within("a batched keep-alive", kv.lease_keep_alive_many(&[first, gone, second])).await;
+        let [a, b, c] = &answers[..] else { panic!("three leases, {} answers: {answers:?}", answers.len()) };
+        for (lease, answer) in [(first, a), (second, c)] {
+            match answer {
+                Ok(granted) => {
+                    assert!(granted >= &ttl, "lease {lease:#x} got {granted:?}, less than {ttl:?}")
+                }
+                Err(e) => panic!("the live lease {lease:#x} was not refreshed: {e}"),
+            }
+        }
+        match b {
+            Err(KvError::LeaseNotFound(id)) => assert_eq!(*id, gone),
+            other => panic!("the revoked lease must be LeaseNotFound in its own slot: {other:?}"),
+        }
+    }
+    for k in [&k1, &k2] {
+        assert!(
+            within("get", kv.get(k)).await.expect("get").kv.is_some(),
+            "a batch-refreshed lease's key vanished"
+        );
+    }
+    within("revoke", kv.lease_revoke(first)).await.expect("revoke");
+    within("revoke", kv.lease_revoke(second)).await.expect("revoke");
 }
 
 /// Revoking deletes the lease's keys at once, with delete events; a second revoke is

@@ -1,7 +1,8 @@
 //! Testing aids (feature `testing`): the backend conformance suite of docs/KV.md, one set of
-//! test cases written once against [`Kv`] that every backend must pass; and two decorators
-//! for any backend, [`CountingKv`] (counts operations by kind, for cost tests and
-//! `rdzv bench`) and [`FaultyKv`] (injects latency, failures and dropped watches).
+//! test cases written once against [`Kv`] that every backend must pass; and the rendezvous
+//! scenarios ([`rendezvous`]), run on every backend the same way. With the Store's suite
+//! (`rdzv_store::testing`), a backend runs all three from one test file. (The decorators
+//! tests use, `CountingKv` and `FaultyKv`, are in [`layer`](crate::layer), for every build.)
 //!
 //! Each case is a plain `pub async fn case(kv: Arc<dyn Kv>, ns: Vec<u8>)` that panics on a
 //! violation. It touches only keys under its namespace `ns`, so cases can share one store
@@ -40,24 +41,22 @@
 //! creation-revision filter and keys-only. Preconditions (`preconditions`): create-if-absent
 //! (and its race), swap on a stale revision, conditional deletes. Writes (`writes`): prefix
 //! delete as one write, re-creation, 1 MiB and binary data, the native increment. Leases
-//! (`leases`): expiry with delete events, keep-alive, revoke, dead leases, unbinding.
+//! (`leases`): expiry with delete events, keep-alive (of one lease, and batched with each
+//! lease answered alone), revoke, dead leases, unbinding.
 //! Watches (`watch`): exact replay from a past revision, key and prefix scopes, event
 //! contents, 1,000 events without gaps. Compaction (`compaction`). Contention (`stress`):
 //! 50 compare-and-swap incrementers, native increments, concurrent writers.
 
 mod compaction;
-mod counting;
-mod faulty;
 mod leases;
 mod preconditions;
 mod reads;
+pub mod rendezvous;
 mod stress;
 mod watch;
 mod writes;
 
 pub use compaction::*;
-pub use counting::{CountingKv, OpCounts};
-pub use faulty::{FaultyKv, Latency};
 pub use leases::*;
 pub use preconditions::*;
 pub use reads::*;
@@ -259,6 +258,7 @@ macro_rules! conformance_suite {
             increment_matches_compare_and_swap,
             lease_expiry_deletes_keys_with_events,
             keep_alive_prolongs_lease,
+            keep_alive_many_answers_each_lease_alone,
             revoke_deletes_at_once,
             put_with_dead_lease_fails,
             keep_alive_of_dead_lease_fails,

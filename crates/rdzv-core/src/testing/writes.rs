@@ -98,13 +98,18 @@ pub async fn binary_keys_and_values_round_trip(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     assert_eq!((&first.kv.key, &first.kv.value.to_vec()), (&k, &all));
 }
 
-/// The native increment (if any) behaves like a compare-and-swap of a decimal integer:
-/// missing = 0, it sees values written by puts, and puts see its results.
+/// The native increment (where the capabilities say there is one) behaves like a
+/// compare-and-swap of a decimal integer: missing = 0, it sees values written by puts, and
+/// puts see its results. Without one, `increment` is `Unsupported`.
 pub async fn increment_matches_compare_and_swap(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     let k = key(&ns, "n");
-    let first = within("increment", kv.increment(&k, 5)).await.expect("increment");
-    let Some(first) = first else {
-        // Not native: the caller's fallback is compare-and-swap, which must work.
+    let first = within("increment", kv.increment(&k, 5)).await;
+    if !kv.capabilities().native_increment {
+        assert!(
+            matches!(first, Err(KvError::Unsupported { .. })),
+            "an increment without the capability must be Unsupported: {first:?}"
+        );
+        // The caller's fallback is compare-and-swap, which must work.
         let (value, _) =
             within("cas", kv.compare_and_swap(&k, PutOptions::OVERWRITE, |_| Some(b"5".to_vec())))
                 .await
@@ -112,8 +117,8 @@ pub async fn increment_matches_compare_and_swap(kv: Arc<dyn Kv>, ns: Vec<u8>) {
                 .expect("written");
         assert_eq!(value, b"5");
         return;
-    };
-    assert_eq!(first, 5, "incrementing a missing key by 5");
+    }
+    assert_eq!(first.expect("native increment"), Some(5), "incrementing a missing key by 5");
     assert_eq!(within("increment", kv.increment(&k, -7)).await.expect("increment"), Some(-2));
     let got = within("get", kv.get(&k)).await.expect("get").kv.expect("exists");
     assert_eq!(got.value, &b"-2"[..], "the stored form is the decimal integer");

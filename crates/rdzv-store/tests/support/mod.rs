@@ -2,14 +2,10 @@
 //! plain `MemKv` never takes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use rdzv_core::KvExt;
-use rdzv_core::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError, KvResult,
-    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
-};
+use rdzv_core::layer::Layer;
+use rdzv_core::{Capabilities, Kv, KvError, KvExt, KvResult, PutOptions, Revision, WatchScope, WatchStream};
 use rdzv_mem::MemKv;
 
 /// [`MemKv`] with quirks.
@@ -31,45 +27,17 @@ impl QuirkyKv {
 }
 
 #[async_trait]
-impl Kv for QuirkyKv {
+impl Layer for QuirkyKv {
+    fn inner(&self) -> &dyn Kv {
+        &self.inner
+    }
+
     fn name(&self) -> &'static str {
         "quirky-mem"
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        self.inner.get(key).await
-    }
-
-    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
-        self.inner.range(prefix, options).await
-    }
-
-    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
-        self.inner.put(key, value, options).await
-    }
-
-    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
-        self.inner.delete(key, mode).await
-    }
-
-    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
-        self.inner.delete_prefix(prefix).await
-    }
-
-    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
-        self.inner.lease_grant(ttl).await
-    }
-
-    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
-        self.inner.lease_keep_alive(lease).await
-    }
-
-    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
-        self.inner.lease_revoke(lease).await
+        Capabilities { native_increment: self.native_increment, ..self.inner.capabilities() }
     }
 
     async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
@@ -80,13 +48,9 @@ impl Kv for QuirkyKv {
         self.inner.watch(key, scope, start_revision).await
     }
 
-    async fn compact(&self, revision: Revision) -> KvResult<()> {
-        self.inner.compact(revision).await
-    }
-
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         if !self.native_increment {
-            return Ok(None);
+            return Err(KvError::Unsupported { backend: "quirky-mem", what: "native increments" });
         }
         let mut verdict = Ok(0);
         self.inner

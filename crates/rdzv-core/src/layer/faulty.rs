@@ -12,10 +12,11 @@ use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
+use super::Layer;
 use crate::error::KvError;
 use crate::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvResult, LeaseId,
-    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvResult, LeaseId, PutOptions,
+    PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// Latency added before each call reaches the wrapped backend.
@@ -52,7 +53,9 @@ struct Config {
 /// call or with a probability, and watch streams that end with `Unavailable` (a "dropped
 /// connection") after k events or on demand.
 ///
-/// Every method of [`Kv`] except `name` and `capabilities` counts as one call. A failed call
+/// Every method of [`Kv`] except `name` and `capabilities` counts as one call (a batch of
+/// [`Kv::lease_keep_alive_many`] too: it reaches the wrapped backend's batch, and an injected
+/// failure fails every lease of it, as an unreachable server does). A failed call
 /// does not reach the wrapped backend, unless [`FaultyKv::set_fail_after_applying`] makes
 /// it take effect and lose only its answer. Faults apply from the moment they are set; all
 /// of them are off initially and after [`FaultyKv::clear`].
@@ -107,13 +110,14 @@ impl FaultyKv {
 
     /// Makes the next call of `operation` fail with `Unavailable`, once. Operations are named
     /// after the [`Kv`] methods: `"get"`, `"range"`, `"put"`, `"delete"`, `"delete_prefix"`,
-    /// `"lease_grant"`, `"lease_keep_alive"`, `"lease_revoke"`, `"watch"`, `"compact"`,
-    /// `"count_at_revision"`, `"increment"`; any other name never matches.
+    /// `"lease_grant"`, `"lease_keep_alive"`, `"lease_keep_alive_many"`, `"lease_revoke"`,
+    /// `"watch"`, `"compact"`, `"count_at_revision"`, `"increment"`; any other name never
+    /// matches.
     ///
     /// ```
     /// # use std::sync::Arc;
     /// # use rdzv_core::{Kv, PutOptions};
-    /// # use rdzv_core::testing::FaultyKv;
+    /// # use rdzv_core::layer::FaultyKv;
     /// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
     /// let faulty = FaultyKv::new(backend, 1);
     /// faulty.fail_next("delete_prefix");
@@ -228,13 +232,9 @@ struct Dropping {
 }
 
 #[async_trait]
-impl Kv for FaultyKv {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl Layer for FaultyKv {
+    fn inner(&self) -> &dyn Kv {
+        &*self.inner
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
@@ -263,6 +263,14 @@ impl Kv for FaultyKv {
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
         self.call("lease_keep_alive", self.inner.lease_keep_alive(lease)).await
+    }
+
+    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
+        let batch = async { Ok(self.inner.lease_keep_alive_many(leases).await) };
+        match self.call("lease_keep_alive_many", batch).await {
+            Ok(answers) => answers,
+            Err(e) => leases.iter().map(|_| Err(e.duplicate())).collect(),
+        }
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {

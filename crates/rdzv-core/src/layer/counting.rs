@@ -8,14 +8,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::Layer;
 use crate::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId,
-    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId, PutOptions,
+    PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// Counts of the operations made through a [`CountingKv`], by kind. Every call counts,
-/// whether it succeeded or not, except `increments`, which counts only native increments
-/// (a backend without one does nothing and the caller falls back to compare-and-swap, which
+/// whether it succeeded or not, except `increments`, which counts only the increments that
+/// wrote (one that failed or was declined wrote nothing, and the caller's compare-and-swap
 /// is counted as gets and puts).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpCounts {
@@ -106,7 +107,7 @@ struct Counters {
 /// ```
 /// # use std::sync::Arc;
 /// # use rdzv_core::Kv;
-/// # use rdzv_core::testing::CountingKv;
+/// # use rdzv_core::layer::CountingKv;
 /// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
 /// let kv = CountingKv::new(backend);
 /// let before = kv.snapshot();
@@ -178,13 +179,9 @@ impl CountingKv {
 }
 
 #[async_trait]
-impl Kv for CountingKv {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl Layer for CountingKv {
+    fn inner(&self) -> &dyn Kv {
+        &*self.inner
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
@@ -265,62 +262,15 @@ impl Kv for CountingKv {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use super::*;
-    use crate::kv::{EventKind, KeyValue, PutMode};
+    // Not `super::*`: with `Layer` in scope too, calls on a `CountingKv` are ambiguous.
+    use super::{Arc, CountingKv, Duration, OpCounts};
+    use crate::kv::{DeleteMode, Kv, PutMode, PutOptions, RangeOptions, WatchScope};
+    use crate::stub::Stub;
     use futures::StreamExt;
-
-    /// A backend that answers everything trivially, to count calls against.
-    #[derive(Debug)]
-    struct Null;
-
-    #[async_trait]
-    impl Kv for Null {
-        fn name(&self) -> &'static str {
-            "null"
-        }
-        async fn get(&self, _: &[u8]) -> KvResult<GetResponse> {
-            Ok(GetResponse { kv: None, revision: 0 })
-        }
-        async fn range(&self, _: &[u8], _: RangeOptions) -> KvResult<RangeResponse> {
-            Ok(RangeResponse::default())
-        }
-        async fn put(&self, _: &[u8], _: &[u8], _: PutOptions) -> KvResult<PutOutcome> {
-            Ok(PutOutcome::Written { revision: 1, create_revision: 1 })
-        }
-        async fn delete(&self, _: &[u8], _: DeleteMode) -> KvResult<DeleteOutcome> {
-            Ok(DeleteOutcome::Missing)
-        }
-        async fn delete_prefix(&self, _: &[u8]) -> KvResult<DeletePrefixResponse> {
-            Ok(DeletePrefixResponse { deleted: 0, revision: 0 })
-        }
-        async fn lease_grant(&self, _: Duration) -> KvResult<LeaseId> {
-            Ok(7)
-        }
-        async fn lease_keep_alive(&self, _: LeaseId) -> KvResult<Duration> {
-            Ok(Duration::from_secs(1))
-        }
-        async fn lease_revoke(&self, _: LeaseId) -> KvResult<()> {
-            Ok(())
-        }
-        async fn watch(&self, key: &[u8], _: WatchScope, _: Revision) -> KvResult<WatchStream> {
-            let event = crate::kv::Event {
-                kind: EventKind::Put,
-                kv: KeyValue {
-                    key: key.to_vec(),
-                    value: Default::default(),
-                    create_revision: 1,
-                    mod_revision: 1,
-                    version: 1,
-                    lease: None,
-                },
-            };
-            Ok(Box::pin(futures::stream::iter([Ok(event)])))
-        }
-    }
 
     #[tokio::test]
     async fn counts_each_kind_and_diffs() {
-        let kv = CountingKv::new(Arc::new(Null));
+        let kv = CountingKv::new(Arc::new(Stub::default()));
         let start = kv.snapshot();
         assert_eq!(start, OpCounts::default());
         kv.get(b"a").await.unwrap();
@@ -335,7 +285,7 @@ mod tests {
         let mut events = kv.watch(b"a", WatchScope::Key, 1).await.unwrap();
         assert!(events.next().await.is_some());
         assert!(kv.compact(1).await.is_err());
-        assert_eq!(kv.increment(b"n", 1).await.unwrap(), None);
+        assert!(kv.increment(b"n", 1).await.is_err(), "the stub has no native increment");
 
         let diff = kv.snapshot() - start;
         assert_eq!(
@@ -365,6 +315,6 @@ mod tests {
 
         kv.reset();
         assert_eq!(kv.snapshot(), OpCounts::default());
-        assert_eq!(kv.name(), "null");
+        assert_eq!(kv.name(), "stub");
     }
 }

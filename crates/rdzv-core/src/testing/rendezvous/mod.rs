@@ -1,6 +1,20 @@
-//! Shared test support for the top-level integration tests: the rendezvous scenarios,
-//! written once and run on every backend (in-memory, real etcd, real Redis).
-#![allow(dead_code, clippy::unwrap_used)]
+//! The rendezvous scenarios ([`scenarios`]), written once and run on every backend, and the
+//! helpers they and other rendezvous tests use: workers whose link can be cut, a round of
+//! calls at once, the guarantees every round's members must agree on.
+//!
+//! A backend runs the scenarios with [`rendezvous_scenarios!`](crate::rendezvous_scenarios),
+//! one `#[tokio::test]` per scenario, given the test attribute its backend needs (a paused
+//! clock for memory, real time with two worker threads for a server) and an async builder of
+//! the backend, evaluated once per case (give each case its own namespace or store):
+//!
+//! ```text
+//! mod rendezvous {
+//!     rdzv_core::rendezvous_scenarios!(#[tokio::test(start_paused = true)]; async {
+//!         std::sync::Arc::new(rdzv_mem::MemKv::new()) as std::sync::Arc<dyn rdzv_core::Kv>
+//!     });
+//! }
+//! ```
+#![allow(clippy::unwrap_used)]
 
 pub mod scenarios;
 
@@ -9,8 +23,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
-use rdzv_core::testing::FaultyKv;
+use crate::error::RendezvousError;
+use crate::kv::Kv;
+use crate::layer::FaultyKv;
+use crate::params::RendezvousParams;
+use crate::rendezvous::{RendezvousHandler, RendezvousInfo};
 
 /// A unique run id for one test case.
 pub fn run_id(name: &str) -> String {
@@ -20,7 +37,8 @@ pub fn run_id(name: &str) -> String {
     format!("{name}-{n}-{nanos:x}")
 }
 
-/// Parameters with test-sized timeouts.
+/// Parameters of run `run` with test-sized timeouts (a 30 s call, a 1 s last call, a 3 s
+/// keep-alive TTL) under the prefix `/rdzv-test`; panics if `min` and `max` are not valid.
 pub fn params(run: &str, min: usize, max: usize) -> RendezvousParams {
     let mut p = RendezvousParams::new(run, min, max).unwrap();
     p.prefix = "/rdzv-test".into();
@@ -32,11 +50,15 @@ pub fn params(run: &str, min: usize, max: usize) -> RendezvousParams {
 
 /// One in-process worker whose backend connection can be cut, to simulate its death.
 pub struct Worker {
+    /// The worker's handler, on `link`.
     pub handler: RendezvousHandler,
+    /// Its connection to the backend.
     pub link: Arc<FaultyKv>,
 }
 
 impl Worker {
+    /// A worker of `params` on `kv`, through a [`FaultyKv`] seeded with `seed`; panics if the
+    /// handler cannot start.
     pub async fn new(kv: &Arc<dyn Kv>, params: RendezvousParams, seed: u64) -> Worker {
         let link = FaultyKv::new(kv.clone(), seed);
         let handler = RendezvousHandler::new(link.clone() as Arc<dyn Kv>, params).await.unwrap();
@@ -63,9 +85,7 @@ pub async fn workers(kv: &Arc<dyn Kv>, params: &RendezvousParams, n: usize) -> V
 }
 
 /// Runs `next_rendezvous` on every handler concurrently.
-pub async fn rendezvous_all(
-    handlers: &[RendezvousHandler],
-) -> Vec<Result<RendezvousInfo, rdzv::core::RendezvousError>> {
+pub async fn rendezvous_all(handlers: &[RendezvousHandler]) -> Vec<Result<RendezvousInfo, RendezvousError>> {
     let tasks: Vec<_> =
         handlers.iter().cloned().map(|h| tokio::spawn(async move { h.next_rendezvous().await })).collect();
     let mut out = Vec::new();

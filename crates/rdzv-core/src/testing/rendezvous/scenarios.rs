@@ -1,18 +1,22 @@
 //! The rendezvous scenarios (mirroring the reference's test-suite intent), generic over the
-//! backend. Each takes a shared backend and uses its own run id.
+//! backend. Each takes a shared backend and uses its own run id; each wait is bounded.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::{
-    Kv, KvExt, PutOptions, RendezvousError, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges,
-};
 use tokio::time::{Instant, timeout};
+
+use crate::error::RendezvousError;
+use crate::ext::KvExt;
+use crate::kv::{DeleteMode, Kv, PutOptions};
+use crate::params::RankOrder;
+use crate::rendezvous::{Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges, State};
 
 use super::{assert_agreement, params, rendezvous_all, run_id, workers};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// One worker, min = max = 1: rank 0 of 1, a version, and its round's Store prefix.
 pub async fn single_worker(kv: Arc<dyn Kv>) {
     let p = params(&run_id("single"), 1, 1);
     let h = RendezvousHandler::new(kv, p).await.unwrap();
@@ -22,6 +26,7 @@ pub async fn single_worker(kv: Arc<dyn Kv>) {
     assert!(info.store_prefix.ends_with(format!("v_{}/kv/", info.version).as_bytes()));
 }
 
+/// Four workers, min = max = 4: one round of four, on which all agree.
 pub async fn min_equals_max(kv: Arc<dyn Kv>) {
     let p = params(&run_id("fixed"), 4, 4);
     let ws = workers(&kv, &p, 4).await;
@@ -32,6 +37,8 @@ pub async fn min_equals_max(kv: Arc<dyn Kv>) {
     assert_eq!(infos[0].world_size, 4);
 }
 
+/// Three workers, min 2, max 4: the round waits for the last call (1 s), takes all three,
+/// and does not wait much longer.
 pub async fn elastic_last_call(kv: Arc<dyn Kv>) {
     let p = params(&run_id("elastic"), 2, 4);
     let ws = workers(&kv, &p, 3).await;
@@ -197,7 +204,7 @@ pub async fn survivors_keep_their_ranks_when_the_world_shrinks(kv: Arc<dyn Kv>) 
 /// as numbers.
 pub async fn natural_rank_order(kv: Arc<dyn Kv>) {
     let mut p = params(&run_id("natural"), 3, 3);
-    p.rank_order = rdzv::core::RankOrder::Natural;
+    p.rank_order = RankOrder::Natural;
     let mut handlers = Vec::new();
     for node in ["node66", "node7", "node10"] {
         let mut p = p.clone();
@@ -212,6 +219,8 @@ pub async fn natural_rank_order(kv: Arc<dyn Kv>) {
     assert_eq!(nodes, ["node7", "node10", "node66"]);
 }
 
+/// A member dies (its link cut, no goodbye): the survivors are told within the TTL and a
+/// round trip, and form the next round with the worker that was waiting, without it.
 pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
     let p = params(&run_id("death"), 2, 3);
     let ws = workers(&kv, &p, 4).await;
@@ -244,6 +253,7 @@ pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
     assert!(infos.iter().all(|i| i.participants.iter().all(|p| p.node != "node2")));
 }
 
+/// Closing the run fails every waiting call with `Closed`, and every later call at once.
 pub async fn close_while_waiting(kv: Arc<dyn Kv>) {
     let p = params(&run_id("close"), 3, 3);
     let ws = workers(&kv, &p, 2).await;
@@ -261,6 +271,7 @@ pub async fn close_while_waiting(kv: Arc<dyn Kv>) {
     assert!(matches!(late.next_rendezvous().await, Err(RendezvousError::Closed { .. })));
 }
 
+/// Too few workers: the call fails with `Timeout` at its deadline (2 s), not much later.
 pub async fn timeout_when_too_few(kv: Arc<dyn Kv>) {
     let mut p = params(&run_id("few"), 3, 3);
     p.timeout = Duration::from_secs(2);
@@ -272,6 +283,8 @@ pub async fn timeout_when_too_few(kv: Arc<dyn Kv>) {
     assert!(took >= Duration::from_secs(2) && took <= Duration::from_secs(3), "took {took:?}");
 }
 
+/// A state value that does not parse fails the call (and `num_nodes_waiting`) with a `State`
+/// error naming the key.
 pub async fn corrupt_state_is_a_state_error(kv: Arc<dyn Kv>) {
     for garbage in [
         &b"not json"[..],
@@ -290,6 +303,7 @@ pub async fn corrupt_state_is_a_state_error(kv: Arc<dyn Kv>) {
     }
 }
 
+/// The state deleted under a waiting worker: it and the next worker still form a round.
 pub async fn state_deleted_underfoot_recovers(kv: Arc<dyn Kv>) {
     let p = params(&run_id("underfoot"), 2, 2);
     let ws = workers(&kv, &p, 2).await;
@@ -299,13 +313,15 @@ pub async fn state_deleted_underfoot_recovers(kv: Arc<dyn Kv>) {
     let state_key = ws[0].handler.keys().state();
     timeout(LIMIT, kv.wait_for_key(&state_key, Instant::now() + LIMIT)).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    kv.delete(&state_key, rdzv::core::DeleteMode::Any).await.unwrap();
+    kv.delete(&state_key, DeleteMode::Any).await.unwrap();
     let second = ws[1].handler.clone();
     let r2 = timeout(LIMIT, second.next_rendezvous()).await.unwrap().unwrap();
     let r1 = timeout(LIMIT, t).await.unwrap().unwrap().unwrap();
     assert_agreement(&[r1, r2], 2, 2);
 }
 
+/// A member that shuts down is seen gone within a round trip, not a TTL; shutting down does
+/// not close the run, and the handler refuses later calls.
 pub async fn leave_is_fast_and_not_close(kv: Arc<dyn Kv>) {
     let p = params(&run_id("leave"), 2, 2);
     let ws = workers(&kv, &p, 2).await;
@@ -323,6 +339,8 @@ pub async fn leave_is_fast_and_not_close(kv: Arc<dyn Kv>) {
     assert!(matches!(ws[1].handler.next_rendezvous().await, Err(RendezvousError::Shutdown)));
 }
 
+/// Every member re-entering (as an agent restarting its workers does) forms a new round at
+/// once, without waiting for a lease to expire.
 pub async fn reentry_leaves_at_once(kv: Arc<dyn Kv>) {
     let p = params(&run_id("reentry"), 2, 2);
     let ws = workers(&kv, &p, 2).await;
@@ -339,6 +357,8 @@ pub async fn reentry_leaves_at_once(kv: Arc<dyn Kv>) {
     assert!(started.elapsed() < p.keep_alive_ttl, "re-rendezvous took {:?}", started.elapsed());
 }
 
+/// Extra data stored for a round reaches a reader already waiting for it; a key never stored
+/// times out at the reader's deadline.
 pub async fn extra_data_round_trips_and_times_out(kv: Arc<dyn Kv>) {
     let p = params(&run_id("extra-data"), 1, 1);
     let h = RendezvousHandler::new(kv, p).await.unwrap();
@@ -355,6 +375,8 @@ pub async fn extra_data_round_trips_and_times_out(kv: Arc<dyn Kv>) {
     assert!(started.elapsed() < Duration::from_secs(2));
 }
 
+/// A round frozen with a ghost (a worker that joined and died before confirming) stalls only
+/// until the frozen lease expires; then the live workers form a round without it.
 pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
     let p = params(&run_id("stall"), 2, 2);
     let ws = workers(&kv, &p, 2).await;
@@ -364,16 +386,16 @@ pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
     let state_key = ws[0].handler.keys().state();
     let joinable =
         timeout(LIMIT, kv.wait_for_key(&state_key, Instant::now() + LIMIT)).await.unwrap().unwrap();
-    let version = match rdzv::core::State::parse(&joinable.key, &joinable.value).unwrap() {
-        rdzv::core::State::Setup => {
+    let version = match State::parse(&joinable.key, &joinable.value).unwrap() {
+        State::Setup => {
             tokio::time::sleep(Duration::from_millis(500)).await;
             let now = kv.get(&state_key).await.unwrap().kv.unwrap();
-            rdzv::core::State::parse(&now.key, &now.value).unwrap().version().unwrap()
+            State::parse(&now.key, &now.value).unwrap().version().unwrap()
         }
         s => s.version().unwrap(),
     };
     // A ghost joins (a process that died right after joining, its key not yet expired)…
-    let ghost = rdzv::core::Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1, port: None };
+    let ghost = Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1, port: None };
     let ghost_key = ws[0].handler.keys().join(version, "ghost");
     kv.put(&ghost_key, &ghost.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
     // …so the round freezes with A and the ghost, and B comes too late for it.
@@ -408,7 +430,7 @@ macro_rules! rendezvous_scenarios {
             #[$attr]
             async fn $case() {
                 let kv = $builder.await;
-                $crate::support::scenarios::$case(kv).await;
+                $crate::testing::rendezvous::scenarios::$case(kv).await;
             }
         )*
     };

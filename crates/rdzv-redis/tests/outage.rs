@@ -1,0 +1,190 @@
+//! A server out of reach, connections reset, a restart that lost the data, a full server:
+//! what each call answers meanwhile, and that the client recovers.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdzv_core::{Endpoint, KvError, PutOptions, PutOutcome, RangeOptions, Secret, WatchScope};
+use rdzv_redis::testing::RedisServer;
+use rdzv_redis::{RedisConfig, RedisKv};
+
+use support::{WAIT, connect, next, put, raw, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_nothing_is_unavailable_in_time() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut config = RedisConfig::new("127.0.0.1", port);
+    config.connect_timeout = Duration::from_millis(500);
+    config.password = Some(Secret::new("sekrit-pw"));
+    let e = within("connect", RedisKv::connect(config)).await.unwrap_err();
+    assert!(matches!(e, KvError::Unavailable { .. }), "{e}");
+    let text = format!("{e} {e:?}");
+    assert!(text.contains(&port.to_string()) && !text.contains("sekrit-pw"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_resumes_after_its_connection_is_killed() {
+    let server = RedisServer::start().expect("redis-server");
+    let kv = connect(server.config("resume")).await;
+    let mut events = within("watch", kv.watch(b"/w/", WatchScope::Prefix, 0)).await.unwrap();
+    let r1 = put(&*kv, b"/w/1", b"1", PutOptions::OVERWRITE).await;
+    assert_eq!(next(&mut events).await.unwrap().revision(), r1);
+    // Kill every client connection but the killer's; the server keeps its data.
+    let mut conn = raw(&server).await;
+    let _: redis::Value =
+        redis::cmd("CLIENT").arg("KILL").arg("SKIPME").arg("yes").query_async(&mut conn).await.unwrap();
+    // Writes are never retried blindly: the first after the kill may fail, later ones work.
+    let mut revisions = Vec::new();
+    for i in 2..=6 {
+        let key = format!("/w/{i}");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match kv.put(key.as_bytes(), b"v", PutOptions::OVERWRITE).await {
+                Ok(PutOutcome::Written { revision, .. }) => {
+                    revisions.push(revision);
+                    break;
+                }
+                Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {}
+                other => panic!("put after reconnect: {other:?}"),
+            }
+        }
+    }
+    for rev in revisions {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev, "no gap, no duplicate");
+    }
+}
+
+/// Every connection of a client reset (a middlebox dropped them, the server was fine): the
+/// first request after it must not fail — not a read, not a write, not a lease grant (what
+/// `RendezvousHandler::new` starts with). They used to fail once with a broken pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_requests_after_every_connection_was_reset_succeed() {
+    let server = RedisServer::start().expect("redis-server");
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    let mut config = server.config("reset");
+    config.endpoint = Endpoint { host: "127.0.0.1".into(), port: link.endpoints()[0].port() };
+    let kv = connect(config).await;
+    put(&*kv, b"/r/0", b"v", PutOptions::OVERWRITE).await;
+    let lease = within("grant", kv.lease_grant(Duration::from_secs(30))).await.unwrap();
+    within("keep-alive", kv.lease_keep_alive(lease)).await.unwrap();
+    for round in 0..3 {
+        assert!(link.cut() > 0, "no connection to reset");
+        // The resets reach the client (a real one arrives before the next request, too).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let key = format!("/r/{round}-put");
+        within("put", kv.put(key.as_bytes(), b"v", PutOptions::OVERWRITE))
+            .await
+            .unwrap_or_else(|e| panic!("put after reset {round}: {e}"));
+        link.cut();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        within("grant", kv.lease_grant(Duration::from_secs(30)))
+            .await
+            .unwrap_or_else(|e| panic!("grant after reset {round}: {e}"));
+        link.cut();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        within("keep-alive", kv.lease_keep_alive(lease))
+            .await
+            .unwrap_or_else(|e| panic!("keep-alive after reset {round}: {e}"));
+        link.cut();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut params = rdzv_core::RendezvousParams::new("reset", 1, 1).unwrap();
+        params.node_id = Some(format!("n{round}"));
+        let handler = within("new", rdzv_core::RendezvousHandler::new(kv.clone(), params)).await;
+        handler.unwrap_or_else(|e| panic!("RendezvousHandler::new after reset {round}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_is_unavailable_then_reported_as_lost_data() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let mut config = server.config("restart");
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config.clone()).await;
+    let rev = put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+    let mut events = within("watch", kv.watch(b"k", WatchScope::Key, rev + 1)).await.unwrap();
+
+    server.stop();
+    let started = tokio::time::Instant::now();
+    for op in 0..3 {
+        let e = within("an operation during the outage", kv.get(b"k")).await.unwrap_err();
+        assert!(matches!(e, KvError::Unavailable { .. } | KvError::Timeout { .. }), "op {op}: {e}");
+        let text = e.to_string();
+        assert!(text.contains(&format!("127.0.0.1:{}", server.port())), "{text}");
+    }
+    let e = within("a write during the outage", kv.put(b"k", b"w", PutOptions::OVERWRITE)).await.unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(12), "the outage errors took {:?}", started.elapsed());
+
+    server.restart().expect("restart");
+    // The restarted server is empty: the old client must say so, not serve a new history.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let lost = loop {
+        match kv.get(b"k").await {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => break e,
+            Ok(r) => panic!("a read after the data loss succeeded: {r:?}"),
+        }
+    };
+    assert!(matches!(lost, KvError::Backend { .. }), "{lost}");
+    assert!(lost.to_string().contains("lost"), "{lost}");
+    // The open watch ends with an error: the outage outlasted its reconnect window, or it
+    // came back to a namespace that is not the one it watched.
+    let e = next(&mut events).await.unwrap_err();
+    assert!(e.is_retryable() || e.to_string().contains("lost"), "{e}");
+    assert!(within("watch end", events.next()).await.is_none());
+    // A new client starts over.
+    let fresh = connect(config).await;
+    assert!(within("get", fresh.get(b"k")).await.unwrap().kv.is_none());
+    // And the old one still refuses (the namespace is not the one it knew).
+    assert!(matches!(kv.get(b"k").await, Err(KvError::Backend { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_refuses_writes_cleanly_and_still_serves_reads() {
+    let server = RedisServer::start_with_args(&["--maxmemory", "4mb", "--maxmemory-policy", "noeviction"])
+        .expect("redis-server with maxmemory");
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    let value = vec![b'v'; 256 * 1024];
+    let mut written = Vec::new();
+    let e = loop {
+        let key = format!("/full/{}", written.len());
+        match within("put", kv.put(key.as_bytes(), &value, PutOptions::OVERWRITE)).await {
+            Ok(PutOutcome::Written { revision, .. }) => written.push(revision),
+            Ok(other) => panic!("{other:?}"),
+            Err(e) => break e,
+        }
+        assert!(written.len() < 100, "4 MB of maxmemory took {} writes of 256 KiB", written.len());
+    };
+    assert!(!e.is_retryable() && e.to_string().contains("out of memory"), "{e:?}");
+    // Nothing of the refused write happened: the revision did not move, no key, no event.
+    let last = *written.last().expect("some writes fit");
+    let read = within("get", kv.get(format!("/full/{}", written.len()).as_bytes())).await.unwrap();
+    assert_eq!((read.revision, read.kv.is_none()), (last, true));
+    let range = within("range", kv.range(b"/full/", RangeOptions { keys_only: true, ..Default::default() }))
+        .await
+        .unwrap();
+    assert_eq!(range.count, written.len() as u64);
+    let mut conn = raw(&server).await;
+    let log_len: usize =
+        redis::cmd("XLEN").arg(format!("{{rdzv:{ns}}}:log")).query_async(&mut conn).await.unwrap();
+    assert_eq!(log_len, written.len());
+    // Deletes and lease expiries write events too, so they wait for room as well.
+    let e = kv.delete_prefix(b"/full/").await.unwrap_err();
+    assert!(e.to_string().contains("out of memory"), "{e}");
+    // With room again, writes go on at the next revision.
+    let _: () =
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0").query_async(&mut conn).await.unwrap();
+    within("delete", kv.delete_prefix(b"/full/")).await.unwrap();
+    assert_eq!(put(&*kv, b"/after", b"v", PutOptions::OVERWRITE).await, last + 2);
+}

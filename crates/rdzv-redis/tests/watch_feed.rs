@@ -1,0 +1,267 @@
+//! The event log and the feed every watch of a client reads it through: history trimmed to
+//! its bounds (revisions and bytes) and detected exactly, watches across lost or trimmed
+//! history, lagging watches served from the feed's memory, many workers on one feed.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdzv_core::{KvError, PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_redis::testing::{RedisServer, shared};
+
+use support::{WAIT, connect, next, put, raw, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_trimmed_to_its_bound_and_detected_exactly() {
+    let server = shared();
+    let mut config = server.config(&RedisServer::fresh_namespace());
+    config.history = 10;
+    let kv = connect(config.clone()).await;
+    let mut last = 0;
+    for i in 0..30 {
+        last = put(&*kv, b"k", format!("{i}").as_bytes(), PutOptions::OVERWRITE).await;
+    }
+    assert_eq!(last, 30);
+    let oldest = last - 10 + 1;
+    match kv.watch(b"k", WatchScope::Key, oldest - 1).await {
+        Err(KvError::Compacted { requested, oldest: o }) => assert_eq!((requested, o), (oldest - 1, oldest)),
+        Err(e) => panic!("expected Compacted, got {e}"),
+        Ok(_) => panic!("expected Compacted, got a watch"),
+    }
+    let mut events = within("watch", kv.watch(b"k", WatchScope::Key, oldest)).await.unwrap();
+    for rev in oldest..=last {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+    let mut conn = raw(server).await;
+    let len: u64 =
+        redis::cmd("XLEN").arg(format!("{}log", config.key_base())).query_async(&mut conn).await.unwrap();
+    assert_eq!(len, 10, "the log keeps exactly `history` revisions");
+}
+
+/// A hole in the event log that compaction does not explain (entries lost below the kept
+/// history): a watch replaying across it ends as a dropped watch does — retryable, "read
+/// again and watch again" — instead of with a final backend error that ended the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_across_lost_history_ends_retryably() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let kv = connect(server.config(&ns)).await;
+    let first = put(&*kv, b"/h/1", b"1", PutOptions::OVERWRITE).await;
+    let lost = put(&*kv, b"/h/2", b"2", PutOptions::OVERWRITE).await;
+    put(&*kv, b"/h/3", b"3", PutOptions::OVERWRITE).await;
+    let mut conn = raw(server).await;
+    let removed: i64 = redis::cmd("XDEL")
+        .arg(format!("{{rdzv:{ns}}}:log"))
+        .arg(format!("{lost}-0"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "the entry of revision {lost}");
+    let mut events = within("watch", kv.watch(b"/h/", WatchScope::Prefix, first)).await.unwrap();
+    assert_eq!(next(&mut events).await.unwrap().revision(), first);
+    let error = next(&mut events).await.unwrap_err();
+    assert!(matches!(error, KvError::WatchEnded { .. }) && error.needs_reread(), "{error:?}");
+    assert!(within("watch end", events.next()).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_that_falls_behind_the_trimmed_log_ends_compacted() {
+    let server = shared();
+    let mut config = server.config(&RedisServer::fresh_namespace());
+    config.history = 10;
+    let kv = connect(config).await;
+    let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
+    let mut events = within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap();
+    // Not consumed: the watch and its feed buffer some events, then it stops reading while the
+    // log moves on and is trimmed past it. So does the feed's memory (32 MiB): the small
+    // writes put the watch behind the feed's broadcast, the large ones push them out of memory.
+    let (small, large) = (2000, 40);
+    let value = vec![b'x'; 1 << 20];
+    for i in 1..=small + large {
+        let value: &[u8] = if i > small { &value } else { b"v" };
+        put(&*kv, format!("/p/{i}").as_bytes(), value, PutOptions::OVERWRITE).await;
+    }
+    let writes = small + large;
+    let mut expected = start;
+    let error = loop {
+        match next(&mut events).await {
+            Ok(event) => {
+                assert_eq!(event.revision(), expected, "no gap before the error");
+                expected += 1;
+            }
+            Err(e) => break e,
+        }
+    };
+    match error {
+        KvError::Compacted { requested, oldest } => {
+            assert_eq!(requested, expected);
+            assert!(oldest > requested, "{oldest} <= {requested}");
+        }
+        e => panic!("expected Compacted, got {e}"),
+    }
+    assert!(expected < start + writes, "the watch should have fallen behind");
+    assert!(within("watch end", events.next()).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_that_fall_behind_the_feed_catch_up_from_its_memory_not_the_log() {
+    // A server of its own: the test counts the commands it served.
+    let server = RedisServer::start().expect("redis-server");
+    let kv = connect(server.config("lag")).await;
+    let start = put(&*kv, b"/p/0", b"0", PutOptions::OVERWRITE).await + 1;
+    // Busy consumers, as a thousand workers of one process are in a burst: nobody reads these
+    // watches for now, so each buffers a few hundred events and then stops taking the feed's,
+    // which moves on by more than its broadcast holds (1024 entries) and less than its memory
+    // (32 768). A round's prefix delete or its joins are such a burst.
+    let mut watches = Vec::new();
+    for _ in 0..64 {
+        watches.push(within("watch", kv.watch(b"/p/", WatchScope::Prefix, start)).await.unwrap());
+    }
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await.unwrap();
+    // More than one round of 1024 workers adds (about 4100 entries).
+    let writes = 6000;
+    for i in 1..=writes {
+        put(&*kv, format!("/p/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+    }
+    for events in watches.iter_mut() {
+        for revision in start..start + writes {
+            assert_eq!(next(events).await.unwrap().revision(), revision, "no gap, no duplicate");
+        }
+    }
+    // Re-reading the log instead, 64 watches send ~1500 `XRANGE`s down the client's one shared
+    // connection (a thousand watches, ~10 000, large round states among the entries), and the
+    // client's writes queue behind them for seconds.
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.unwrap();
+    let log_reads = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xrange:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap());
+    assert_eq!(log_reads, 0, "lagging watches re-read the log:\n{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_log_is_bounded_in_bytes_as_well_as_revisions() {
+    let server = shared();
+    let ns = RedisServer::fresh_namespace();
+    let mut config = server.config(&ns);
+    config.history_bytes = 100_000;
+    let kv = connect(config).await;
+    let value = vec![b'v'; 10_000];
+    let mut revs = Vec::new();
+    for i in 0..30 {
+        revs.push(put(&*kv, format!("/b/{i:02}").as_bytes(), &value, PutOptions::OVERWRITE).await);
+    }
+    let log_key = format!("{{rdzv:{ns}}}:log");
+    let mut conn = raw(server).await;
+    let entries: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(&log_key).arg("-").arg("+").query_async(&mut conn).await.unwrap();
+    let bytes: usize = entries.ids.len() * (64 + 5 + 10_000);
+    // Within the bound plus the newest revision, and not emptier than it needs to be.
+    assert!(bytes <= 100_000 + 10_069, "the log holds {bytes} bytes of events");
+    assert!(bytes > 100_000 - 10_069, "the log holds only {bytes} bytes of events");
+    let counted: usize =
+        redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();
+    assert_eq!(counted, bytes);
+    let sizes: usize =
+        redis::cmd("XLEN").arg(format!("{{rdzv:{ns}}}:logsz")).query_async(&mut conn).await.unwrap();
+    assert_eq!(sizes, entries.ids.len(), "one size per event kept");
+    // A watch from before the kept history is told so; one from within it replays.
+    let oldest = revs[revs.len() - entries.ids.len()];
+    match kv.watch(b"/b/", WatchScope::Prefix, revs[0]).await {
+        Err(KvError::Compacted { requested, oldest: o }) => assert_eq!((requested, o), (revs[0], oldest)),
+        other => panic!("expected Compacted, got {:?}", other.map(|_| ())),
+    }
+    let mut events = within("watch", kv.watch(b"/b/", WatchScope::Prefix, oldest)).await.unwrap();
+    for rev in &revs[revs.len() - entries.ids.len()..] {
+        assert_eq!(next(&mut events).await.unwrap().revision(), *rev);
+    }
+    // Compaction keeps the count right.
+    within("compact", kv.compact(*revs.last().unwrap())).await.unwrap();
+    let counted: usize =
+        redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();
+    assert_eq!(counted, 64 + 5 + 10_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_workers_join_count_and_watch_quickly() {
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let kv = kv.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = kv.lease_grant(Duration::from_secs(10)).await.unwrap();
+            let key = format!("/run/join/{i:03}");
+            let options = PutOptions::new(rdzv_core::PutMode::Create).with_lease(Some(lease));
+            let PutOutcome::Written { revision, .. } = kv.put(key.as_bytes(), b"w", options).await.unwrap()
+            else {
+                panic!("not written")
+            };
+            let position = kv
+                .range(
+                    b"/run/join/",
+                    RangeOptions {
+                        max_create_revision: Some(revision),
+                        count_only: true,
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap()
+                .count;
+            let events = kv.watch(b"/run/state", WatchScope::Key, revision + 1).await.unwrap();
+            (position, events)
+        }));
+    }
+    let mut positions = Vec::new();
+    let mut watches = Vec::new();
+    for t in tasks {
+        let (position, events) = within("a worker joining", t).await.unwrap();
+        positions.push(position);
+        watches.push(events);
+    }
+    positions.sort_unstable();
+    assert_eq!(positions, (1..=64).collect::<Vec<u64>>(), "each worker learns a distinct position");
+    put(&*kv, b"/run/state", b"final", PutOptions::OVERWRITE).await;
+    for mut events in watches {
+        assert_eq!(next(&mut events).await.unwrap().kv.value, &b"final"[..].to_vec());
+    }
+    let elapsed = started.elapsed();
+    eprintln!("64 workers joined, counted and watched in {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(5), "64 workers took {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_workers_watch_from_their_own_writes_through_one_feed() {
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..1024 {
+        let kv = kv.clone();
+        tasks.push(tokio::spawn(async move {
+            let revision = put(&*kv, format!("/j/{i}").as_bytes(), b"v", PutOptions::OVERWRITE).await;
+            // From "my write + 1": replayed from the feed's memory, not re-read per worker.
+            kv.watch(b"/state", WatchScope::Key, revision + 1).await.expect("watch")
+        }));
+    }
+    let mut watches = Vec::new();
+    for t in tasks {
+        watches.push(within("a worker writing and watching", t).await.unwrap());
+    }
+    let joined = started.elapsed();
+    let rev = put(&*kv, b"/state", b"go", PutOptions::OVERWRITE).await;
+    for events in watches.iter_mut() {
+        assert_eq!(next(events).await.unwrap().revision(), rev);
+    }
+    eprintln!(
+        "1024 workers wrote and watched in {joined:?}; all saw the event after {:?}",
+        started.elapsed()
+    );
+    assert!(started.elapsed() < WAIT);
+}
