@@ -1,6 +1,6 @@
 //! The protocol of one `next_rendezvous` call as a state machine that does no I/O
 //! (docs/PROTOCOL.md "The phases"): what the worker observed goes in ([`Input`]), what it
-//! must do next comes out ([`Action`]), and the time is passed in. `round.rs` is the small
+//! must do next comes out ([`Action`]), and the time is passed in. `executor.rs` is the small
 //! async executor that performs the actions against a [`Kv`](crate::Kv) and feeds back their
 //! results; tests can drive the machine directly, without tokio or a backend.
 //!

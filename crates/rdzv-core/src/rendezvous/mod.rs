@@ -4,7 +4,7 @@
 //! - `machine.rs`: one `next_rendezvous` call as a state machine over those tables: inputs
 //!   (values read, watch events, timer expiries, write outcomes) in, actions out, time
 //!   injected. No I/O.
-//! - `round.rs`: the small async executor that performs the machine's actions on a `Kv`.
+//! - `executor.rs`: the small async executor that performs the machine's actions on a `Kv`.
 //! - `monitor.rs`: phase 4, watching a running round for its end.
 //! - `handler.rs`: the public [`RendezvousHandler`].
 //! - `state.rs`, `keys.rs`: the state value and the key layout.
@@ -15,7 +15,7 @@ mod handler;
 mod keys;
 pub mod machine;
 mod monitor;
-mod round;
+mod executor;
 mod run_lease;
 mod state;
 mod waiting;
@@ -25,6 +25,6 @@ pub use handler::{RendezvousHandler, RendezvousInfo, RoundChanges};
 pub use keys::RunKeys;
 pub use machine::RoundTimings;
 pub use monitor::RoundBroken;
-pub use round::free_port;
+pub use executor::free_port;
 pub use state::{Joiner, LastRound, Participant, RunOutcome, State};
 pub use waiting::Waiting;
