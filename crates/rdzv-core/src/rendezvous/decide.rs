@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::kv::{KeyValue, LeaseId, PutOutcome, Revision};
 use crate::params::RankOrder;
 
-use super::monitor::RoundBroken;
+use super::broken::RoundBroken;
 use super::state::{Joiner, Participant, State};
 
 /// The sizing of a round, from the parameters: everything the freeze decisions depend on.

@@ -13,11 +13,12 @@ use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::session::Session;
 
+use super::broken::RoundBroken;
 use super::decide::{Sizing, is_me};
+use super::executor::{Attempt, Context, clean};
 use super::keys::RunKeys;
 use super::machine::{Completed, RoundTimings};
-use super::monitor::{Monitor, RoundBroken, RoundStatus, Watched};
-use super::executor::{Attempt, Context, clean};
+use super::monitor::{Monitor, RoundStatus, Watched};
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
 use super::state::{LastRound, Participant, RunOutcome, State};
 use super::waiting::Waiting;
