@@ -197,14 +197,6 @@ impl World {
                 let outcome = model.put(key, value, *mode, Some(lease));
                 if lose { Input::Failed(lost()) } else { Input::Put(outcome, Some(lease)) }
             }
-            Action::BumpCounter => {
-                let counter = self.keys.version_counter();
-                let current = model.keys.get(&counter).map(|kv| kv.value.clone());
-                let version =
-                    rdzv_core::protocol::decide::next_version(current.as_deref()).expect("a number");
-                model.put(&counter, version.to_string().as_bytes(), PutMode::Overwrite, Some(RUN_LEASE));
-                if lose { Input::Failed(lost()) } else { Input::Counter(version) }
-            }
             Action::CountUpTo { prefix, revision } => {
                 Input::Count(model.under(prefix).filter(|kv| kv.create_revision <= *revision).count() as u64)
             }

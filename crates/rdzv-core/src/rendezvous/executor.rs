@@ -15,10 +15,10 @@ use crate::kv::{
 };
 use crate::params::RendezvousParams;
 
-use super::decide::{self, Candidate, Sizing};
+use super::decide::{Candidate, Sizing};
 use super::keys::RunKeys;
 use super::machine::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed};
-use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
+use super::run_lease::{RunLease, put_with_run_lease};
 use super::state::{Joiner, LastRound, Participant};
 
 /// How long the creator of a round keeps trying to delete the round before the previous
@@ -258,31 +258,6 @@ impl<'a> Attempt<'a> {
                     }
                 };
                 Input::Put(outcome, lease)
-            }
-            Action::BumpCounter => {
-                let key = ctx.keys.version_counter();
-                let mut bad = None;
-                let written = cas_with_run_lease(&ctx.run_lease, kv, &key, |current| {
-                    match decide::next_version(current.map(|kv| &kv.value[..])) {
-                        Ok(version) => Some(version.to_string().into_bytes()),
-                        Err(reason) => {
-                            bad = Some(reason);
-                            None
-                        }
-                    }
-                })
-                .await?;
-                let version =
-                    written.and_then(|(value, _)| String::from_utf8_lossy(&value).parse::<u64>().ok());
-                match version {
-                    Some(version) => Input::Counter(version),
-                    None => {
-                        return Err(RendezvousError::State {
-                            key: String::from_utf8_lossy(&key).into_owned(),
-                            reason: bad.unwrap_or_else(|| "the version counter could not be read".into()),
-                        });
-                    }
-                }
             }
             Action::CountUpTo { prefix, revision } => Input::Count(count_up_to(kv, &prefix, revision).await?),
             Action::Count { prefix } => Input::Count(kv.count(&prefix, None).await?),

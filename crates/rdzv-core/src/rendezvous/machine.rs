@@ -109,9 +109,6 @@ pub enum Action {
         /// The lease to bind it to.
         bind: Bind,
     },
-    /// Increment the version counter by compare-and-swap, with [`next_version`](super::decide::next_version), bound to
-    /// the run lease → [`Input::Counter`] with the value written.
-    BumpCounter,
     /// Count the keys under `prefix` created at or before `revision` → [`Input::Count`].
     CountUpTo {
         /// The prefix.
@@ -191,8 +188,6 @@ pub enum Input {
     Timer,
     /// A write's outcome, with the lease it was bound to.
     Put(PutOutcome, Option<LeaseId>),
-    /// The version the counter was bumped to.
-    Counter(u64),
     /// A count.
     Count(u64),
     /// Every joiner of the round, and the read's revision.
@@ -302,8 +297,9 @@ enum Phase {
         /// On failure, delete this keep-alive key (leaving: so the others notice anyway).
         drop_on_failure: Option<Vec<u8>>,
     },
-    /// Phase 1, Creating a round: the version counter is being bumped.
-    Counter { setup_revision: Revision },
+    /// Phase 1, Creating a round: the version counter is being bumped by compare-and-swap,
+    /// then `setup` (at `setup_revision`) becomes `joinable`.
+    Counter { setup_revision: Revision, step: CounterStep },
     /// Phase 1, Creating a round: `setup` → `joinable{version, previous}`.
     Open { version: u64, previous: Option<u64> },
     /// Phase 2, Join round `version` (`previous`: the round that was final before it, if
@@ -327,6 +323,13 @@ enum Phase {
     Backoff,
     /// The call is over.
     Over,
+}
+
+/// Bumping the version counter: read it, then write its next value unless it changed.
+#[derive(Clone, Copy, Debug)]
+enum CounterStep {
+    Reading,
+    Writing { version: u64 },
 }
 
 /// A two-step wait: open the watch, then wait.
@@ -609,8 +612,9 @@ impl Machine {
                     self.unexpected(other)
                 }
             },
-            Phase::Counter { setup_revision } => match input {
-                Input::Counter(version) => {
+            Phase::Counter { setup_revision, step } => match (step, input) {
+                (CounterStep::Reading, Input::Key(current)) => self.bump_counter(setup_revision, current),
+                (CounterStep::Writing { version }, Input::Put(PutOutcome::Written { .. }, _)) => {
                     // A lost answer leaves the version counter bumped: resuming bumps it
                     // again, and that version is skipped, which is harmless (versions only
                     // need to grow).
@@ -623,7 +627,15 @@ impl Machine {
                         bind: Bind::RunLease,
                     }
                 }
-                other => self.unexpected(other),
+                // Someone bumped it since the read (a creator whose `setup` has gone since): bump
+                // the value it wrote.
+                (CounterStep::Writing { .. }, Input::Put(PutOutcome::Conflict { current }, _)) => {
+                    self.bump_counter(setup_revision, current)
+                }
+                (step, other) => {
+                    self.phase = Phase::Counter { setup_revision, step };
+                    self.unexpected(other)
+                }
             },
             Phase::Open { version, previous } => match input {
                 Input::Put(PutOutcome::Written { revision, .. }, _) => {
@@ -791,8 +803,24 @@ impl Machine {
 
     /// Bumps the version counter, then swaps `setup` → `joinable`.
     fn open_round(&mut self, setup_revision: Revision) -> Action {
-        self.phase = Phase::Counter { setup_revision };
-        Action::BumpCounter
+        self.phase = Phase::Counter { setup_revision, step: CounterStep::Reading };
+        Action::Get { key: self.keys.version_counter() }
+    }
+
+    /// Writes the version counter's next value after `current` (as read), if it has not
+    /// changed since, bound to the run lease; a counter that is no number ends the call.
+    fn bump_counter(&mut self, setup_revision: Revision, current: Option<KeyValue>) -> Action {
+        let key = self.keys.version_counter();
+        match decide::next_version(current.as_ref().map(|kv| &kv.value[..])) {
+            Ok(version) => {
+                self.phase = Phase::Counter { setup_revision, step: CounterStep::Writing { version } };
+                let mode = current.map_or(PutMode::Create, |kv| PutMode::Update(kv.mod_revision));
+                Action::Put { key, value: version.to_string().into_bytes(), mode, bind: Bind::RunLease }
+            }
+            Err(reason) => {
+                self.fail(RendezvousError::State { key: String::from_utf8_lossy(&key).into_owned(), reason })
+            }
+        }
     }
 
     /// Phase 2: join round `version` (its `joinable` value at `state_revision`), first
