@@ -176,7 +176,7 @@ impl Kv for Hooked {
     async fn watch(&self, key: &[u8], scope: WatchScope, start: Revision) -> KvResult<WatchStream> {
         self.inner.watch(key, scope, start).await
     }
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         self.inner.count_at_revision(prefix, revision).await
     }
 }

@@ -198,7 +198,12 @@ impl Kv for MemKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: MIN_LEASE_TTL }
+        Capabilities {
+            watch_history: true,
+            compaction: true,
+            min_lease_ttl: MIN_LEASE_TTL,
+            count_at_revision: false,
+        }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

@@ -122,7 +122,12 @@ impl Kv for RedisKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { watch_history: true, compaction: true, min_lease_ttl: crate::reaper::MIN_LEASE_TTL }
+        Capabilities {
+            watch_history: true,
+            compaction: true,
+            min_lease_ttl: crate::reaper::MIN_LEASE_TTL,
+            count_at_revision: false,
+        }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {

@@ -392,10 +392,12 @@ fn forget_round(ctx: &Context, old: u64) {
 /// exactly one worker; deaths can repeat or skip a count, which the swaps and the backup
 /// timers absorb.
 async fn count_up_to(kv: &dyn Kv, prefix: &[u8], revision: Revision) -> Result<u64> {
-    match kv.count_at_revision(prefix, revision).await {
-        Ok(Some(count)) => Ok(count),
-        Ok(None) | Err(_) => Ok(kv.count(prefix, Some(revision)).await?),
+    if kv.capabilities().count_at_revision
+        && let Ok(count) = kv.count_at_revision(prefix, revision).await
+    {
+        return Ok(count);
     }
+    Ok(kv.count(prefix, Some(revision)).await?)
 }
 
 /// Whether process `pid` runs on this machine, as Linux's `/proc` tells; `true` wherever that
