@@ -91,6 +91,7 @@ impl<'a> Attempt<'a> {
             session,
             keys: ctx.keys.clone(),
             sizing: ctx.sizing,
+            count_at_revision: ctx.kv.capabilities().count_at_revision,
             run_id: ctx.params.run_id.clone(),
             started,
             leave_first,
@@ -259,8 +260,10 @@ impl<'a> Attempt<'a> {
                 };
                 Input::Put(outcome, lease)
             }
-            Action::CountUpTo { prefix, revision } => Input::Count(count_up_to(kv, &prefix, revision).await?),
-            Action::Count { prefix } => Input::Count(kv.count(&prefix, None).await?),
+            Action::CountAtRevision { prefix, revision } => {
+                Input::Count(kv.count_at_revision(&prefix, revision).await?)
+            }
+            Action::Count { prefix, created_up_to } => Input::Count(kv.count(&prefix, created_up_to).await?),
             Action::ReadJoiners { prefix } => {
                 let options = RangeOptions { order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
                 let read = kv.range(&prefix, options).await?;
@@ -384,20 +387,6 @@ fn forget_round(ctx: &Context, old: u64) {
             }
         }
     });
-}
-
-/// How many keys under `prefix` came before or with ours (created at `revision`): the
-/// count as of that revision where the backend can read the past cheaply (etcd), else the
-/// live keys created up to it. Either way, in a burst of creations each count is taken by
-/// exactly one worker; deaths can repeat or skip a count, which the swaps and the backup
-/// timers absorb.
-async fn count_up_to(kv: &dyn Kv, prefix: &[u8], revision: Revision) -> Result<u64> {
-    if kv.capabilities().count_at_revision
-        && let Ok(count) = kv.count_at_revision(prefix, revision).await
-    {
-        return Ok(count);
-    }
-    Ok(kv.count(prefix, Some(revision)).await?)
 }
 
 /// Whether process `pid` runs on this machine, as Linux's `/proc` tells; `true` wherever that

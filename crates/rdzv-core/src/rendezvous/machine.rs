@@ -109,17 +109,22 @@ pub enum Action {
         /// The lease to bind it to.
         bind: Bind,
     },
-    /// Count the keys under `prefix` created at or before `revision` → [`Input::Count`].
-    CountUpTo {
+    /// Count the keys under `prefix` as they were at `revision`
+    /// ([`Kv::count_at_revision`](crate::Kv::count_at_revision), asked only of a backend with
+    /// that capability) → [`Input::Count`].
+    CountAtRevision {
         /// The prefix.
         prefix: Vec<u8>,
-        /// The create revision to count up to.
+        /// The revision to count at.
         revision: Revision,
     },
-    /// Count the live keys under `prefix` → [`Input::Count`].
+    /// Count the live keys under `prefix`, only those created at or before `created_up_to`
+    /// if given → [`Input::Count`].
     Count {
         /// The prefix.
         prefix: Vec<u8>,
+        /// The latest create revision counted.
+        created_up_to: Option<Revision>,
     },
     /// Read every join key under `prefix`, parsed as candidates (descriptor and create
     /// revision) → [`Input::Joiners`].
@@ -348,8 +353,9 @@ enum JoinStep {
     Watching,
     /// Creating the join key.
     Writing,
-    /// Counting my position.
-    Counting,
+    /// Counting my position: the join keys created up to mine, at its revision if
+    /// `at_revision`.
+    Counting { mine: Revision, at_revision: bool },
     /// Waiting for the state to change, the freeze timer (and what it triggers), or the
     /// join count.
     Waiting { freeze_at: Option<(Instant, Trigger)>, joiners: Option<u64> },
@@ -399,8 +405,8 @@ enum ConfirmStep {
     Watching,
     /// Creating the keep-alive key.
     Writing,
-    /// Counting the keep-alive keys created up to mine.
-    Counting { mine: Revision },
+    /// Counting the keep-alive keys created up to mine, at its revision if `at_revision`.
+    Counting { mine: Revision, at_revision: bool },
     /// The last to confirm: swapping `frozen` → `final`.
     Finalizing { mine: Revision },
     /// Waiting for `final`.
@@ -438,6 +444,9 @@ pub struct Call {
     pub keys: RunKeys,
     /// The round's sizing.
     pub sizing: Sizing,
+    /// Whether the backend counts keys as they were at a past revision
+    /// ([`Capabilities::count_at_revision`](crate::Capabilities::count_at_revision)).
+    pub count_at_revision: bool,
     /// The run id (for errors).
     pub run_id: String,
     /// When the call started (the round's timings count from here).
@@ -461,6 +470,8 @@ pub struct Machine {
     session: LeaseId,
     keys: RunKeys,
     sizing: Sizing,
+    /// See [`Call::count_at_revision`].
+    count_at_revision: bool,
     run_id: String,
     /// The round to leave first, until that is tried.
     leave_first: Option<Leaving>,
@@ -486,7 +497,19 @@ impl Machine {
     /// The machine of one call: it first leaves `call.leave_first` if given, and never hands
     /// back round `call.leaving`.
     pub fn new(call: Call) -> Machine {
-        let Call { me, session, keys, sizing, run_id, started, leave_first, leaving, last, since } = call;
+        let Call {
+            me,
+            session,
+            keys,
+            sizing,
+            count_at_revision,
+            run_id,
+            started,
+            leave_first,
+            leaving,
+            last,
+            since,
+        } = call;
         let latest_final =
             leave_first.as_ref().map(|l| l.version).into_iter().chain(last.map(|l| l.version)).max();
         Machine {
@@ -494,6 +517,7 @@ impl Machine {
             session,
             keys,
             sizing,
+            count_at_revision,
             run_id,
             leaving: leave_first.as_ref().map(|l| l.version).or(leaving),
             leave_first,
@@ -864,8 +888,9 @@ impl Machine {
                 decide::Owned::Mine(mine) => {
                     self.since.get_or_insert(mine);
                     self.timings.joined = now - self.started;
-                    self.phase = stay(JoinStep::Counting);
-                    Action::CountUpTo { prefix: self.keys.joins(version), revision: mine }
+                    let (count, at_revision) = self.count_up_to(self.keys.joins(version), mine);
+                    self.phase = stay(JoinStep::Counting { mine, at_revision });
+                    count
                 }
                 decide::Owned::Taken(holder) => {
                     self.leftovers.remove(&join_key);
@@ -873,7 +898,7 @@ impl Machine {
                 }
                 decide::Owned::Vanished => self.failed(vanished()),
             },
-            (JoinStep::Counting, Input::Count(position)) => {
+            (JoinStep::Counting { .. }, Input::Count(position)) => {
                 tracing::debug!(position, "joined");
                 let freeze_at = match decide::join_role(position, &self.sizing) {
                     JoinRole::FreezeIfFull => Some((now, Trigger::Full)),
@@ -1040,9 +1065,9 @@ impl Machine {
                 decide::Owned::Mine(mine) => {
                     // Counting only the keys created up to ours, exactly one member (the last
                     // to confirm) sees them all: one swap attempt per round, not a storm.
-                    let prefix = self.keys.ranks(round.version);
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine } };
-                    Action::CountUpTo { prefix, revision: mine }
+                    let (count, at_revision) = self.count_up_to(self.keys.ranks(round.version), mine);
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision } };
+                    count
                 }
                 // Another live process with this node id confirmed this rank: the round is
                 // not ours to take. Wait for it to end.
@@ -1056,7 +1081,7 @@ impl Machine {
                     self.failed(vanished())
                 }
             },
-            (ConfirmStep::Counting { mine }, Input::Count(confirmed)) => {
+            (ConfirmStep::Counting { mine, .. }, Input::Count(confirmed)) => {
                 if decide::completes_round(confirmed, round.participants.len()) {
                     // Ours is the last keep-alive key: every member was alive at its revision.
                     let fin = State::Final {
@@ -1157,7 +1182,7 @@ impl Machine {
                 }
                 // A member may have died before we started watching: the count settles that.
                 self.phase = next(LateStep::Counting);
-                Action::Count { prefix: ranks }
+                Action::Count { prefix: ranks, created_up_to: None }
             }
             (LateStep::Counting, Input::Count(alive)) => {
                 let action =
@@ -1217,6 +1242,19 @@ impl Machine {
         }
     }
 
+    /// Counts the keys under `prefix` that came before or with mine (created at `mine`): as
+    /// of that revision where the backend can read the past cheaply (etcd), else the live
+    /// keys created up to it; and whether it is the former. Either way, in a burst of
+    /// creations each count is taken by exactly one worker; deaths can repeat or skip a
+    /// count, which the swaps and the backup timers absorb.
+    fn count_up_to(&self, prefix: Vec<u8>, mine: Revision) -> (Action, bool) {
+        if self.count_at_revision {
+            (Action::CountAtRevision { prefix, revision: mine }, true)
+        } else {
+            (Action::Count { prefix, created_up_to: Some(mine) }, false)
+        }
+    }
+
     /// Creates `key` (this worker's descriptor, under its session), or finds it already ours
     /// (an earlier step wrote it and lost the answer); see [`decide::own_key`].
     fn put_own(&self, key: Vec<u8>) -> Action {
@@ -1247,12 +1285,32 @@ impl Machine {
     }
 
     /// A failed action: a failed leave first drops this worker's keep-alive key (so the
-    /// others notice even if the round cannot be ended now); then [`Machine::classify`].
+    /// others notice even if the round cannot be ended now); a failed count at a past
+    /// revision is taken again from the live keys (that revision may have been compacted
+    /// away, and the live count is as good); anything else goes to [`Machine::classify`].
     fn failed(&mut self, error: RendezvousError) -> Action {
         match std::mem::replace(&mut self.phase, Phase::Over) {
             Phase::Claim { drop_on_failure: Some(key) } => {
                 self.phase = Phase::Dropping { error };
                 Action::Delete { key, mode: DeleteMode::Any }
+            }
+            Phase::Join {
+                version,
+                previous,
+                state_revision,
+                step: JoinStep::Counting { mine, at_revision: true },
+            } => {
+                tracing::debug!(%error, "could not count the join keys at a past revision; counting the live ones");
+                let step = JoinStep::Counting { mine, at_revision: false };
+                self.phase = Phase::Join { version, previous, state_revision, step };
+                Action::Count { prefix: self.keys.joins(version), created_up_to: Some(mine) }
+            }
+            Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision: true } } => {
+                tracing::debug!(%error, "could not count the keep-alive keys at a past revision; counting the live ones");
+                let prefix = self.keys.ranks(round.version);
+                self.phase =
+                    Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision: false } };
+                Action::Count { prefix, created_up_to: Some(mine) }
             }
             _ => self.classify(error),
         }
