@@ -14,8 +14,8 @@ use rdzv_core::RunKeys;
 use rdzv_core::protocol::decide::Candidate;
 use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
 use rdzv_core::{
-    DeleteMode, EventKind, Joiner, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RankOrder,
-    RendezvousError, Revision, Sizing,
+    DeleteMode, DeleteOutcome, EventKind, Joiner, KeyValue, KvError, LeaseId, Participant, PutMode,
+    PutOutcome, RankOrder, RendezvousError, Revision, Sizing,
 };
 use tokio::time::Instant;
 
@@ -57,18 +57,24 @@ impl Model {
         PutOutcome::Written { revision: self.revision, create_revision: kv.create_revision }
     }
 
-    fn delete(&mut self, key: &[u8], mode: DeleteMode) {
-        let Some(kv) = self.keys.get(key) else { return };
+    fn delete(&mut self, key: &[u8], mode: DeleteMode) -> DeleteOutcome {
+        let Some(kv) = self.keys.get(key) else {
+            return match mode {
+                DeleteMode::Any => DeleteOutcome::Missing,
+                DeleteMode::IfRevision(_) => DeleteOutcome::Conflict { current: None },
+            };
+        };
         if let DeleteMode::IfRevision(revision) = mode
             && kv.mod_revision != revision
         {
-            return;
+            return DeleteOutcome::Conflict { current: Some(kv.clone()) };
         }
         let mut gone = self.keys.remove(key).expect("present");
         self.revision += 1;
         gone.mod_revision = self.revision;
         gone.version = 0;
         self.history.push((self.revision, EventKind::Delete, gone));
+        DeleteOutcome::Deleted { revision: self.revision }
     }
 
     /// How many keys under `prefix` existed at revision `at`, from the history.
@@ -249,10 +255,7 @@ impl World {
             Action::Get { key } => Input::Key(model.keys.get(key).cloned()),
             // The model's workers are all alive (none restarts with an old node id).
             Action::ProcessAlive { .. } => Input::Alive(true),
-            Action::Delete { key, mode } => {
-                model.delete(key, *mode);
-                Input::Ack
-            }
+            Action::Delete { key, mode } => Input::Deleted(model.delete(key, *mode)),
             Action::AwaitDelete { key, .. } => {
                 if model.keys.contains_key(key) {
                     return None;

@@ -289,12 +289,7 @@ impl<'a> Attempt<'a> {
                 Input::Members(members)
             }
             Action::Get { key } => Input::Key(kv.get(&key).await?.kv),
-            Action::Delete { key, mode } => {
-                if let Err(e) = kv.delete(&key, mode).await {
-                    tracing::debug!(error = %e, "could not delete a key of this worker");
-                }
-                Input::Ack
-            }
+            Action::Delete { key, mode } => Input::Deleted(kv.delete(&key, mode).await?),
             Action::ProcessAlive { pid } => Input::Alive(process_alive(pid)),
             Action::AwaitDelete { key, after } => {
                 kv.wait_for_delete(&key, after, Instant::now() + ctx.params.timeout).await?;

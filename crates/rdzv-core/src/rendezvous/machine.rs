@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{KvError, RendezvousError};
-use crate::kv::{DeleteMode, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
+use crate::kv::{DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
 
 use super::decide::{
     self, Candidate, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Sizing, Trigger,
@@ -143,7 +143,7 @@ pub enum Action {
         /// The key.
         key: Vec<u8>,
     },
-    /// Delete `key` under `mode`; failures are ignored → [`Input::Ack`].
+    /// Delete `key` under `mode` → [`Input::Deleted`].
     Delete {
         /// The key.
         key: Vec<u8>,
@@ -201,6 +201,8 @@ pub enum Input {
     Members(Vec<Participant>),
     /// A key read.
     Key(Option<KeyValue>),
+    /// A delete's outcome.
+    Deleted(DeleteOutcome),
     /// Whether a process runs.
     Alive(bool),
     /// The action was carried out.
@@ -730,16 +732,21 @@ impl Machine {
                     self.phase = Phase::Predecessor { observed, step: PredecessorStep::Ending };
                     Action::Delete { key: self.keys.state(), mode: DeleteMode::IfRevision(revision) }
                 }
-                (PredecessorStep::Ending, Input::Ack) => self.read_state(),
+                // Deleted, or changed since: the state read next tells what the round became.
+                (PredecessorStep::Ending, Input::Deleted(_)) => self.read_state(),
                 (step, other) => {
                     self.phase = Phase::Predecessor { observed, step };
                     self.unexpected(other)
                 }
             },
-            Phase::Dropping { error } => {
-                // Whether the delete worked or not, the leave's own error decides.
-                self.classify(error)
-            }
+            Phase::Dropping { error } => match input {
+                // Deleted or already gone, the leave's own error decides.
+                Input::Deleted(_) => self.classify(error),
+                other => {
+                    self.phase = Phase::Dropping { error };
+                    self.unexpected(other)
+                }
+            },
             Phase::Backoff => match input {
                 Input::Timer => self.read_state(),
                 other => self.unexpected(other),
@@ -1285,14 +1292,25 @@ impl Machine {
     }
 
     /// A failed action: a failed leave first drops this worker's keep-alive key (so the
-    /// others notice even if the round cannot be ended now); a failed count at a past
-    /// revision is taken again from the live keys (that revision may have been compacted
-    /// away, and the live count is as good); anything else goes to [`Machine::classify`].
+    /// others notice even if the round cannot be ended now), and then the leave's error
+    /// decides, whether that delete worked or not; a failed count at a past revision is taken
+    /// again from the live keys (that revision may have been compacted away, and the live
+    /// count is as good); a failed delete of a round frozen with a gone predecessor is
+    /// followed by a read of the state, which tells whether the round is still there;
+    /// anything else goes to [`Machine::classify`].
     fn failed(&mut self, error: RendezvousError) -> Action {
         match std::mem::replace(&mut self.phase, Phase::Over) {
             Phase::Claim { drop_on_failure: Some(key) } => {
                 self.phase = Phase::Dropping { error };
                 Action::Delete { key, mode: DeleteMode::Any }
+            }
+            Phase::Dropping { error: leave } => {
+                tracing::debug!(%error, "could not delete this worker's keep-alive key");
+                self.classify(leave)
+            }
+            Phase::Predecessor { step: PredecessorStep::Ending, .. } => {
+                tracing::debug!(%error, "could not end the round frozen with a gone predecessor");
+                self.read_state()
             }
             Phase::Join {
                 version,
