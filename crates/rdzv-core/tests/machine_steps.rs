@@ -1,7 +1,8 @@
 //! The protocol's state machine driven step by step, without tokio or a backend: what it does
 //! after each answer on the paths where the executor used to decide for it (the version
 //! counter's bump, a failed leave, a failed delete of a round frozen with a gone
-//! predecessor). Each table row is one answer and the action it must lead to.
+//! predecessor), and what the worker is then doing, in the words of a timeout error. Each
+//! table row is one answer and the action it must lead to.
 
 use std::sync::Arc;
 
@@ -74,11 +75,14 @@ fn on(machine: &mut Machine, input: Input) -> Action {
 fn opening() -> Machine {
     let mut m = machine(None);
     assert!(matches!(m.start(), Action::ReadState));
+    assert_eq!(m.doing(), "starting");
     let none = Observed::absent(4);
     assert!(matches!(on(&mut m, Input::State(none)), Action::Put { mode: PutMode::Create, .. }));
+    assert_eq!(m.doing(), "creating a round");
     let written = Input::Put(PutOutcome::Written { revision: 5, create_revision: 5 }, Some(SESSION));
     let counter = keys().version_counter();
     assert!(matches!(on(&mut m, written), Action::Get { key } if key == counter));
+    assert_eq!(m.doing(), "creating a round");
     m
 }
 
@@ -174,12 +178,19 @@ fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
     for (i, (leave_error, delete_answer, then)) in rows.into_iter().enumerate() {
         let mut m = machine(Some(leaving.clone()));
         assert!(matches!(m.start(), Action::Put { mode: PutMode::Update(20), .. }), "row {i}");
+        assert_eq!(m.doing(), "leaving the previous round", "row {i}");
         match on(&mut m, Input::Failed(leave_error())) {
             Action::Delete { key, mode: DeleteMode::Any } => assert_eq!(key, mine, "row {i}"),
             other => panic!("row {i}: {other:?}"),
         }
+        assert_eq!(m.doing(), "leaving the previous round", "row {i}");
         let next = on(&mut m, delete_answer());
         assert!(then(&next), "row {i}: {next:?}");
+        if matches!(next, Action::Backoff) {
+            assert_eq!(m.doing(), "retrying after a backend error", "row {i}");
+            assert!(matches!(on(&mut m, Input::Timer), Action::ReadState), "row {i}");
+            assert_eq!(m.doing(), "retrying after a backend error", "row {i}");
+        }
     }
 }
 
