@@ -671,7 +671,7 @@ impl Machine {
         std::mem::replace(&mut self.leftovers, Leftovers { keys: Vec::new(), session })
     }
 
-    /// The first action.
+    /// The first action: called once, before any input is fed with [`Machine::on`].
     pub fn start(&mut self) -> Action {
         match self.leave_first.take() {
             Some(round) => {
@@ -693,7 +693,8 @@ impl Machine {
         }
         let doing = self.doing();
         match std::mem::replace(&mut self.phase, Phase::Over { doing }) {
-            Phase::Start => self.start(),
+            // `start` gives the first action: an input before it is a bug of the executor.
+            Phase::Start => self.unexpected(input),
             Phase::Init { after } => match input {
                 Input::State(observed) => self.decide(observed, after),
                 other => self.unexpected(other),
