@@ -1,6 +1,7 @@
 //! `rdzv`: the rendezvous from the command line, for jobs launched by shell scripts, Slurm
 //! or Kubernetes (see `rdzv --help`).
 
+mod agent;
 mod args;
 mod cmd;
 mod exit;

@@ -1,7 +1,8 @@
 //! Property tests of the protocol's state machine driven directly — no tokio runtime, no
 //! backend: a small synchronous model of the store answers each machine's actions, and
 //! proptest chooses the interleaving of the workers, the sizing, and which write answers
-//! are lost (the write happens, the worker is told it failed). Whatever the schedule: the
+//! are lost (the write happens, the worker is told it failed), and whether the backend counts
+//! keys at a past revision. Whatever the schedule: the
 //! round forms with `min(N, max)` members, all agree on it, ranks are `0..W`, nobody returns
 //! a round it is not in, and every worker beyond `max` is left waiting as a late arrival.
 
@@ -13,8 +14,8 @@ use rdzv_core::RunKeys;
 use rdzv_core::protocol::decide::Candidate;
 use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
 use rdzv_core::{
-    DeleteMode, EventKind, Joiner, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome, RankOrder,
-    RendezvousError, Revision, Sizing,
+    DeleteMode, DeleteOutcome, EventKind, Joiner, KeyValue, KvError, LeaseId, Participant, PutMode,
+    PutOutcome, RankOrder, RendezvousError, Revision, Sizing,
 };
 use tokio::time::Instant;
 
@@ -56,18 +57,35 @@ impl Model {
         PutOutcome::Written { revision: self.revision, create_revision: kv.create_revision }
     }
 
-    fn delete(&mut self, key: &[u8], mode: DeleteMode) {
-        let Some(kv) = self.keys.get(key) else { return };
+    fn delete(&mut self, key: &[u8], mode: DeleteMode) -> DeleteOutcome {
+        let Some(kv) = self.keys.get(key) else {
+            return match mode {
+                DeleteMode::Any => DeleteOutcome::Missing,
+                DeleteMode::IfRevision(_) => DeleteOutcome::Conflict { current: None },
+            };
+        };
         if let DeleteMode::IfRevision(revision) = mode
             && kv.mod_revision != revision
         {
-            return;
+            return DeleteOutcome::Conflict { current: Some(kv.clone()) };
         }
         let mut gone = self.keys.remove(key).expect("present");
         self.revision += 1;
         gone.mod_revision = self.revision;
         gone.version = 0;
         self.history.push((self.revision, EventKind::Delete, gone));
+        DeleteOutcome::Deleted { revision: self.revision }
+    }
+
+    /// How many keys under `prefix` existed at revision `at`, from the history.
+    fn count_at(&self, prefix: &[u8], at: Revision) -> u64 {
+        let mut alive = BTreeMap::new();
+        for (_, kind, kv) in self.history.iter().filter(|(revision, ..)| *revision <= at) {
+            if kv.key.starts_with(prefix) {
+                alive.insert(kv.key.clone(), *kind == EventKind::Put);
+            }
+        }
+        alive.values().filter(|&&alive| alive).count() as u64
     }
 
     fn under(&self, prefix: &[u8]) -> impl Iterator<Item = &KeyValue> {
@@ -97,6 +115,10 @@ struct Worker {
 
 struct World {
     model: Model,
+    /// Every count at a past revision fails (that revision compacted away).
+    past_counts_fail: bool,
+    /// How many counts of live keys up to a create revision the workers asked for.
+    live_counts: usize,
     keys: RunKeys,
     workers: Vec<Worker>,
     base: Instant,
@@ -104,7 +126,8 @@ struct World {
 }
 
 impl World {
-    fn new(n: usize, sizing: Sizing) -> World {
+    /// `count_at_revision`: whether the backend of the model counts at a past revision.
+    fn new(n: usize, sizing: Sizing, count_at_revision: bool) -> World {
         let keys = RunKeys::new("/t", "job");
         let base = Instant::now();
         let mut model = Model { next_lease: 100, ..Model::default() };
@@ -119,6 +142,7 @@ impl World {
                     session,
                     keys: keys.clone(),
                     sizing,
+                    count_at_revision,
                     run_id: "job".into(),
                     started: base,
                     leave_first: None,
@@ -130,7 +154,7 @@ impl World {
                 Worker { machine, session, action, states_from: None, prefix: None, outcome: None }
             })
             .collect();
-        World { model, keys, workers, base, now: Duration::ZERO }
+        World { model, past_counts_fail: false, live_counts: 0, keys, workers, base, now: Duration::ZERO }
     }
 
     /// The input answering worker `i`'s pending action now, or `None` if it must wait.
@@ -197,18 +221,19 @@ impl World {
                 let outcome = model.put(key, value, *mode, Some(lease));
                 if lose { Input::Failed(lost()) } else { Input::Put(outcome, Some(lease)) }
             }
-            Action::BumpCounter => {
-                let counter = self.keys.version_counter();
-                let current = model.keys.get(&counter).map(|kv| kv.value.clone());
-                let version =
-                    rdzv_core::protocol::decide::next_version(current.as_deref()).expect("a number");
-                model.put(&counter, version.to_string().as_bytes(), PutMode::Overwrite, Some(RUN_LEASE));
-                if lose { Input::Failed(lost()) } else { Input::Counter(version) }
+            Action::CountAtRevision { .. } if self.past_counts_fail => {
+                Input::Failed(RendezvousError::Backend(KvError::Compacted { requested: 1, oldest: 2 }))
             }
-            Action::CountUpTo { prefix, revision } => {
-                Input::Count(model.under(prefix).filter(|kv| kv.create_revision <= *revision).count() as u64)
+            Action::CountAtRevision { prefix, revision } => Input::Count(model.count_at(prefix, *revision)),
+            Action::Count { prefix, created_up_to } => {
+                self.live_counts += usize::from(created_up_to.is_some());
+                Input::Count(
+                    model
+                        .under(prefix)
+                        .filter(|kv| created_up_to.is_none_or(|up_to| kv.create_revision <= up_to))
+                        .count() as u64,
+                )
             }
-            Action::Count { prefix } => Input::Count(model.under(prefix).count() as u64),
             Action::ReadJoiners { prefix } => {
                 let mut all: Vec<&KeyValue> = model.under(prefix).collect();
                 all.sort_by_key(|kv| kv.create_revision);
@@ -230,10 +255,7 @@ impl World {
             Action::Get { key } => Input::Key(model.keys.get(key).cloned()),
             // The model's workers are all alive (none restarts with an old node id).
             Action::ProcessAlive { .. } => Input::Alive(true),
-            Action::Delete { key, mode } => {
-                model.delete(key, *mode);
-                Input::Ack
-            }
+            Action::Delete { key, mode } => Input::Deleted(model.delete(key, *mode)),
             Action::AwaitDelete { key, .. } => {
                 if model.keys.contains_key(key) {
                     return None;
@@ -328,6 +350,7 @@ proptest! {
         extra in 0usize..4,
         schedule in proptest::collection::vec(0usize..64, 1..64),
         losses in proptest::collection::vec(proptest::bool::weighted(0.1), 1..32),
+        count_at_revision in proptest::bool::ANY,
     ) {
         let max = min + extra;
         prop_assume!(n >= min);
@@ -338,7 +361,7 @@ proptest! {
             backup: Duration::from_secs(10),
             order: RankOrder::Arrival,
         };
-        let mut world = World::new(n, sizing);
+        let mut world = World::new(n, sizing, count_at_revision);
         run(&mut world, &schedule, &losses);
         let done: Vec<&Completed> =
             world.workers.iter().filter_map(|w| w.outcome.as_ref().and_then(|o| o.as_ref().ok())).collect();
@@ -361,4 +384,24 @@ proptest! {
             prop_assert_eq!(worker.machine.phase_name(), "late");
         }
     }
+}
+
+/// A backend that counts at a past revision but fails to (the revision was compacted away):
+/// each position is counted again from the live keys created up to it, and the round forms.
+#[test]
+fn a_failed_count_at_a_past_revision_is_taken_from_the_live_keys() {
+    let sizing = Sizing {
+        min: 3,
+        max: 3,
+        last_call: Duration::from_secs(30),
+        backup: Duration::from_secs(10),
+        order: RankOrder::Arrival,
+    };
+    let mut world = World::new(3, sizing, true);
+    world.past_counts_fail = true;
+    run(&mut world, &[0, 1, 2], &[]);
+    let done: Vec<_> = world.workers.iter().filter_map(|w| w.outcome.as_ref()).collect();
+    assert!(done.len() == 3 && done.iter().all(|o| o.is_ok()), "{done:?}");
+    // Three join positions and three keep-alive positions, each counted live.
+    assert_eq!(world.live_counts, 6);
 }

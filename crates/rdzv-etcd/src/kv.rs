@@ -311,7 +311,7 @@ impl Kv for EtcdKv {
 
     fn capabilities(&self) -> Capabilities {
         // No native increment: etcd has none (the Store increments with compare-and-swap).
-        Capabilities { min_lease_ttl: MIN_LEASE_TTL, ..Capabilities::default() }
+        Capabilities { min_lease_ttl: MIN_LEASE_TTL, count_at_revision: true, ..Capabilities::default() }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
@@ -330,7 +330,7 @@ impl Kv for EtcdKv {
 
     /// etcd counts a past revision from its index alone, whereas a count with a
     /// creation-revision filter has to read every key of the range.
-    async fn count_at_revision(&self, prefix: &[u8], at: Revision) -> KvResult<Option<u64>> {
+    async fn count_at_revision(&self, prefix: &[u8], at: Revision) -> KvResult<u64> {
         let (start, end) = self.prefix_range(prefix)?;
         let get = GetOptions::new().with_range(end).with_count_only().with_revision(at);
         let response = self
@@ -339,7 +339,7 @@ impl Kv for EtcdKv {
                 async move { kv.get(start, Some(get)).await }
             })
             .await?;
-        Ok(Some(u64::try_from(response.count()).unwrap_or(0)))
+        Ok(u64::try_from(response.count()).unwrap_or(0))
     }
 
     async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {

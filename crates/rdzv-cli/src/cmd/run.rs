@@ -3,18 +3,18 @@
 //! when the group changes, and closes the run when every worker succeeded.
 
 use std::path::PathBuf;
-use std::process::{ExitCode, ExitStatus};
+use std::process::ExitCode;
 use std::time::Duration;
 
-use rdzv::{Rendezvous, RendezvousError, Round, RoundBroken, RunOutcome, Store};
+use rdzv::{Rendezvous, Round, Store, StoreError};
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::cmd::join::why;
-use crate::exit::{CliError, FAILURE, one_line};
+use crate::agent::{Agent, Config, Decision, Event, describe};
+use crate::exit::{CliError, one_line};
 use crate::progress::Progress;
 use crate::ranks::{Assignment, NProc, RoleInfo};
-use crate::signals::{Received, Signals};
+use crate::signals::Signals;
 use crate::target;
 use crate::workers::{Group, Logs, WorkerExit, WorkerSpec, read_error_file};
 
@@ -147,23 +147,6 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-/// How a group of workers ended, or why it was stopped.
-enum Outcome {
-    /// Every worker exited 0.
-    Succeeded,
-    /// A worker failed (the first seen); the others were stopped.
-    Failed(WorkerExit),
-    /// The agent got a signal, passed it on, and the workers then exited (with the first
-    /// failure among them, if any).
-    Interrupted(Received, Option<ExitStatus>),
-    /// The round is over (a member died or left, or the run was closed).
-    Broken(RoundBroken),
-    /// A worker of another node failed.
-    PeerFailed(String),
-    /// Nodes wait to join (this agent saw `n` of them, or `None`: another agent did).
-    Waiting(Option<usize>),
-}
-
 /// What stays the same across the agent's rounds.
 struct Setup {
     /// This binary, which starts each worker (`rdzv __exec`).
@@ -211,189 +194,155 @@ fn prepare(args: &RunArgs) -> Result<Setup, CliError> {
     Ok(Setup { exe, nproc, logs, rdzv_url: std::env::var_os("RDZV_URL") })
 }
 
+/// The agent: carries out what [`Agent`] decides, one decision at a time, and tells it what
+/// came of each.
 async fn agent(
     args: &RunArgs,
     setup: &Setup,
     worker: &Rendezvous,
     signals: &mut Signals,
 ) -> Result<ExitCode, CliError> {
-    let mut restarts = 0u32;
+    let config = Config {
+        run_id: worker.params().run_id.clone(),
+        max_restarts: args.max_restarts,
+        nproc: setup.nproc,
+        program: args.command[0].clone(),
+    };
+    let (mut agent, mut decision) = Agent::new(config);
     let me = RoleInfo { role: args.role.clone(), local_world_size: setup.nproc };
+    // The round this node is a member of, and its workers' ranks there.
+    let mut round: Option<Round> = None;
+    let mut assignment: Option<Assignment> = None;
     // This node's last round and the global rank of its local rank 0 in it.
     let mut previous: Option<(u64, usize)> = None;
     loop {
-        let started = Instant::now();
-        let round = {
-            let _progress = Progress::start(worker, started);
-            tokio::select! {
-                r = worker.next_rendezvous() => match r {
-                    Ok(round) => round,
-                    Err(RendezvousError::Closed { outcome, .. })
-                        if outcome == Some(RunOutcome::Succeeded) || previous.is_none() =>
-                    {
-                        let how = if outcome == Some(RunOutcome::Succeeded) { "the job succeeded" } else { "it was closed" };
-                        let role = if previous.is_none() { "this node was never needed" } else { "this node was waiting for a new round" };
-                        eprintln!("rdzv: the run is over ({how}); {role}");
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    Err(e) => return Err(e.into()),
-                },
-                s = signals.recv() => return Ok(ExitCode::from(s.exit_code())),
-            }
-        };
-        let exchanged = tokio::select! {
-            infos = crate::ranks::exchange(&round.store, round.info.rank, round.info.world_size, &me, worker.params().timeout) => infos,
-            reason = worker.round_broken() => Err(format!("round {} is over: {}", round.info.version, why(&reason))),
-            s = signals.recv() => return Ok(ExitCode::from(s.exit_code())),
-        };
-        let outcome = match exchanged {
-            Ok(infos) => match crate::ranks::assign(&infos, round.info.rank) {
-                Some(assignment) => {
-                    eprintln!(
-                        "rdzv: round {} formed: node {} of {}, ranks {}..{} of {}; starting {} x {} (restart {restarts})",
-                        round.info.version,
-                        round.info.rank,
-                        round.info.world_size,
-                        assignment.base_rank,
-                        assignment.base_rank + setup.nproc - 1,
-                        assignment.world_size,
-                        setup.nproc,
-                        args.command[0]
-                    );
-                    let before = previous.filter(|(v, _)| {
-                        round.info.changes.previous_rank.is_some()
-                            && Some(*v) == round.info.changes.previous_version
-                    });
-                    let specs = (0..setup.nproc)
-                        .map(|local_rank| WorkerSpec {
-                            local_rank,
-                            rank: assignment.base_rank + local_rank,
-                            env: worker_env(
-                                args,
-                                setup,
-                                worker,
-                                &round,
-                                &assignment,
-                                local_rank,
-                                restarts,
-                                before,
-                            ),
-                        })
-                        .collect();
-                    previous = Some((round.info.version, assignment.base_rank));
-                    let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
-                    let mut group =
-                        match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
-                            Ok(group) => group,
-                            Err(e) => {
-                                // Nothing ran, so there is nothing to restart: the job cannot work here.
-                                let message =
-                                    format!("cannot start the workers (`{}`): {e}", args.command[0]);
-                                publish_failure(&round, &message).await;
-                                let _ = worker.set_closed_with(RunOutcome::Failed).await;
-                                return Err(CliError { code: FAILURE, message });
-                            }
+        tracing::debug!(?decision, "agent decision");
+        if let Some(say) = decision.say() {
+            eprintln!("rdzv: {say}");
+        }
+        let event = match decision {
+            Decision::Join { .. } => {
+                (round, assignment) = (None, None);
+                match form_round(worker, signals).await {
+                    Ok(formed) => {
+                        let info = &formed.info;
+                        let event = Event::Formed {
+                            version: info.version,
+                            rank: info.rank,
+                            world_size: info.world_size,
                         };
-                    supervise(args, worker, &round, &mut group, signals).await
+                        round = Some(formed);
+                        event
+                    }
+                    Err(event) => event,
                 }
-                None => Outcome::PeerFailed(format!(
-                    "round {}: this node's rank is out of range",
-                    round.info.version
-                )),
+            }
+            Decision::ExchangeRanks => {
+                let (event, assigned) = exchange_ranks(worker, held(&round)?, &me, signals).await;
+                assignment = assigned;
+                event
+            }
+            Decision::StartWorkers { .. } => {
+                let assigned =
+                    assignment.as_ref().ok_or_else(|| internal("no ranks to start the workers with"))?;
+                let round = held(&round)?;
+                run_workers(args, setup, worker, round, assigned, agent.restarts(), &mut previous, signals)
+                    .await
+            }
+            Decision::AwaitFinish => finish(args, worker, held(&round)?, signals).await,
+            Decision::CheckFailure => Event::FailureMark {
+                published: held(&round)?.store.check([FAILED_KEY]).await.unwrap_or(true),
             },
-            Err(what) => Outcome::PeerFailed(what),
+            Decision::CheckRegroup => {
+                let store = &held(&round)?.store;
+                let regroup = store.check([REGROUP_KEY]).await.unwrap_or(false);
+                let failed = store.check([FAILED_KEY]).await.unwrap_or(true);
+                Event::RegroupMarks { regroup, failed }
+            }
+            Decision::PublishFailure { summary, .. } => {
+                publish_failure(held(&round)?, &summary).await;
+                Event::FailurePublished
+            }
+            Decision::Close { outcome, .. } => Event::RunClosed(worker.set_closed_with(outcome).await),
+            Decision::Exit { exit, .. } => return exit.map(ExitCode::from),
         };
-        let restart_reason = match outcome {
-            Outcome::Interrupted(signal, status) => {
-                let code = match status {
-                    Some(status) => {
-                        eprintln!(
-                            "rdzv: SIG{} received and passed on; a worker exited with {}",
-                            signal.name(),
-                            describe(status)
-                        );
-                        exit_code(status)
-                    }
-                    None => {
-                        eprintln!("rdzv: SIG{} received and passed on; the workers exited 0", signal.name());
-                        ExitCode::SUCCESS
-                    }
-                };
-                return Ok(code);
+        decision = agent.on(event);
+    }
+}
+
+/// The round a decision is about (every decision after [`Event::Formed`] has one).
+fn held(round: &Option<Round>) -> Result<&Round, CliError> {
+    round.as_ref().ok_or_else(|| internal("no round to act in"))
+}
+
+fn internal(what: &str) -> CliError {
+    CliError::other(format!("internal error: the agent has {what}; please report it"))
+}
+
+/// Forms the next round (with a progress line meanwhile).
+async fn form_round(worker: &Rendezvous, signals: &mut Signals) -> Result<Round, Event> {
+    let _progress = Progress::start(worker, Instant::now());
+    tokio::select! {
+        r = worker.next_rendezvous() => r.map_err(Event::JoinFailed),
+        s = signals.recv() => Err(Event::Signal(s)),
+    }
+}
+
+/// Tells the other nodes this node's number of workers and learns theirs: this node's
+/// workers' ranks, unless the round broke meanwhile.
+async fn exchange_ranks(
+    worker: &Rendezvous,
+    round: &Round,
+    me: &RoleInfo,
+    signals: &mut Signals,
+) -> (Event, Option<Assignment>) {
+    let info = &round.info;
+    let exchanged = tokio::select! {
+        infos = crate::ranks::exchange(&round.store, info.rank, info.world_size, me, worker.params().timeout) => infos,
+        reason = worker.round_broken() => return (Event::BrokenBeforeStart(reason), None),
+        s = signals.recv() => return (Event::Signal(s), None),
+    };
+    match exchanged {
+        Ok(infos) => match crate::ranks::assign(&infos, info.rank) {
+            Some(assignment) => {
+                let event =
+                    Event::Assigned { base_rank: assignment.base_rank, world_size: assignment.world_size };
+                (event, Some(assignment))
             }
-            Outcome::Waiting(seen) => {
-                match seen {
-                    Some(k) => {
-                        eprintln!("rdzv: {k} node(s) wait to join; re-forming the group to admit them")
-                    }
-                    None => eprintln!("rdzv: another agent re-forms the group to admit waiting nodes"),
-                }
-                continue;
-            }
-            Outcome::Succeeded => match finish(args, worker, &round, signals).await? {
-                None => {
-                    eprintln!(
-                        "rdzv: every worker of round {} succeeded; closing the run",
-                        round.info.version
-                    );
-                    worker.set_closed_with(RunOutcome::Succeeded).await?;
-                    return Ok(ExitCode::SUCCESS);
-                }
-                Some(reason) => reason,
-            },
-            Outcome::Failed(exit) => {
-                let node = &worker.participant().node;
-                let (what, report) = failure_report(&exit, node, &round, restarts);
-                eprintln!("rdzv: {report}");
-                publish_failure(&round, &what).await;
-                if restarts >= args.max_restarts {
-                    eprintln!(
-                        "rdzv: no restarts left (--max-restarts {}); closing the run",
-                        args.max_restarts
-                    );
-                    worker.set_closed_with(RunOutcome::Failed).await?;
-                    return Ok(exit_code(exit.status));
-                }
-                format!("rank {} failed", exit.rank)
-            }
-            Outcome::Broken(RoundBroken::Closed) => {
-                return Err(rdzv::RendezvousError::Closed {
-                    run_id: round.info.run_id.clone(),
-                    outcome: None,
-                }
-                .into());
-            }
-            Outcome::Broken(RoundBroken::LeaseLost) => {
-                // Cut off from the backend for longer than its TTL: no longer a member, so its
-                // workers were stopped at once (fencing). That is no failure: rejoin as a new
-                // session without counting a restart, and without asking the round's Store,
-                // which this node may not be able to reach yet.
-                eprintln!(
-                    "rdzv: this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl); its workers were stopped; rejoining"
-                );
-                continue;
-            }
-            Outcome::Broken(reason) => format!("round {} is over: {}", round.info.version, why(&reason)),
-            Outcome::PeerFailed(what) => what,
-        };
-        // A peer that left to admit waiting nodes also breaks the round; that is no failure.
-        let regroup = round.store.check([REGROUP_KEY]).await.unwrap_or(false);
-        let failed = round.store.check([FAILED_KEY]).await.unwrap_or(true);
-        if regroup && !failed {
-            eprintln!("rdzv: {restart_reason}; re-forming the group to admit waiting nodes");
-            continue;
-        }
-        if restarts >= args.max_restarts {
-            return Err(CliError::other(format!(
-                "{restart_reason}; no restarts left (--max-restarts {})",
-                args.max_restarts
-            )));
-        }
-        restarts += 1;
-        eprintln!(
-            "rdzv: {restart_reason}; re-forming the group (restart {restarts} of {})",
-            args.max_restarts
-        );
+            None => (Event::RankOutOfRange, None),
+        },
+        Err(what) => (Event::ExchangeFailed(what), None),
+    }
+}
+
+/// Starts this node's workers and watches them until they end or must be stopped (then
+/// stops them); `previous` is this node's last round, updated to this one.
+#[allow(clippy::too_many_arguments)]
+async fn run_workers(
+    args: &RunArgs,
+    setup: &Setup,
+    worker: &Rendezvous,
+    round: &Round,
+    assignment: &Assignment,
+    restarts: u32,
+    previous: &mut Option<(u64, usize)>,
+    signals: &mut Signals,
+) -> Event {
+    let before = previous.filter(|(v, _)| {
+        round.info.changes.previous_rank.is_some() && Some(*v) == round.info.changes.previous_version
+    });
+    let specs = (0..setup.nproc)
+        .map(|local_rank| WorkerSpec {
+            local_rank,
+            rank: assignment.base_rank + local_rank,
+            env: worker_env(args, setup, worker, round, assignment, local_rank, restarts, before),
+        })
+        .collect();
+    *previous = Some((round.info.version, assignment.base_rank));
+    let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
+    match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
+        Ok(mut group) => supervise(args, worker, round, &mut group, restarts, signals).await,
+        Err(e) => Event::StartFailed(format!("cannot start the workers (`{}`): {e}", args.command[0])),
     }
 }
 
@@ -496,8 +445,9 @@ async fn supervise(
     worker: &Rendezvous,
     round: &Round,
     group: &mut Group,
+    restarts: u32,
     signals: &mut Signals,
-) -> Outcome {
+) -> Event {
     let broken = worker.round_broken();
     let failed = peer_failure(round.store.clone());
     let regroup = key_appears(round.store.clone(), REGROUP_KEY);
@@ -509,26 +459,29 @@ async fn supervise(
         tokio::select! {
             exit = group.next_exit() => match exit {
                 Some(exit) if exit.status.success() => {}
-                Some(exit) => break Outcome::Failed(exit),
-                None => break Outcome::Succeeded,
+                Some(exit) => break Err(exit),
+                None => break Ok(Event::WorkersSucceeded),
             },
-            reason = &mut broken => break Outcome::Broken(reason),
-            what = &mut failed => break Outcome::PeerFailed(what),
-            _ = &mut regroup => break Outcome::Waiting(None),
+            reason = &mut broken => break Ok(Event::Broken(reason)),
+            what = &mut failed => break Ok(Event::PeerFailed(what)),
+            _ = &mut regroup => break Ok(Event::NodesWaiting(None)),
             k = &mut waiting => {
                 if let Err(e) = round.store.set(REGROUP_KEY, k.to_string()).await {
                     tracing::warn!("telling the other agents about the regroup: {e}");
                 }
-                break Outcome::Waiting(Some(k));
+                break Ok(Event::NodesWaiting(Some(k)));
             }
             signal = signals.recv() => {
                 let status = group.stop(signal.forwarded(), args.grace_period).await;
-                return Outcome::Interrupted(signal, status);
+                return Event::Interrupted { signal, status };
             }
         }
     };
     group.stop(rustix::process::Signal::TERM, args.grace_period).await;
-    stop_reason
+    stop_reason.unwrap_or_else(|exit| {
+        let (summary, report) = failure_report(&exit, &worker.participant().node, round, restarts);
+        Event::WorkerFailed { rank: exit.rank, status: exit.status, summary, report }
+    })
 }
 
 /// Resolves with how many nodes wait to be admitted, once a check every `interval` finds
@@ -570,99 +523,38 @@ async fn publish_failure(round: &Round, what: &str) {
     }
 }
 
-/// After this node's workers succeeded: waits until every node's did (`Ok(None)`), or
-/// returns why the group must restart (`Ok(Some(reason))`).
-async fn finish(
-    args: &RunArgs,
-    worker: &Rendezvous,
-    round: &Round,
-    signals: &mut Signals,
-) -> Result<Option<String>, CliError> {
+/// After this node's workers succeeded: waits until every node's did, or for what keeps
+/// them from it.
+async fn finish(args: &RunArgs, worker: &Rendezvous, round: &Round, signals: &mut Signals) -> Event {
     let barrier = round.store.barrier(FINISHED_KEY, round.info.world_size, args.finish_timeout);
     let failed = peer_failure(round.store.clone());
     tokio::pin!(barrier, failed);
     let broken = tokio::select! {
         biased;
-        done = &mut barrier => {
-            done.map_err(|e| CliError::from(e).context("waiting for the other nodes to finish"))?;
-            return Ok(None);
-        }
-        what = &mut failed => return Ok(Some(what)),
+        done = &mut barrier => return finished(done),
+        what = &mut failed => return Event::PeerFailed(what),
         reason = worker.round_broken() => reason,
-        // Its workers are done: nothing to pass the signal on to.
-        s = signals.recv() => return Err(CliError {
-            code: s.exit_code(),
-            message: format!("SIG{} received while waiting for the other nodes to finish; left the run", s.name()),
-        }),
+        s = signals.recv() => return Event::Signal(s),
     };
     // Ranks that passed the barrier close the run and leave: that breaks the round too, so
     // give the barrier a moment to report that everyone got there.
-    if let Ok(done) = tokio::time::timeout(Duration::from_secs(2), &mut barrier).await {
-        done.map_err(|e| CliError::from(e).context("waiting for the other nodes to finish"))?;
-        return Ok(None);
-    }
-    if broken == RoundBroken::Closed && !round.store.check([FAILED_KEY]).await.unwrap_or(true) {
-        return Ok(None);
-    }
-    Ok(Some(format!("round {} is over before every node finished: {}", round.info.version, why(&broken))))
-}
-
-/// The exit code for a command's status: its code, or 128 + the signal that ended it.
-fn exit_code(status: ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(FAILURE)),
-        (None, Some(signal)) => ExitCode::from(u8::try_from(128 + signal).unwrap_or(FAILURE)),
-        (None, None) => ExitCode::from(FAILURE),
+    match tokio::time::timeout(Duration::from_secs(2), &mut barrier).await {
+        Ok(done) => finished(done),
+        Err(_) => Event::BrokenWhileFinishing(broken),
     }
 }
 
-fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("status {code}"),
-        (None, Some(signal)) => match signal_name(signal) {
-            Some(name) => format!("signal {signal} (SIG{name})"),
-            None => format!("signal {signal}"),
-        },
-        (None, None) => "an unknown status".into(),
+/// What the finish barrier's end means.
+fn finished(done: Result<(), StoreError>) -> Event {
+    match done {
+        Ok(()) => Event::Finished,
+        Err(e) => Event::FinishFailed(e),
     }
-}
-
-/// The names of the signals that usually end a worker (Linux numbering).
-fn signal_name(signal: i32) -> Option<&'static str> {
-    Some(match signal {
-        1 => "HUP",
-        2 => "INT",
-        3 => "QUIT",
-        4 => "ILL",
-        6 => "ABRT",
-        7 => "BUS",
-        8 => "FPE",
-        9 => "KILL",
-        11 => "SEGV",
-        13 => "PIPE",
-        15 => "TERM",
-        _ => return None,
-    })
 }
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::process::ExitStatusExt;
-
     use super::*;
-
-    #[test]
-    fn exit_codes_follow_the_command() {
-        // Raw wait statuses: exit code N is N << 8; a signal N is N.
-        assert_eq!(exit_code(ExitStatus::from_raw(0)), ExitCode::SUCCESS);
-        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), ExitCode::from(7));
-        assert_eq!(exit_code(ExitStatus::from_raw(15)), ExitCode::from(143));
-        assert_eq!(describe(ExitStatus::from_raw(9)), "signal 9 (SIGKILL)");
-        assert_eq!(describe(ExitStatus::from_raw(64)), "signal 64");
-        assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "status 3");
-    }
 
     #[test]
     fn the_command_line_needs_a_command() {

@@ -112,13 +112,14 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
         Err(KvError::Unsupported { backend: self.name(), what: "compaction" })
     }
 
-    /// Counts the keys under `prefix` as they were at `revision` (a read of the past), if
-    /// the backend keeps versioned data and can count it without reading the keys; `Ok(None)`
-    /// means "not supported, use [`Kv::range`] with a filter". [`KvError::Compacted`] if
-    /// that revision is gone.
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+    /// Counts the keys under `prefix` as they were at `revision` (a read of the past), for a
+    /// backend that keeps versioned data and can count it without reading the keys: the
+    /// ones whose [`Capabilities::count_at_revision`] is set. [`KvError::Compacted`] if that
+    /// revision is gone; [`KvError::Unsupported`] (the default) where the backend cannot,
+    /// and callers count with [`Kv::range`]'s creation-revision filter instead.
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         let _ = (prefix, revision);
-        Ok(None)
+        Err(KvError::Unsupported { backend: self.name(), what: "counting at a past revision" })
     }
 
     /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0) and

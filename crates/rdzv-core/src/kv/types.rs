@@ -243,6 +243,11 @@ pub struct Capabilities {
     pub native_increment: bool,
     /// The smallest lease TTL the backend honours exactly; shorter TTLs are rounded up.
     pub min_lease_ttl: Duration,
+    /// The backend counts the keys under a prefix as they were at a past revision without
+    /// reading them ([`Kv::count_at_revision`](crate::Kv::count_at_revision)); without it,
+    /// that method is [`KvError::Unsupported`](crate::KvError::Unsupported) and callers
+    /// count with [`Kv::range`](crate::Kv::range)'s creation-revision filter instead.
+    pub count_at_revision: bool,
 }
 
 impl Default for Capabilities {
@@ -253,6 +258,7 @@ impl Default for Capabilities {
             compaction: true,
             native_increment: false,
             min_lease_ttl: Duration::from_secs(1),
+            count_at_revision: false,
         }
     }
 }

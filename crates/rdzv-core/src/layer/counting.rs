@@ -241,9 +241,9 @@ impl Layer for CountingKv {
     }
 
     /// Counted as a range read (when supported).
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         let result = self.inner.count_at_revision(prefix, revision).await;
-        if !matches!(result, Ok(None)) {
+        if !matches!(result, Err(crate::KvError::Unsupported { .. })) {
             bump(&self.counters.ranges);
         }
         result

@@ -293,7 +293,7 @@ impl Layer for FaultyKv {
         self.call("compact", self.inner.compact(revision)).await
     }
 
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         self.call("count_at_revision", self.inner.count_at_revision(prefix, revision)).await
     }
 

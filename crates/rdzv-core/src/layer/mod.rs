@@ -143,7 +143,7 @@ pub trait Layer: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// [`Kv::count_at_revision`].
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         self.inner().count_at_revision(prefix, revision).await
     }
 
@@ -207,7 +207,7 @@ impl<L: Layer> Kv for L {
         Layer::compact(self, revision).await
     }
 
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<Option<u64>> {
+    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         Layer::count_at_revision(self, prefix, revision).await
     }
 

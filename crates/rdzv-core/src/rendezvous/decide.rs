@@ -1,5 +1,5 @@
 //! The decision table of the protocol: pure functions from what a worker observed to what it
-//! does next. No I/O and no clock here — the driver (`round.rs`) performs the actions and
+//! does next. No I/O and no clock here — the executor (`executor.rs`) performs the actions and
 //! feeds back what it sees, so these rules can be tested exhaustively and read next to
 //! docs/PROTOCOL.md "The phases".
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::kv::{KeyValue, LeaseId, PutOutcome, Revision};
 use crate::params::RankOrder;
 
-use super::monitor::RoundBroken;
+use super::broken::RoundBroken;
 use super::state::{Joiner, Participant, State};
 
 /// The sizing of a round, from the parameters: everything the freeze decisions depend on.

@@ -13,12 +13,13 @@ use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::session::Session;
 
+use super::broken::RoundBroken;
 use super::changes::RoundChanges;
 use super::decide::Sizing;
+use super::executor::{Attempt, Context, clean};
 use super::keys::RunKeys;
 use super::machine::{Completed, RoundTimings};
-use super::monitor::{Monitor, RoundBroken, RoundStatus, Watched};
-use super::round::{Attempt, Context, clean};
+use super::monitor::{Monitor, RoundStatus, Watched};
 use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
 use super::state::{LastRound, Participant, RunOutcome, State};
 use super::waiting::Waiting;
@@ -253,7 +254,7 @@ impl RendezvousHandler {
         let ctx = &self.inner.ctx;
         if worker.session.as_ref().is_none_or(Session::is_lost) {
             worker.session = None;
-            let mut delays = super::round::backoff();
+            let mut delays = super::executor::backoff();
             let session = loop {
                 match Session::start(ctx.kv.clone(), ctx.params.keep_alive_ttl).await {
                     Ok(session) => break session,

@@ -1,6 +1,6 @@
 //! The protocol of one `next_rendezvous` call as a state machine that does no I/O
 //! (docs/PROTOCOL.md "The phases"): what the worker observed goes in ([`Input`]), what it
-//! must do next comes out ([`Action`]), and the time is passed in. `round.rs` is the small
+//! must do next comes out ([`Action`]), and the time is passed in. `executor.rs` is the small
 //! async executor that performs the actions against a [`Kv`](crate::Kv) and feeds back their
 //! results; tests can drive the machine directly, without tokio or a backend.
 //!
@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{KvError, RendezvousError};
-use crate::kv::{DeleteMode, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
+use crate::kv::{DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
 
 use super::decide::{
     self, Candidate, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Sizing, Trigger,
@@ -109,20 +109,22 @@ pub enum Action {
         /// The lease to bind it to.
         bind: Bind,
     },
-    /// Increment the version counter by compare-and-swap, with [`next_version`](super::decide::next_version), bound to
-    /// the run lease → [`Input::Counter`] with the value written.
-    BumpCounter,
-    /// Count the keys under `prefix` created at or before `revision` → [`Input::Count`].
-    CountUpTo {
+    /// Count the keys under `prefix` as they were at `revision`
+    /// ([`Kv::count_at_revision`](crate::Kv::count_at_revision), asked only of a backend with
+    /// that capability) → [`Input::Count`].
+    CountAtRevision {
         /// The prefix.
         prefix: Vec<u8>,
-        /// The create revision to count up to.
+        /// The revision to count at.
         revision: Revision,
     },
-    /// Count the live keys under `prefix` → [`Input::Count`].
+    /// Count the live keys under `prefix`, only those created at or before `created_up_to`
+    /// if given → [`Input::Count`].
     Count {
         /// The prefix.
         prefix: Vec<u8>,
+        /// The latest create revision counted.
+        created_up_to: Option<Revision>,
     },
     /// Read every join key under `prefix`, parsed as candidates (descriptor and create
     /// revision) → [`Input::Joiners`].
@@ -141,7 +143,7 @@ pub enum Action {
         /// The key.
         key: Vec<u8>,
     },
-    /// Delete `key` under `mode`; failures are ignored → [`Input::Ack`].
+    /// Delete `key` under `mode` → [`Input::Deleted`].
     Delete {
         /// The key.
         key: Vec<u8>,
@@ -191,8 +193,6 @@ pub enum Input {
     Timer,
     /// A write's outcome, with the lease it was bound to.
     Put(PutOutcome, Option<LeaseId>),
-    /// The version the counter was bumped to.
-    Counter(u64),
     /// A count.
     Count(u64),
     /// Every joiner of the round, and the read's revision.
@@ -201,6 +201,8 @@ pub enum Input {
     Members(Vec<Participant>),
     /// A key read.
     Key(Option<KeyValue>),
+    /// A delete's outcome.
+    Deleted(DeleteOutcome),
     /// Whether a process runs.
     Alive(bool),
     /// The action was carried out.
@@ -293,40 +295,89 @@ impl Leftovers {
 enum Phase {
     /// Before the first action.
     Start,
-    /// Phase 1, Init: waiting for the state ([`Action::ReadState`]).
-    Init,
+    /// Phase 1, Init: waiting for the state ([`Action::ReadState`]), read because of `after`.
+    Init { after: Reread },
     /// Phase 1, Init: someone is creating or freezing a round; waiting for the state to change.
     AwaitChange(Step),
     /// Phase 1, Creating a round (or, in phases 5 and 6, ending a running one): `setup` written under `mode`.
     Claim {
+        /// Why.
+        purpose: Purpose,
         /// On failure, delete this keep-alive key (leaving: so the others notice anyway).
         drop_on_failure: Option<Vec<u8>>,
     },
-    /// Phase 1, Creating a round: the version counter is being bumped.
-    Counter { setup_revision: Revision },
+    /// Phase 1, Creating a round: the version counter is being bumped by compare-and-swap,
+    /// then `setup` (at `setup_revision`) becomes `joinable`.
+    Counter { setup_revision: Revision, purpose: Purpose, step: CounterStep },
     /// Phase 1, Creating a round: `setup` → `joinable{version, previous}`.
-    Open { version: u64, previous: Option<u64> },
-    /// Phase 2, Join round `version` (`previous`: the round that was final before it, if
-    /// known; its `joinable` value at `state_revision`).
-    Join { version: u64, previous: Option<u64>, state_revision: Revision, step: JoinStep },
+    Open { version: u64, previous: Option<u64>, purpose: Purpose },
+    /// Phase 2, Join.
+    Join { round: Joining, step: JoinStep },
     /// Phase 3, Confirm.
     Confirm { round: Frozen, step: ConfirmStep },
     /// Phase 1, Init found `final{N}` listing me: is my keep-alive key still mine?
-    Member { observed: Observed, version: u64, rank: usize, world_size: usize },
+    /// (`after`: as in the [`Phase::Init`] before.)
+    Member { observed: Observed, version: u64, rank: usize, world_size: usize, after: Reread },
     /// Phase 5, Late arrival: waiting for the running round `version` (as `observed`) to end.
     Late { version: u64, world_size: usize, observed: Observed, step: LateStep },
     /// Another live process holds a key of mine: waiting for it to go.
     Release,
     /// Phase 1, Init found `frozen{N}` with an earlier process of mine in it (as `observed`):
     /// is that process still there? If not, the round is ended (deleted by revision).
-    Predecessor { observed: Observed, step: PredecessorStep },
+    /// (`after`: as in the [`Phase::Init`] before.)
+    Predecessor { observed: Observed, step: PredecessorStep, after: Reread },
     /// Phase 6, a failed leave: deleting my keep-alive key so that the others notice
     /// anyway, before handling `error`.
     Dropping { error: RendezvousError },
     /// After a retryable failure: sleeping before starting over.
     Backoff,
-    /// The call is over.
-    Over,
+    /// The call is over, or the machine is between two phases; `doing` is what the worker
+    /// was doing then.
+    Over { doing: &'static str },
+}
+
+/// Why a call reads the state (again), and so what its worker is doing until it acts on it.
+#[derive(Clone, Copy, Debug)]
+enum Reread {
+    /// The call starts, or starts over from a state it was handed (by a watch, or by a
+    /// write's conflict).
+    Start,
+    /// After a backend error and a backoff.
+    Retry,
+    /// Another live process with this worker's node id let go of the key it held.
+    Released,
+    /// The running round the worker waited behind (as a spare if `spare`) changed.
+    WaitedBehind { spare: bool },
+}
+
+/// Why a worker writes `setup` and opens a round.
+#[derive(Clone, Copy, Debug)]
+enum Purpose {
+    /// No round exists (yet, or any more).
+    Create,
+    /// Its worker leaves the round it is a member of.
+    Leave,
+    /// A member of the running round it waits behind (as a spare if `spare`) is gone.
+    End { spare: bool },
+}
+
+/// The round a worker joins.
+#[derive(Clone, Copy, Debug)]
+struct Joining {
+    version: u64,
+    /// The round that was final before it, if known.
+    previous: Option<u64>,
+    /// The revision of its `joinable` value.
+    state_revision: Revision,
+    /// Whether the round is full but waits for survivors of the round before it.
+    awaiting_survivors: bool,
+}
+
+/// Bumping the version counter: read it, then write its next value unless it changed.
+#[derive(Clone, Copy, Debug)]
+enum CounterStep {
+    Reading,
+    Writing { version: u64 },
 }
 
 /// A two-step wait: open the watch, then wait.
@@ -345,8 +396,9 @@ enum JoinStep {
     Watching,
     /// Creating the join key.
     Writing,
-    /// Counting my position.
-    Counting,
+    /// Counting my position: the join keys created up to mine, at its revision if
+    /// `at_revision`.
+    Counting { mine: Revision, at_revision: bool },
     /// Waiting for the state to change, the freeze timer (and what it triggers), or the
     /// join count.
     Waiting { freeze_at: Option<(Instant, Trigger)>, joiners: Option<u64> },
@@ -396,8 +448,8 @@ enum ConfirmStep {
     Watching,
     /// Creating the keep-alive key.
     Writing,
-    /// Counting the keep-alive keys created up to mine.
-    Counting { mine: Revision },
+    /// Counting the keep-alive keys created up to mine, at its revision if `at_revision`.
+    Counting { mine: Revision, at_revision: bool },
     /// The last to confirm: swapping `frozen` → `final`.
     Finalizing { mine: Revision },
     /// Waiting for `final`.
@@ -435,6 +487,9 @@ pub struct Call {
     pub keys: RunKeys,
     /// The round's sizing.
     pub sizing: Sizing,
+    /// Whether the backend counts keys as they were at a past revision
+    /// ([`Capabilities::count_at_revision`](crate::Capabilities::count_at_revision)).
+    pub count_at_revision: bool,
     /// The run id (for errors).
     pub run_id: String,
     /// When the call started (the round's timings count from here).
@@ -458,6 +513,8 @@ pub struct Machine {
     session: LeaseId,
     keys: RunKeys,
     sizing: Sizing,
+    /// See [`Call::count_at_revision`].
+    count_at_revision: bool,
     run_id: String,
     /// The round to leave first, until that is tried.
     leave_first: Option<Leaving>,
@@ -475,15 +532,25 @@ pub struct Machine {
     leftovers: Leftovers,
     started: Instant,
     timings: RoundTimings,
-    /// What the worker is doing, in words, for the timeout error.
-    doing: &'static str,
 }
 
 impl Machine {
     /// The machine of one call: it first leaves `call.leave_first` if given, and never hands
     /// back round `call.leaving`.
     pub fn new(call: Call) -> Machine {
-        let Call { me, session, keys, sizing, run_id, started, leave_first, leaving, last, since } = call;
+        let Call {
+            me,
+            session,
+            keys,
+            sizing,
+            count_at_revision,
+            run_id,
+            started,
+            leave_first,
+            leaving,
+            last,
+            since,
+        } = call;
         let latest_final =
             leave_first.as_ref().map(|l| l.version).into_iter().chain(last.map(|l| l.version)).max();
         Machine {
@@ -491,6 +558,7 @@ impl Machine {
             session,
             keys,
             sizing,
+            count_at_revision,
             run_id,
             leaving: leave_first.as_ref().map(|l| l.version).or(leaving),
             leave_first,
@@ -502,7 +570,6 @@ impl Machine {
             leftovers: Leftovers { keys: Vec::new(), session },
             started,
             timings: RoundTimings::default(),
-            doing: "starting",
         }
     }
 
@@ -524,15 +591,55 @@ impl Machine {
         matches!(&self.phase, Phase::Late { world_size, step: LateStep::Waiting, .. } if *world_size >= self.sizing.max)
     }
 
-    /// What the worker is doing, in words (for a timeout error).
+    /// What the worker is doing, in words (for a timeout error), as its phase says. The
+    /// reads of phase 1 (the state, its keep-alive key, whether a process runs) say what led
+    /// to them: the start, a retry, or the wait that ended.
     pub fn doing(&self) -> &'static str {
-        self.doing
+        const LEAVING: &str = "leaving the previous round";
+        const CREATING: &str = "creating a round";
+        const RELEASE: &str = "waiting for another live worker with the same node id to go away (give each worker its own node id)";
+        match &self.phase {
+            Phase::Start => "starting",
+            Phase::Init { after } | Phase::Member { after, .. } | Phase::Predecessor { after, .. } => {
+                match after {
+                    Reread::Start => "starting",
+                    Reread::Retry => "retrying after a backend error",
+                    Reread::Released => RELEASE,
+                    Reread::WaitedBehind { spare } => waiting_behind(*spare),
+                }
+            }
+            Phase::Backoff => "retrying after a backend error",
+            Phase::AwaitChange(_) => "waiting for another worker to finish setting up or freezing a round",
+            Phase::Claim { purpose, .. } | Phase::Counter { purpose, .. } | Phase::Open { purpose, .. } => {
+                match purpose {
+                    Purpose::Create => CREATING,
+                    Purpose::Leave => LEAVING,
+                    Purpose::End { spare } => waiting_behind(*spare),
+                }
+            }
+            Phase::Join { round, step } => match step {
+                JoinStep::Forgetting | JoinStep::Watching | JoinStep::Writing | JoinStep::Counting { .. } => {
+                    "joining"
+                }
+                _ if round.awaiting_survivors => "waiting for the members of the previous round to join",
+                _ => "waiting for enough workers to join",
+            },
+            Phase::Confirm { step: ConfirmStep::Waiting { .. }, .. } => "waiting for every member to confirm",
+            Phase::Confirm { step: ConfirmStep::Taken, .. } => {
+                "waiting for a round that another process with this node id holds"
+            }
+            Phase::Confirm { .. } => "confirming membership",
+            Phase::Late { world_size, .. } => waiting_behind(*world_size >= self.sizing.max),
+            Phase::Release => RELEASE,
+            Phase::Dropping { .. } => LEAVING,
+            Phase::Over { doing } => doing,
+        }
     }
 
     /// The name of the current phase (for tracing).
     pub fn phase_name(&self) -> &'static str {
         match &self.phase {
-            Phase::Start | Phase::Init | Phase::AwaitChange(_) => "init",
+            Phase::Start | Phase::Init { .. } | Phase::AwaitChange(_) => "init",
             Phase::Claim { .. } | Phase::Counter { .. } | Phase::Open { .. } => "create",
             Phase::Join { .. } => "join",
             Phase::Confirm { .. } => "confirm",
@@ -542,17 +649,17 @@ impl Machine {
             Phase::Predecessor { .. } => "init",
             Phase::Dropping { .. } => "leave",
             Phase::Backoff => "backoff",
-            Phase::Over => "over",
+            Phase::Over { .. } => "over",
         }
     }
 
     /// The round the current phase is about, if any (for tracing).
     pub fn version(&self) -> Option<u64> {
         match &self.phase {
-            Phase::Open { version, .. }
-            | Phase::Join { version, .. }
-            | Phase::Member { version, .. }
-            | Phase::Late { version, .. } => Some(*version),
+            Phase::Open { version, .. } | Phase::Member { version, .. } | Phase::Late { version, .. } => {
+                Some(*version)
+            }
+            Phase::Join { round, .. } => Some(round.version),
             Phase::Confirm { round, .. } => Some(round.version),
             _ => None,
         }
@@ -564,18 +671,18 @@ impl Machine {
         std::mem::replace(&mut self.leftovers, Leftovers { keys: Vec::new(), session })
     }
 
-    /// The first action.
+    /// The first action: called once, before any input is fed with [`Machine::on`].
     pub fn start(&mut self) -> Action {
         match self.leave_first.take() {
             Some(round) => {
                 tracing::debug!(version = round.version, "leaving the running round");
-                self.doing = "leaving the previous round";
                 self.claim(
+                    Purpose::Leave,
                     PutMode::Update(round.final_revision),
                     Some(self.keys.rank(round.version, round.rank)),
                 )
             }
-            None => self.read_state(),
+            None => self.read_state(Reread::Start),
         }
     }
 
@@ -584,10 +691,12 @@ impl Machine {
         if let Input::Failed(error) = input {
             return self.failed(error);
         }
-        match std::mem::replace(&mut self.phase, Phase::Over) {
-            Phase::Start => self.start(),
-            Phase::Init => match input {
-                Input::State(observed) => self.decide(observed),
+        let doing = self.doing();
+        match std::mem::replace(&mut self.phase, Phase::Over { doing }) {
+            // `start` gives the first action: an input before it is a bug of the executor.
+            Phase::Start => self.unexpected(input),
+            Phase::Init { after } => match input {
+                Input::State(observed) => self.decide(observed, after),
                 other => self.unexpected(other),
             },
             Phase::AwaitChange(step) => match (step, input) {
@@ -595,27 +704,30 @@ impl Machine {
                     self.phase = Phase::AwaitChange(Step::Waiting);
                     Action::Await { until: None, prefix: false }
                 }
-                (Step::Waiting, Input::State(seen)) => self.decide(seen),
+                (Step::Waiting, Input::State(seen)) => self.decide(seen, Reread::Start),
                 (_, other) => self.unexpected(other),
             },
-            Phase::Claim { drop_on_failure } => match input {
-                Input::Put(PutOutcome::Written { revision, .. }, _) => self.open_round(revision),
+            Phase::Claim { purpose, drop_on_failure } => match input {
+                Input::Put(PutOutcome::Written { revision, .. }, _) => self.open_round(revision, purpose),
                 Input::Put(PutOutcome::Conflict { current }, _) => {
                     self.leftovers.remove(&self.keys.state());
                     self.restart_from(current)
                 }
                 other => {
-                    self.phase = Phase::Claim { drop_on_failure };
+                    self.phase = Phase::Claim { purpose, drop_on_failure };
                     self.unexpected(other)
                 }
             },
-            Phase::Counter { setup_revision } => match input {
-                Input::Counter(version) => {
+            Phase::Counter { setup_revision, purpose, step } => match (step, input) {
+                (CounterStep::Reading, Input::Key(current)) => {
+                    self.bump_counter(setup_revision, purpose, current)
+                }
+                (CounterStep::Writing { version }, Input::Put(PutOutcome::Written { .. }, _)) => {
                     // A lost answer leaves the version counter bumped: resuming bumps it
                     // again, and that version is skipped, which is harmless (versions only
                     // need to grow).
                     let previous = self.latest_final;
-                    self.phase = Phase::Open { version, previous };
+                    self.phase = Phase::Open { version, previous, purpose };
                     Action::Put {
                         key: self.keys.state(),
                         value: State::Joinable { version, previous }.to_bytes(),
@@ -623,9 +735,17 @@ impl Machine {
                         bind: Bind::RunLease,
                     }
                 }
-                other => self.unexpected(other),
+                // Someone bumped it since the read (a creator whose `setup` has gone since): bump
+                // the value it wrote.
+                (CounterStep::Writing { .. }, Input::Put(PutOutcome::Conflict { current }, _)) => {
+                    self.bump_counter(setup_revision, purpose, current)
+                }
+                (step, other) => {
+                    self.phase = Phase::Counter { setup_revision, purpose, step };
+                    self.unexpected(other)
+                }
             },
-            Phase::Open { version, previous } => match input {
+            Phase::Open { version, previous, purpose: _ } => match input {
                 Input::Put(PutOutcome::Written { revision, .. }, _) => {
                     self.leftovers.remove(&self.keys.state());
                     tracing::debug!(version, ?previous, "created a round");
@@ -636,13 +756,13 @@ impl Machine {
                     if versions.is_empty() {
                         self.join(version, previous, revision, revision)
                     } else {
-                        self.doing = "joining";
-                        self.phase = Phase::Join {
+                        let round = Joining {
                             version,
                             previous,
                             state_revision: revision,
-                            step: JoinStep::Forgetting,
+                            awaiting_survivors: false,
                         };
+                        self.phase = Phase::Join { round, step: JoinStep::Forgetting };
                         Action::ForgetRounds { versions }
                     }
                 }
@@ -652,11 +772,9 @@ impl Machine {
                 }
                 other => self.unexpected(other),
             },
-            Phase::Join { version, previous, state_revision, step } => {
-                self.on_join(version, previous, state_revision, step, input, now)
-            }
+            Phase::Join { round, step } => self.on_join(round, step, input, now),
             Phase::Confirm { round, step } => self.on_confirm(round, step, input, now),
-            Phase::Member { observed, version, rank, world_size } => match input {
+            Phase::Member { observed, version, rank, world_size, after: _ } => match input {
                 Input::Key(key) => match (&observed.state, decide::holds(key.as_ref(), self.session)) {
                     (Some(State::Final { participants, confirmed, .. }), Some(mine)) => {
                         let participants = participants.clone();
@@ -680,10 +798,10 @@ impl Machine {
                 self.on_late(version, world_size, observed, step, input)
             }
             Phase::Release => match input {
-                Input::Ack => self.read_state(),
+                Input::Ack => self.read_state(Reread::Released),
                 other => self.unexpected(other),
             },
-            Phase::Predecessor { observed, step } => match (step, input) {
+            Phase::Predecessor { observed, step, after } => match (step, input) {
                 (PredecessorStep::Asking, Input::Alive(true)) => self.await_change(observed.seen),
                 (PredecessorStep::Asking, Input::Alive(false)) => {
                     tracing::info!(
@@ -691,31 +809,47 @@ impl Machine {
                         "the round froze with an earlier process of this worker, which is gone; ending the round"
                     );
                     let revision = observed.mod_revision;
-                    self.phase = Phase::Predecessor { observed, step: PredecessorStep::Ending };
+                    self.phase = Phase::Predecessor { observed, step: PredecessorStep::Ending, after };
                     Action::Delete { key: self.keys.state(), mode: DeleteMode::IfRevision(revision) }
                 }
-                (PredecessorStep::Ending, Input::Ack) => self.read_state(),
+                // Deleted, or changed since: the state read next tells what the round became.
+                (PredecessorStep::Ending, Input::Deleted(_)) => self.read_state(after),
                 (step, other) => {
-                    self.phase = Phase::Predecessor { observed, step };
+                    self.phase = Phase::Predecessor { observed, step, after };
                     self.unexpected(other)
                 }
             },
-            Phase::Dropping { error } => {
-                // Whether the delete worked or not, the leave's own error decides.
-                self.classify(error)
-            }
+            Phase::Dropping { error } => match input {
+                // Deleted or already gone, the leave's own error decides.
+                Input::Deleted(_) => self.classify(error),
+                other => {
+                    self.phase = Phase::Dropping { error };
+                    self.unexpected(other)
+                }
+            },
             Phase::Backoff => match input {
-                Input::Timer => self.read_state(),
+                Input::Timer => self.read_state(Reread::Retry),
                 other => self.unexpected(other),
             },
-            Phase::Over => self.unexpected(input),
+            Phase::Over { .. } => self.unexpected(input),
         }
+    }
+}
+
+/// What a worker waiting behind a running round is doing, in words: as a spare (behind a
+/// full round) or as a late arrival.
+fn waiting_behind(spare: bool) -> &'static str {
+    if spare {
+        "waiting as a spare for a member of the running round to go"
+    } else {
+        "waiting for the running round to end"
     }
 }
 
 impl Machine {
     /// Phase 1: what the state says to do.
-    fn decide(&mut self, observed: Observed) -> Action {
+    /// `after`: why the call read it (see [`Reread`]; `Start` for a state it was handed).
+    fn decide(&mut self, observed: Observed, after: Reread) -> Action {
         if let Some(State::Final { version, .. }) = &observed.state {
             self.latest_final = self.latest_final.max(Some(*version));
         }
@@ -729,41 +863,35 @@ impl Machine {
             InitAction::Closed => self.fail(self.closed(observed.state.as_ref())),
             InitAction::ResumeSetup => {
                 tracing::debug!("resuming the setup this call wrote before it failed");
-                self.doing = "creating a round";
                 self.leftovers.add(&self.keys.state());
-                self.open_round(observed.mod_revision)
+                self.open_round(observed.mod_revision, Purpose::Create)
             }
             InitAction::Leave { version } => {
                 tracing::debug!(version, "ending the round this call is leaving, again");
-                self.doing = "leaving the previous round";
-                self.claim(PutMode::Update(observed.mod_revision), None)
+                self.claim(Purpose::Leave, PutMode::Update(observed.mod_revision), None)
             }
-            InitAction::CreateRound => {
-                self.doing = "creating a round";
-                self.claim(PutMode::Create, None)
-            }
+            InitAction::CreateRound => self.claim(Purpose::Create, PutMode::Create, None),
             InitAction::Join { version, previous } => {
                 self.join(version, previous, observed.mod_revision, observed.seen)
             }
             InitAction::AwaitNextRound { version, world_size } => self.late(version, world_size, observed),
             InitAction::ResumeConfirm { version, rank } => {
                 let Some(State::Frozen { participants, .. }) = observed.state else {
-                    return self.read_state();
+                    return self.read_state(after);
                 };
-                self.doing = "confirming membership";
                 let round = Frozen { version, rank, participants, frozen_revision: observed.mod_revision };
                 self.phase = Phase::Confirm { round, step: ConfirmStep::Watching };
                 Action::WatchState { from: observed.seen + 1 }
             }
             InitAction::ResumeMember { version, rank, world_size } => {
                 let key = self.keys.rank(version, rank);
-                self.phase = Phase::Member { observed, version, rank, world_size };
+                self.phase = Phase::Member { observed, version, rank, world_size, after };
                 Action::Get { key }
             }
             InitAction::AwaitChange => self.await_change(observed.seen),
             InitAction::CheckPredecessor { version, pid } => {
                 tracing::debug!(version, pid, "the round froze with an earlier process of this worker in it");
-                self.phase = Phase::Predecessor { observed, step: PredecessorStep::Asking };
+                self.phase = Phase::Predecessor { observed, step: PredecessorStep::Asking, after };
                 Action::ProcessAlive { pid }
             }
         }
@@ -772,7 +900,6 @@ impl Machine {
     /// Someone is creating or freezing a round: watch the state from after `seen` until it
     /// changes.
     fn await_change(&mut self, seen: Revision) -> Action {
-        self.doing = "waiting for another worker to finish setting up or freezing a round";
         self.phase = Phase::AwaitChange(Step::Watching);
         Action::WatchState { from: seen + 1 }
     }
@@ -782,17 +909,39 @@ impl Machine {
     /// value to end a running one (the others learn at once, and the winner opens the next
     /// round with no further contention). The winner opens the round; a loser acts on the
     /// value that beat it.
-    fn claim(&mut self, mode: PutMode, drop_on_failure: Option<Vec<u8>>) -> Action {
+    fn claim(&mut self, purpose: Purpose, mode: PutMode, drop_on_failure: Option<Vec<u8>>) -> Action {
         // Registered before the write: if its answer is lost, the `setup` may exist all the same.
         self.leftovers.add(&self.keys.state());
-        self.phase = Phase::Claim { drop_on_failure };
+        self.phase = Phase::Claim { purpose, drop_on_failure };
         Action::Put { key: self.keys.state(), value: State::Setup.to_bytes(), mode, bind: Bind::Session }
     }
 
     /// Bumps the version counter, then swaps `setup` → `joinable`.
-    fn open_round(&mut self, setup_revision: Revision) -> Action {
-        self.phase = Phase::Counter { setup_revision };
-        Action::BumpCounter
+    fn open_round(&mut self, setup_revision: Revision, purpose: Purpose) -> Action {
+        self.phase = Phase::Counter { setup_revision, purpose, step: CounterStep::Reading };
+        Action::Get { key: self.keys.version_counter() }
+    }
+
+    /// Writes the version counter's next value after `current` (as read), if it has not
+    /// changed since, bound to the run lease; a counter that is no number ends the call.
+    fn bump_counter(
+        &mut self,
+        setup_revision: Revision,
+        purpose: Purpose,
+        current: Option<KeyValue>,
+    ) -> Action {
+        let key = self.keys.version_counter();
+        match decide::next_version(current.as_ref().map(|kv| &kv.value[..])) {
+            Ok(version) => {
+                self.phase =
+                    Phase::Counter { setup_revision, purpose, step: CounterStep::Writing { version } };
+                let mode = current.map_or(PutMode::Create, |kv| PutMode::Update(kv.mod_revision));
+                Action::Put { key, value: version.to_string().into_bytes(), mode, bind: Bind::RunLease }
+            }
+            Err(reason) => {
+                self.fail(RendezvousError::State { key: String::from_utf8_lossy(&key).into_owned(), reason })
+            }
+        }
     }
 
     /// Phase 2: join round `version` (its `joinable` value at `state_revision`), first
@@ -804,22 +953,15 @@ impl Machine {
         state_revision: Revision,
         seen: Revision,
     ) -> Action {
-        self.doing = "joining";
-        self.phase = Phase::Join { version, previous, state_revision, step: JoinStep::Watching };
+        let round = Joining { version, previous, state_revision, awaiting_survivors: false };
+        self.phase = Phase::Join { round, step: JoinStep::Watching };
         Action::WatchState { from: seen + 1 }
     }
 
-    fn on_join(
-        &mut self,
-        version: u64,
-        previous: Option<u64>,
-        state_revision: Revision,
-        step: JoinStep,
-        input: Input,
-        now: Instant,
-    ) -> Action {
+    fn on_join(&mut self, round: Joining, step: JoinStep, input: Input, now: Instant) -> Action {
+        let Joining { version, previous, state_revision, .. } = round;
         let join_key = self.keys.join(version, &self.me.node);
-        let stay = |step| Phase::Join { version, previous, state_revision, step };
+        let stay = |step| Phase::Join { round, step };
         match (step, input) {
             (JoinStep::Forgetting, Input::Ack) => {
                 self.join(version, previous, state_revision, state_revision)
@@ -836,8 +978,9 @@ impl Machine {
                 decide::Owned::Mine(mine) => {
                     self.since.get_or_insert(mine);
                     self.timings.joined = now - self.started;
-                    self.phase = stay(JoinStep::Counting);
-                    Action::CountUpTo { prefix: self.keys.joins(version), revision: mine }
+                    let (count, at_revision) = self.count_up_to(self.keys.joins(version), mine);
+                    self.phase = stay(JoinStep::Counting { mine, at_revision });
+                    count
                 }
                 decide::Owned::Taken(holder) => {
                     self.leftovers.remove(&join_key);
@@ -845,14 +988,13 @@ impl Machine {
                 }
                 decide::Owned::Vanished => self.failed(vanished()),
             },
-            (JoinStep::Counting, Input::Count(position)) => {
+            (JoinStep::Counting { .. }, Input::Count(position)) => {
                 tracing::debug!(position, "joined");
                 let freeze_at = match decide::join_role(position, &self.sizing) {
                     JoinRole::FreezeIfFull => Some((now, Trigger::Full)),
                     JoinRole::FreezeAfter(delay) => Some((now + delay, Trigger::Timer)),
                     JoinRole::Wait => None,
                 };
-                self.doing = "waiting for enough workers to join";
                 self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
                 Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
             }
@@ -860,9 +1002,7 @@ impl Machine {
                 match decide::on_state_while_joined(seen.state.as_ref(), version, &self.me) {
                     JoinedAction::KeepWaiting => {
                         self.phase = Phase::Join {
-                            version,
-                            previous,
-                            state_revision: seen.mod_revision,
+                            round: Joining { state_revision: seen.mod_revision, ..round },
                             step: JoinStep::Waiting { freeze_at, joiners },
                         };
                         Action::Await { until: freeze_at.map(|(at, _)| at), prefix: joiners.is_some() }
@@ -871,16 +1011,15 @@ impl Machine {
                         // The round's membership is fixed: the join key is no ghost any more.
                         self.leftovers.remove(&join_key);
                         self.timings.frozen = now - self.started;
-                        self.doing = "confirming membership";
-                        let round =
+                        let frozen =
                             Frozen { version, rank, participants, frozen_revision: seen.mod_revision };
                         let key = self.keys.rank(version, rank);
-                        self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+                        self.phase = Phase::Confirm { round: frozen, step: ConfirmStep::Writing };
                         self.put_own(key)
                     }
                     JoinedAction::Restart => {
                         self.leftovers.remove(&join_key);
-                        self.decide(seen)
+                        self.decide(seen, Reread::Start)
                     }
                     JoinedAction::Closed => self.fail(self.closed(seen.state.as_ref())),
                 }
@@ -916,28 +1055,12 @@ impl Machine {
                         self.phase = stay(JoinStep::ReadingMembers { candidates, revision });
                         Action::ReadMembers { prefix: self.keys.ranks(before) }
                     }
-                    _ => self.freeze(
-                        version,
-                        previous,
-                        state_revision,
-                        candidates,
-                        &[],
-                        trigger,
-                        revision,
-                        now,
-                    ),
+                    _ => self.freeze(round, candidates, &[], trigger, revision, now),
                 }
             }
-            (JoinStep::ReadingMembers { candidates, revision }, Input::Members(alive)) => self.freeze(
-                version,
-                previous,
-                state_revision,
-                candidates,
-                &alive,
-                Trigger::Full,
-                revision,
-                now,
-            ),
+            (JoinStep::ReadingMembers { candidates, revision }, Input::Members(alive)) => {
+                self.freeze(round, candidates, &alive, Trigger::Full, revision, now)
+            }
             (JoinStep::WatchingJoiners { count }, Input::Ack) => {
                 self.phase = stay(JoinStep::Waiting { freeze_at: None, joiners: Some(count) });
                 Action::Await { until: None, prefix: true }
@@ -956,23 +1079,21 @@ impl Machine {
     }
 
     /// Phase 2, freeze: what [`decide::freeze`] says of the candidates read at `revision`.
-    #[allow(clippy::too_many_arguments)]
     fn freeze(
         &mut self,
-        version: u64,
-        previous: Option<u64>,
-        state_revision: Revision,
+        round: Joining,
         candidates: Vec<Candidate>,
         alive: &[Participant],
         trigger: Trigger,
         revision: Revision,
         now: Instant,
     ) -> Action {
-        let stay = |step| Phase::Join { version, previous, state_revision, step };
+        let Joining { version, previous, state_revision, .. } = round;
+        let stay = |round, step| Phase::Join { round, step };
         match decide::freeze(candidates, previous, alive, trigger, &self.sizing) {
             FreezeAction::AwaitJoiners { count } => {
                 tracing::debug!(count, "too few joiners to freeze; watching the join keys");
-                self.phase = stay(JoinStep::WatchingJoiners { count });
+                self.phase = stay(round, JoinStep::WatchingJoiners { count });
                 Action::WatchPrefix { prefix: self.keys.joins(version), from: revision + 1 }
             }
             FreezeAction::AwaitSurvivors { missing } => {
@@ -982,13 +1103,13 @@ impl Machine {
                     missing,
                     "the round is full, but survivors of the round before are yet to join"
                 );
-                self.doing = "waiting for the members of the previous round to join";
                 let freeze_at = Some((now + self.sizing.backup, Trigger::Timer));
-                self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
+                let round = Joining { awaiting_survivors: true, ..round };
+                self.phase = stay(round, JoinStep::Waiting { freeze_at, joiners: None });
                 Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
             }
             FreezeAction::Freeze(participants) => {
-                self.phase = stay(JoinStep::Freezing);
+                self.phase = stay(round, JoinStep::Freezing);
                 Action::Put {
                     key: self.keys.state(),
                     value: State::Frozen { version, participants: participants.into() }.to_bytes(),
@@ -1012,14 +1133,13 @@ impl Machine {
                 decide::Owned::Mine(mine) => {
                     // Counting only the keys created up to ours, exactly one member (the last
                     // to confirm) sees them all: one swap attempt per round, not a storm.
-                    let prefix = self.keys.ranks(round.version);
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine } };
-                    Action::CountUpTo { prefix, revision: mine }
+                    let (count, at_revision) = self.count_up_to(self.keys.ranks(round.version), mine);
+                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision } };
+                    count
                 }
                 // Another live process with this node id confirmed this rank: the round is
                 // not ours to take. Wait for it to end.
                 decide::Owned::Taken(_) => {
-                    self.doing = "waiting for a round that another process with this node id holds";
                     self.phase = Phase::Confirm { round, step: ConfirmStep::Taken };
                     Action::Await { until: None, prefix: false }
                 }
@@ -1028,7 +1148,7 @@ impl Machine {
                     self.failed(vanished())
                 }
             },
-            (ConfirmStep::Counting { mine }, Input::Count(confirmed)) => {
+            (ConfirmStep::Counting { mine, .. }, Input::Count(confirmed)) => {
                 if decide::completes_round(confirmed, round.participants.len()) {
                     // Ours is the last keep-alive key: every member was alive at its revision.
                     let fin = State::Final {
@@ -1046,7 +1166,6 @@ impl Machine {
                     self.phase = Phase::Confirm { round, step: ConfirmStep::Finalizing { mine } };
                     put
                 } else {
-                    self.doing = "waiting for every member to confirm";
                     self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
                     Action::Await { until: None, prefix: false }
                 }
@@ -1055,7 +1174,6 @@ impl Machine {
                 self.done(round.completed(revision, mine, lease), now)
             }
             (ConfirmStep::Finalizing { mine }, Input::Put(PutOutcome::Conflict { .. }, _)) => {
-                self.doing = "waiting for every member to confirm";
                 self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
                 Action::Await { until: None, prefix: false }
             }
@@ -1072,11 +1190,11 @@ impl Machine {
                         self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
                         Action::Await { until: None, prefix: false }
                     }
-                    ConfirmAction::Restart => self.decide(seen),
+                    ConfirmAction::Restart => self.decide(seen, Reread::Start),
                     ConfirmAction::Closed => self.fail(self.closed(seen.state.as_ref())),
                 }
             }
-            (ConfirmStep::Taken, Input::State(seen)) => self.decide(seen),
+            (ConfirmStep::Taken, Input::State(seen)) => self.decide(seen, Reread::Start),
             (step, other) => {
                 self.phase = Phase::Confirm { round, step };
                 self.unexpected(other)
@@ -1087,11 +1205,6 @@ impl Machine {
     /// Phase 5: round `version` is running without us. Register as waiting; end the round
     /// when one of its members is gone; start over when the state changes.
     fn late(&mut self, version: u64, world_size: usize, observed: Observed) -> Action {
-        self.doing = if world_size >= self.sizing.max {
-            "waiting as a spare for a member of the running round to go"
-        } else {
-            "waiting for the running round to end"
-        };
         if let Some(State::Final { participants, .. }) = &observed.state {
             self.waited_on = Some((version, participants.clone()));
         }
@@ -1129,7 +1242,7 @@ impl Machine {
                 }
                 // A member may have died before we started watching: the count settles that.
                 self.phase = next(LateStep::Counting);
-                Action::Count { prefix: ranks }
+                Action::Count { prefix: ranks, created_up_to: None }
             }
             (LateStep::Counting, Input::Count(alive)) => {
                 let action =
@@ -1144,7 +1257,7 @@ impl Machine {
                     world_size,
                 );
                 match action {
-                    WaitingAction::Restart => self.decide(seen),
+                    WaitingAction::Restart => self.decide(seen, Reread::Start),
                     WaitingAction::Closed => self.fail(self.closed(seen.state.as_ref())),
                     action => self.act_late(version, world_size, observed, action),
                 }
@@ -1181,11 +1294,27 @@ impl Machine {
                 Action::Await { until: None, prefix: true }
             }
             WaitingAction::Closed => self.fail(self.closed(observed.state.as_ref())),
-            WaitingAction::Restart => self.read_state(),
+            WaitingAction::Restart => {
+                self.read_state(Reread::WaitedBehind { spare: world_size >= self.sizing.max })
+            }
             WaitingAction::DestroyRound => {
                 tracing::debug!(version, "a member of the running round is gone; ending it");
-                self.claim(PutMode::Update(observed.mod_revision), None)
+                let spare = world_size >= self.sizing.max;
+                self.claim(Purpose::End { spare }, PutMode::Update(observed.mod_revision), None)
             }
+        }
+    }
+
+    /// Counts the keys under `prefix` that came before or with mine (created at `mine`): as
+    /// of that revision where the backend can read the past cheaply (etcd), else the live
+    /// keys created up to it; and whether it is the former. Either way, in a burst of
+    /// creations each count is taken by exactly one worker; deaths can repeat or skip a
+    /// count, which the swaps and the backup timers absorb.
+    fn count_up_to(&self, prefix: Vec<u8>, mine: Revision) -> (Action, bool) {
+        if self.count_at_revision {
+            (Action::CountAtRevision { prefix, revision: mine }, true)
+        } else {
+            (Action::Count { prefix, created_up_to: Some(mine) }, false)
         }
     }
 
@@ -1201,7 +1330,6 @@ impl Machine {
     fn await_release(&mut self, key: Vec<u8>, holder: KeyValue) -> Action {
         let other = Participant::parse(&holder.key, &holder.value).ok();
         tracing::warn!(node = %self.me.node, other = ?other, "another live worker uses this node id; waiting for it to go away");
-        self.doing = "waiting for another live worker with the same node id to go away (give each worker its own node id)";
         self.phase = Phase::Release;
         Action::AwaitDelete { key, after: holder.mod_revision }
     }
@@ -1209,22 +1337,48 @@ impl Machine {
     fn done(&mut self, mut done: Completed, now: Instant) -> Action {
         self.timings.completed = now - self.started;
         done.timings = self.timings;
-        self.phase = Phase::Over;
+        self.phase = Phase::Over { doing: self.doing() };
         Action::Done(done)
     }
 
     fn fail(&mut self, error: RendezvousError) -> Action {
-        self.phase = Phase::Over;
+        self.phase = Phase::Over { doing: self.doing() };
         Action::Fail(error)
     }
 
     /// A failed action: a failed leave first drops this worker's keep-alive key (so the
-    /// others notice even if the round cannot be ended now); then [`Machine::classify`].
+    /// others notice even if the round cannot be ended now), and then the leave's error
+    /// decides, whether that delete worked or not; a failed count at a past revision is taken
+    /// again from the live keys (that revision may have been compacted away, and the live
+    /// count is as good); a failed delete of a round frozen with a gone predecessor is
+    /// followed by a read of the state, which tells whether the round is still there;
+    /// anything else goes to [`Machine::classify`].
     fn failed(&mut self, error: RendezvousError) -> Action {
-        match std::mem::replace(&mut self.phase, Phase::Over) {
-            Phase::Claim { drop_on_failure: Some(key) } => {
+        let doing = self.doing();
+        match std::mem::replace(&mut self.phase, Phase::Over { doing }) {
+            Phase::Claim { drop_on_failure: Some(key), .. } => {
                 self.phase = Phase::Dropping { error };
                 Action::Delete { key, mode: DeleteMode::Any }
+            }
+            Phase::Dropping { error: leave } => {
+                tracing::debug!(%error, "could not delete this worker's keep-alive key");
+                self.classify(leave)
+            }
+            Phase::Predecessor { step: PredecessorStep::Ending, after, .. } => {
+                tracing::debug!(%error, "could not end the round frozen with a gone predecessor");
+                self.read_state(after)
+            }
+            Phase::Join { round, step: JoinStep::Counting { mine, at_revision: true } } => {
+                tracing::debug!(%error, "could not count the join keys at a past revision; counting the live ones");
+                self.phase = Phase::Join { round, step: JoinStep::Counting { mine, at_revision: false } };
+                Action::Count { prefix: self.keys.joins(round.version), created_up_to: Some(mine) }
+            }
+            Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision: true } } => {
+                tracing::debug!(%error, "could not count the keep-alive keys at a past revision; counting the live ones");
+                let prefix = self.keys.ranks(round.version);
+                self.phase =
+                    Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision: false } };
+                Action::Count { prefix, created_up_to: Some(mine) }
             }
             _ => self.classify(error),
         }
@@ -1249,7 +1403,6 @@ impl Machine {
                     ) =>
             {
                 tracing::debug!(error = %error, "starting over");
-                self.doing = "retrying after a backend error";
                 self.phase = Phase::Backoff;
                 Action::Backoff
             }
@@ -1260,13 +1413,14 @@ impl Machine {
     /// Start over from the value that beat a write (absent: deleted meanwhile).
     fn restart_from(&mut self, current: Option<KeyValue>) -> Action {
         match Observed::from_kv(current, None) {
-            Ok(observed) => self.decide(observed),
+            Ok(observed) => self.decide(observed, Reread::Start),
             Err(e) => self.fail(e),
         }
     }
 
-    fn read_state(&mut self) -> Action {
-        self.phase = Phase::Init;
+    /// Phase 1 (again), because of `after`.
+    fn read_state(&mut self, after: Reread) -> Action {
+        self.phase = Phase::Init { after };
         Action::ReadState
     }
 

@@ -4,30 +4,32 @@
 //! - `machine.rs`: one `next_rendezvous` call as a state machine over those tables: inputs
 //!   (values read, watch events, timer expiries, write outcomes) in, actions out, time
 //!   injected. No I/O.
-//! - `round.rs`: the small async executor that performs the machine's actions on a `Kv`.
-//! - `monitor.rs`: phase 4, watching a running round for its end.
+//! - `executor.rs`: the small async executor that performs the machine's actions on a `Kv`.
+//! - `monitor.rs`: phase 4, watching a running round for its end; `broken.rs`: why a round
+//!   is over.
 //! - `handler.rs`: the public [`RendezvousHandler`].
 //! - `state.rs`, `keys.rs`: the state value and the key layout.
 //! - `changes.rs`: what changed for a member between two rounds.
 //! - `waiting.rs`: who waits for the next round, and how many of them it could admit.
 
+mod broken;
 mod changes;
 pub mod decide;
+mod executor;
 mod handler;
 mod keys;
 pub mod machine;
 mod monitor;
-mod round;
 mod run_lease;
 mod state;
 mod waiting;
 
+pub use broken::RoundBroken;
 pub use changes::RoundChanges;
 pub use decide::Sizing;
+pub use executor::free_port;
 pub use handler::{RendezvousHandler, RendezvousInfo};
 pub use keys::RunKeys;
 pub use machine::RoundTimings;
-pub use monitor::RoundBroken;
-pub use round::free_port;
 pub use state::{Joiner, LastRound, Participant, RunOutcome, State};
 pub use waiting::Waiting;

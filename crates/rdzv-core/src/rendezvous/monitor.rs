@@ -14,30 +14,10 @@ use crate::ext::KvExt;
 use crate::kv::{Event, EventKind, Kv, KvResult, Revision, WatchScope};
 use crate::wait::{Reading, Start, Wait};
 
+use super::broken::RoundBroken;
 use super::decide;
 use super::keys::RunKeys;
 use super::state::State;
-
-/// Why the round a worker belonged to is over.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RoundBroken {
-    /// The member with this rank is gone: it died (its lease expired) or left.
-    MemberGone {
-        /// The rank whose keep-alive key vanished (`None` if it was found missing by a
-        /// re-read rather than seen vanishing).
-        rank: Option<usize>,
-    },
-    /// The round's state was destroyed or replaced (a waiter or a leaving member ended it).
-    Ended,
-    /// The run was closed.
-    Closed,
-    /// This worker's own session lease was lost: it is no longer a member.
-    LeaseLost,
-    /// This worker left the round (it called `next_rendezvous` again, or shut down).
-    Left,
-    /// This worker is not a member of any round.
-    NoRound,
-}
 
 /// What the handler publishes to `round_broken` waiters: the round, and whether it broke.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -15,10 +15,10 @@ use crate::kv::{
 };
 use crate::params::RendezvousParams;
 
-use super::decide::{self, Candidate, Sizing};
+use super::decide::{Candidate, Sizing};
 use super::keys::RunKeys;
 use super::machine::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed};
-use super::run_lease::{RunLease, cas_with_run_lease, put_with_run_lease};
+use super::run_lease::{RunLease, put_with_run_lease};
 use super::state::{Joiner, LastRound, Participant};
 
 /// How long the creator of a round keeps trying to delete the round before the previous
@@ -91,6 +91,7 @@ impl<'a> Attempt<'a> {
             session,
             keys: ctx.keys.clone(),
             sizing: ctx.sizing,
+            count_at_revision: ctx.kv.capabilities().count_at_revision,
             run_id: ctx.params.run_id.clone(),
             started,
             leave_first,
@@ -259,33 +260,10 @@ impl<'a> Attempt<'a> {
                 };
                 Input::Put(outcome, lease)
             }
-            Action::BumpCounter => {
-                let key = ctx.keys.version_counter();
-                let mut bad = None;
-                let written = cas_with_run_lease(&ctx.run_lease, kv, &key, |current| {
-                    match decide::next_version(current.map(|kv| &kv.value[..])) {
-                        Ok(version) => Some(version.to_string().into_bytes()),
-                        Err(reason) => {
-                            bad = Some(reason);
-                            None
-                        }
-                    }
-                })
-                .await?;
-                let version =
-                    written.and_then(|(value, _)| String::from_utf8_lossy(&value).parse::<u64>().ok());
-                match version {
-                    Some(version) => Input::Counter(version),
-                    None => {
-                        return Err(RendezvousError::State {
-                            key: String::from_utf8_lossy(&key).into_owned(),
-                            reason: bad.unwrap_or_else(|| "the version counter could not be read".into()),
-                        });
-                    }
-                }
+            Action::CountAtRevision { prefix, revision } => {
+                Input::Count(kv.count_at_revision(&prefix, revision).await?)
             }
-            Action::CountUpTo { prefix, revision } => Input::Count(count_up_to(kv, &prefix, revision).await?),
-            Action::Count { prefix } => Input::Count(kv.count(&prefix, None).await?),
+            Action::Count { prefix, created_up_to } => Input::Count(kv.count(&prefix, created_up_to).await?),
             Action::ReadJoiners { prefix } => {
                 let options = RangeOptions { order: RangeOrder::ByCreateRevision, ..RangeOptions::default() };
                 let read = kv.range(&prefix, options).await?;
@@ -311,12 +289,7 @@ impl<'a> Attempt<'a> {
                 Input::Members(members)
             }
             Action::Get { key } => Input::Key(kv.get(&key).await?.kv),
-            Action::Delete { key, mode } => {
-                if let Err(e) = kv.delete(&key, mode).await {
-                    tracing::debug!(error = %e, "could not delete a key of this worker");
-                }
-                Input::Ack
-            }
+            Action::Delete { key, mode } => Input::Deleted(kv.delete(&key, mode).await?),
             Action::ProcessAlive { pid } => Input::Alive(process_alive(pid)),
             Action::AwaitDelete { key, after } => {
                 kv.wait_for_delete(&key, after, Instant::now() + ctx.params.timeout).await?;
@@ -406,18 +379,6 @@ fn forget_round(ctx: &Context, old: u64) {
             }
         }
     });
-}
-
-/// How many keys under `prefix` came before or with ours (created at `revision`): the
-/// count as of that revision where the backend can read the past cheaply (etcd), else the
-/// live keys created up to it. Either way, in a burst of creations each count is taken by
-/// exactly one worker; deaths can repeat or skip a count, which the swaps and the backup
-/// timers absorb.
-async fn count_up_to(kv: &dyn Kv, prefix: &[u8], revision: Revision) -> Result<u64> {
-    match kv.count_at_revision(prefix, revision).await {
-        Ok(Some(count)) => Ok(count),
-        Ok(None) | Err(_) => Ok(kv.count(prefix, Some(revision)).await?),
-    }
 }
 
 /// Whether process `pid` runs on this machine, as Linux's `/proc` tells; `true` wherever that

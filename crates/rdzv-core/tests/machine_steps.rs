@@ -1,0 +1,220 @@
+//! The protocol's state machine driven step by step, without tokio or a backend: what it does
+//! after each answer on the paths where the executor used to decide for it (the version
+//! counter's bump, a failed leave, a failed delete of a round frozen with a gone
+//! predecessor), and what the worker is then doing, in the words of a timeout error. Each
+//! table row is one answer and the action it must lead to.
+
+use std::sync::Arc;
+
+use rdzv_core::protocol::{Action, Bind, Call, Input, Leaving, Machine, Observed};
+use rdzv_core::{
+    Bytes, DeleteMode, DeleteOutcome, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome,
+    RankOrder, RendezvousError, Revision, RunKeys, Sizing, State,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const SESSION: LeaseId = 7;
+
+fn keys() -> RunKeys {
+    RunKeys::new("/t", "job")
+}
+
+fn me() -> Participant {
+    Participant { node: "n0".into(), addr: "h".into(), pid: 10, port: Some(1000) }
+}
+
+fn machine(leave_first: Option<Leaving>) -> Machine {
+    Machine::new(Call {
+        me: me(),
+        session: SESSION,
+        keys: keys(),
+        sizing: Sizing {
+            min: 2,
+            max: 2,
+            last_call: Duration::from_secs(30),
+            backup: Duration::from_secs(10),
+            order: RankOrder::Arrival,
+        },
+        count_at_revision: false,
+        run_id: "job".into(),
+        started: Instant::now(),
+        leave_first,
+        leaving: None,
+        last: None,
+        since: None,
+    })
+}
+
+fn key_value(key: Vec<u8>, value: &[u8], revision: Revision, lease: Option<LeaseId>) -> KeyValue {
+    KeyValue {
+        key,
+        value: Bytes::copy_from_slice(value),
+        create_revision: revision,
+        mod_revision: revision,
+        version: 1,
+        lease,
+    }
+}
+
+fn unavailable() -> RendezvousError {
+    RendezvousError::Unavailable(KvError::Unavailable {
+        backend: "model",
+        endpoint: "h:1".into(),
+        message: "refused".into(),
+        source: None,
+    })
+}
+
+/// Feeds `input`, at the call's start.
+fn on(machine: &mut Machine, input: Input) -> Action {
+    machine.on(input, Instant::now())
+}
+
+/// A machine that just wrote `setup` (at revision 5) to open a round: it asks for the counter.
+fn opening() -> Machine {
+    let mut m = machine(None);
+    assert!(matches!(m.start(), Action::ReadState));
+    assert_eq!(m.doing(), "starting");
+    let none = Observed::absent(4);
+    assert!(matches!(on(&mut m, Input::State(none)), Action::Put { mode: PutMode::Create, .. }));
+    assert_eq!(m.doing(), "creating a round");
+    let written = Input::Put(PutOutcome::Written { revision: 5, create_revision: 5 }, Some(SESSION));
+    let counter = keys().version_counter();
+    assert!(matches!(on(&mut m, written), Action::Get { key } if key == counter));
+    assert_eq!(m.doing(), "creating a round");
+    m
+}
+
+#[test]
+fn the_version_counter_is_bumped_by_revision_from_what_was_read() {
+    let counter = keys().version_counter();
+    // (the counter as read, the write asked for: its value and precondition)
+    let rows: [(Option<KeyValue>, &[u8], PutMode); 2] = [
+        (None, b"1", PutMode::Create),
+        (Some(key_value(counter.clone(), b"41", 3, Some(1))), b"42", PutMode::Update(3)),
+    ];
+    for (read, value, mode) in rows {
+        let mut m = opening();
+        match on(&mut m, Input::Key(read.clone())) {
+            Action::Put { key, value: v, mode: m, bind: Bind::RunLease } => {
+                assert_eq!((key, v.as_slice(), m), (counter.clone(), value, mode), "after {read:?}");
+            }
+            other => panic!("after {read:?}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_counter_bumped_by_someone_else_meanwhile_is_bumped_from_its_new_value() {
+    let counter = keys().version_counter();
+    let mut m = opening();
+    let read = key_value(counter.clone(), b"41", 3, Some(1));
+    assert!(matches!(on(&mut m, Input::Key(Some(read))), Action::Put { .. }));
+    let theirs = key_value(counter.clone(), b"42", 6, Some(1));
+    let conflict = Input::Put(PutOutcome::Conflict { current: Some(theirs) }, Some(1));
+    match on(&mut m, conflict) {
+        Action::Put { key, value, mode: PutMode::Update(6), bind: Bind::RunLease } => {
+            assert_eq!((key, value.as_slice()), (counter, &b"43"[..]));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The write went through: `setup` (revision 5) becomes `joinable` round 43.
+    let written = Input::Put(PutOutcome::Written { revision: 7, create_revision: 3 }, Some(1));
+    match on(&mut m, written) {
+        Action::Put { key, value, mode: PutMode::Update(5), bind: Bind::RunLease } => {
+            assert_eq!(key, keys().state());
+            let state = State::parse(&key, &Bytes::from(value)).expect("a state");
+            assert_eq!(state, State::Joinable { version: 43, previous: None });
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_counter_that_is_no_number_ends_the_call_naming_it() {
+    let counter = keys().version_counter();
+    let mut m = opening();
+    let read = key_value(counter.clone(), b"x1", 3, Some(1));
+    match on(&mut m, Input::Key(Some(read))) {
+        Action::Fail(RendezvousError::State { key, reason }) => {
+            assert_eq!(key.as_bytes(), &counter[..]);
+            assert!(reason.contains("not a number") && reason.contains("\"x1\""), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
+    let leaving = Leaving { version: 3, rank: 1, final_revision: 20 };
+    let mine = keys().rank(3, 1);
+    // (how the leave's write failed, how the delete of the keep-alive key went, what follows)
+    type Row = (fn() -> RendezvousError, fn() -> Input, fn(&Action) -> bool);
+    let rows: [Row; 6] = [
+        (
+            unavailable,
+            || Input::Deleted(DeleteOutcome::Deleted { revision: 21 }),
+            |a| matches!(a, Action::Backoff),
+        ),
+        (unavailable, || Input::Deleted(DeleteOutcome::Missing), |a| matches!(a, Action::Backoff)),
+        (unavailable, || Input::Failed(unavailable()), |a| matches!(a, Action::Backoff)),
+        (
+            || RendezvousError::Backend(KvError::LeaseNotFound(SESSION)),
+            || Input::Deleted(DeleteOutcome::Deleted { revision: 21 }),
+            |a| matches!(a, Action::Fail(RendezvousError::LeaseLost)),
+        ),
+        (
+            || RendezvousError::Backend(KvError::LeaseNotFound(SESSION)),
+            || Input::Failed(unavailable()),
+            |a| matches!(a, Action::Fail(RendezvousError::LeaseLost)),
+        ),
+        (
+            || RendezvousError::State { key: "k".into(), reason: "corrupt".into() },
+            || Input::Failed(unavailable()),
+            |a| matches!(a, Action::Fail(RendezvousError::State { .. })),
+        ),
+    ];
+    for (i, (leave_error, delete_answer, then)) in rows.into_iter().enumerate() {
+        let mut m = machine(Some(leaving.clone()));
+        assert!(matches!(m.start(), Action::Put { mode: PutMode::Update(20), .. }), "row {i}");
+        assert_eq!(m.doing(), "leaving the previous round", "row {i}");
+        match on(&mut m, Input::Failed(leave_error())) {
+            Action::Delete { key, mode: DeleteMode::Any } => assert_eq!(key, mine, "row {i}"),
+            other => panic!("row {i}: {other:?}"),
+        }
+        assert_eq!(m.doing(), "leaving the previous round", "row {i}");
+        let next = on(&mut m, delete_answer());
+        assert!(then(&next), "row {i}: {next:?}");
+        if matches!(next, Action::Backoff) {
+            assert_eq!(m.doing(), "retrying after a backend error", "row {i}");
+            assert!(matches!(on(&mut m, Input::Timer), Action::ReadState), "row {i}");
+            assert_eq!(m.doing(), "retrying after a backend error", "row {i}");
+        }
+    }
+}
+
+#[test]
+fn the_round_frozen_with_a_gone_predecessor_is_read_again_however_its_delete_went() {
+    let predecessor = Participant { pid: 9, ..me() };
+    let other = Participant { node: "n1".into(), addr: "h1".into(), pid: 11, port: Some(1000) };
+    let frozen = State::Frozen { version: 2, participants: Arc::from(vec![predecessor, other]) };
+    let state = key_value(keys().state(), &frozen.to_bytes(), 30, Some(99));
+    let answers: [fn() -> Input; 3] = [
+        || Input::Deleted(DeleteOutcome::Deleted { revision: 31 }),
+        || Input::Deleted(DeleteOutcome::Conflict { current: None }),
+        || Input::Failed(unavailable()),
+    ];
+    for (i, answer) in answers.into_iter().enumerate() {
+        let mut m = machine(None);
+        assert!(matches!(m.start(), Action::ReadState));
+        let observed = Observed::from_kv(Some(state.clone()), Some(30)).expect("a state");
+        assert!(matches!(on(&mut m, Input::State(observed)), Action::ProcessAlive { pid: 9 }), "row {i}");
+        match on(&mut m, Input::Alive(false)) {
+            Action::Delete { key, mode: DeleteMode::IfRevision(30) } => assert_eq!(key, keys().state()),
+            other => panic!("row {i}: {other:?}"),
+        }
+        let next = on(&mut m, answer());
+        assert!(matches!(next, Action::ReadState), "row {i}: {next:?}");
+    }
+}
