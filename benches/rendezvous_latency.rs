@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::BenchmarkId;
-use rdzv::core::{Kv, RendezvousParams};
 use rdzv::{Rendezvous, Round};
+use rdzv_core::{Kv, RendezvousParams};
 
 const SIZES: [usize; 6] = [2, 8, 32, 128, 512, 1024];
 

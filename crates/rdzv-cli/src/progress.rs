@@ -6,7 +6,8 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use rdzv::Rendezvous;
-use rdzv::core::{KvExt, State};
+use rdzv_core::KvExt;
+use rdzv_core::protocol::State;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

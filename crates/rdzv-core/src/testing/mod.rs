@@ -8,7 +8,7 @@
 //! its topic (e.g. [`reads::range_counts_all_and_limits`]) that panics on a violation. It touches only keys under its namespace `ns`, so cases can share one store
 //! (one etcd or Redis server) and run in parallel. Every wait is bounded, so a broken
 //! backend fails a case instead of hanging it. Lease cases run on real time with short TTLs
-//! (the backend's [`min_lease_ttl`](crate::Capabilities::min_lease_ttl), at least two
+//! (the backend's [`min_lease_ttl`](crate::kv::Capabilities::min_lease_ttl), at least two
 //! seconds), so the suite takes several seconds.
 //!
 //! A backend that lacks a feature declares it in [`Kv::capabilities`]; the cases check that
