@@ -95,7 +95,7 @@ async fn measured_round(kv: &Arc<dyn Kv>, label: &str, n: usize, how: &str) -> R
 }
 
 async fn leave(workers: Vec<Arc<Rendezvous>>) {
-    let gone = workers.iter().map(|w| w.handler().shutdown());
+    let gone = workers.iter().map(|w| w.shutdown());
     for r in futures::future::join_all(gone).await {
         if let Err(e) = r {
             eprintln!("rendezvous_latency: a worker could not leave: {e}");
