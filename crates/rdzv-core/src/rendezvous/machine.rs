@@ -488,7 +488,7 @@ pub struct Call {
     /// The round's sizing.
     pub sizing: Sizing,
     /// Whether the backend counts keys as they were at a past revision
-    /// ([`Capabilities::count_at_revision`](crate::Capabilities::count_at_revision)).
+    /// ([`Capabilities::count_at_revision`](crate::kv::Capabilities::count_at_revision)).
     pub count_at_revision: bool,
     /// The run id (for errors).
     pub run_id: String,
