@@ -5,10 +5,12 @@
 //! parsing, the backend registry, and the rendezvous protocol itself.
 
 mod error;
+pub mod events;
 mod ext;
 mod ids;
 mod kv;
 pub mod layer;
+pub mod metrics;
 mod params;
 mod per_process;
 mod registry;
@@ -29,7 +31,7 @@ pub use ext::{KvExt, Watch, show_key};
 pub use kv::*;
 pub use per_process::PerProcess;
 pub use retry::{retry_delays, retry_while_busy};
-pub use session::Session;
+pub use session::{RefreshFailed, Session};
 
 // Parameters, URLs and identifiers.
 pub use ids::{ID_PUNCTUATION, ID_RULE, MAX_ID_LEN, is_id_char, validate_id};
