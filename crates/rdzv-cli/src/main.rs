@@ -4,7 +4,10 @@
 mod agent;
 mod args;
 mod cmd;
+mod event_log;
 mod exit;
+mod metrics_server;
+mod observe;
 mod output;
 mod progress;
 mod ranks;

@@ -90,12 +90,13 @@ pub enum EventKind {
         /// How long after the round formed it was seen, in seconds.
         after_seconds: f64,
     },
-    /// The run was closed: by this worker (`by_this_worker`), or seen closed by another
-    /// while this worker was a member of its round (the outcome is then not known here).
+    /// The run was closed, reported once by each worker that learns it: by closing it itself
+    /// (`by_this_worker`), by finding it closed when it tried, or by its round's monitor
+    /// seeing it closed while it was a member (then the outcome is not known here).
     RunClosed {
-        /// How the job ended, if the closer said so.
+        /// How the job ended, if the closer said so and this worker knows.
         outcome: Option<RunOutcome>,
-        /// Whether this worker closed it.
+        /// Whether this worker's write closed it.
         by_this_worker: bool,
     },
     /// Refreshing this worker's session lease failed; it is tried again until its TTL runs

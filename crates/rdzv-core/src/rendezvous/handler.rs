@@ -75,9 +75,17 @@ struct Inner {
     shut_down: CancellationToken,
     /// Who is told of this worker's events ([`RendezvousHandler::on_event`]).
     events: Arc<Subscribers>,
-    /// Whether this worker closes (or closed) the run: its round's monitor seeing the run
-    /// closed is then no news.
-    closing: Arc<AtomicBool>,
+    /// Whether the run's close was reported, and whether this worker closes (or closed) it
+    /// (then it reports the close itself, and its round's monitor seeing the run closed is
+    /// no news).
+    closed: Arc<Closed>,
+}
+
+/// What a worker knows of the run's close, so that it reports it once.
+#[derive(Debug, Default)]
+struct Closed {
+    closing: AtomicBool,
+    told: AtomicBool,
 }
 
 /// What one worker holds between calls.
@@ -122,7 +130,7 @@ impl RendezvousHandler {
                 status: watch::Sender::new(RoundStatus::default()),
                 shut_down: CancellationToken::new(),
                 events,
-                closing: Arc::new(AtomicBool::new(false)),
+                closed: Arc::default(),
             }),
         })
     }
@@ -394,29 +402,35 @@ impl RendezvousHandler {
         let closed = State::Closed { outcome }.to_bytes();
         let key = ctx.keys.state();
         // Before the write: the round's monitor may see the run closed before the write's
-        // answer arrives here.
-        let was_closing = self.inner.closing.swap(true, Ordering::SeqCst);
+        // answer arrives, and this worker reports the close once, below.
+        let was_closing = self.inner.closed.closing.swap(true, Ordering::SeqCst);
+        let mut found = None;
         let written = cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &key, |current| {
             let already = current.and_then(|kv| State::parse(&kv.key, &kv.value).ok());
             match already {
-                Some(State::Closed { outcome: Some(_) }) => None,
+                Some(State::Closed { outcome: Some(before) }) => {
+                    found = Some(before);
+                    None
+                }
                 Some(State::Closed { outcome: None }) if outcome.is_none() => None,
                 _ => Some(closed.clone()),
             }
         })
         .await;
-        match written {
-            Ok(written) => {
-                tracing::info!(run_id = %ctx.params.run_id, outcome = outcome.map(RunOutcome::as_str), "run closed");
-                // `None`: closed already, by someone else; nothing happened here.
-                if written.is_some() {
-                    self.inner.events.emit(|| EventKind::RunClosed { outcome, by_this_worker: true });
-                }
-            }
+        let written = match written {
+            Ok(written) => written.is_some(),
             Err(e) => {
-                self.inner.closing.store(was_closing, Ordering::SeqCst);
+                self.inner.closed.closing.store(was_closing, Ordering::SeqCst);
                 return Err(e.into());
             }
+        };
+        tracing::info!(run_id = %ctx.params.run_id, outcome = outcome.map(RunOutcome::as_str), "run closed");
+        // Closed by someone else first: this worker learns the outcome they gave, unless its
+        // round's monitor told already.
+        let told_before = self.inner.closed.told.swap(true, Ordering::SeqCst);
+        if written || !told_before {
+            let outcome = if written { outcome } else { found };
+            self.inner.events.emit(|| EventKind::RunClosed { outcome, by_this_worker: written });
         }
         Ok(())
     }
@@ -519,7 +533,7 @@ impl RendezvousHandler {
             return;
         }
         let (version, rank, members) = (info.version, info.rank, info.participants.clone());
-        let closing = self.inner.closing.clone();
+        let closed = self.inner.closed.clone();
         let mut status = self.inner.status.subscribe();
         let formed = Instant::now();
         tokio::spawn(async move {
@@ -540,7 +554,10 @@ impl RendezvousHandler {
                 Some(RoundBroken::MemberGone { rank }) => events.emit(|| lost(LostReason::MemberGone, rank)),
                 Some(RoundBroken::Ended) => events.emit(|| lost(LostReason::Ended, None)),
                 Some(RoundBroken::LeaseLost) => events.emit(|| lost(LostReason::LeaseLost, Some(rank))),
-                Some(RoundBroken::Closed) if !closing.load(Ordering::SeqCst) => {
+                Some(RoundBroken::Closed)
+                    if !closed.closing.load(Ordering::SeqCst)
+                        && !closed.told.swap(true, Ordering::SeqCst) =>
+                {
                     events.emit(|| EventKind::RunClosed { outcome: None, by_this_worker: false })
                 }
                 _ => {}
