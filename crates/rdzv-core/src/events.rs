@@ -289,11 +289,6 @@ impl Subscribers {
         self.list.write().unwrap_or_else(|p| p.into_inner()).push(subscriber);
     }
 
-    /// Whether anyone listens (else events need not even be built).
-    pub(crate) fn any(&self) -> bool {
-        !self.list.read().unwrap_or_else(|p| p.into_inner()).is_empty()
-    }
-
     /// Reports the event `kind` builds, stamped now, to every subscriber; builds nothing
     /// when nobody listens.
     pub(crate) fn emit(&self, kind: impl FnOnce() -> EventKind) {

@@ -258,7 +258,6 @@ impl RendezvousHandler {
         }
         self.report_formed(&info, started.elapsed(), behind_full);
         self.publish(Some(round.version), None);
-        self.report_broken(&info);
         let Some(lost) = worker.session.as_ref().map(Session::lost) else {
             return Err(RendezvousError::LeaseLost);
         };
@@ -270,7 +269,7 @@ impl RendezvousHandler {
             final_revision: round.final_revision,
             members_from: round.members_from,
         };
-        let monitor = Monitor::spawn(watched, lost, inner.status.clone());
+        let monitor = Monitor::spawn(watched, lost, inner.status.clone(), self.report_broken(&info));
         worker.membership = Some((round, monitor));
         Ok(info)
     }
@@ -480,8 +479,8 @@ impl RendezvousHandler {
 
     /// Calls `subscriber` with each [`Event`] of this worker from now on: rounds formed,
     /// spares promoted, members lost, the run closed, lease refreshes that failed (see
-    /// [`events`](crate::events)), and what an agent reports with [`emit`](Self::emit). Events
-    /// of a round are reported if someone subscribed before it formed.
+    /// [`events`](crate::events)), and what an agent reports with [`emit`](Self::emit). A
+    /// member lost is reported before [`round_broken`](Self::round_broken) returns it.
     ///
     /// It is called on the thread that reports the event — a runtime's, or the keep-alive
     /// thread's — so it must return at once and never block: hand the event to a channel for
@@ -525,36 +524,25 @@ impl RendezvousHandler {
         }
     }
 
-    /// Reports why the round of `info` is over, when its monitor tells (nothing when this
-    /// worker leaves it first), if anyone listens.
-    fn report_broken(&self, info: &RendezvousInfo) {
-        let events = self.inner.events.clone();
-        if !events.any() {
-            return;
-        }
+    /// What reports why the round of `info` is over, when its monitor tells (nothing when
+    /// this worker leaves it first).
+    fn report_broken(&self, info: &RendezvousInfo) -> impl FnOnce(&RoundBroken) + Send + 'static {
+        let (events, closed) = (self.inner.events.clone(), self.inner.closed.clone());
         let (version, rank, members) = (info.version, info.rank, info.participants.clone());
-        let closed = self.inner.closed.clone();
-        let mut status = self.inner.status.subscribe();
         let formed = Instant::now();
-        tokio::spawn(async move {
-            let broken = status
-                .wait_for(|s| s.version != Some(version) || s.broken.is_some())
-                .await
-                .ok()
-                .and_then(|s| if s.version == Some(version) { s.broken.clone() } else { None });
-            let after_seconds = events::seconds(formed.elapsed());
+        move |broken: &RoundBroken| {
             let lost = |reason, rank: Option<usize>| EventKind::MemberLost {
                 version,
                 reason,
                 rank,
                 member: rank.and_then(|r| members.get(r)).map(|p| p.node.clone()),
-                after_seconds,
+                after_seconds: events::seconds(formed.elapsed()),
             };
             match broken {
-                Some(RoundBroken::MemberGone { rank }) => events.emit(|| lost(LostReason::MemberGone, rank)),
-                Some(RoundBroken::Ended) => events.emit(|| lost(LostReason::Ended, None)),
-                Some(RoundBroken::LeaseLost) => events.emit(|| lost(LostReason::LeaseLost, Some(rank))),
-                Some(RoundBroken::Closed)
+                RoundBroken::MemberGone { rank } => events.emit(|| lost(LostReason::MemberGone, *rank)),
+                RoundBroken::Ended => events.emit(|| lost(LostReason::Ended, None)),
+                RoundBroken::LeaseLost => events.emit(|| lost(LostReason::LeaseLost, Some(rank))),
+                RoundBroken::Closed
                     if !closed.closing.load(Ordering::SeqCst)
                         && !closed.told.swap(true, Ordering::SeqCst) =>
                 {
@@ -562,7 +550,7 @@ impl RendezvousHandler {
                 }
                 _ => {}
             }
-        });
+        }
     }
 
     /// The run id.
