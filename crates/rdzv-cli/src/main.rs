@@ -6,6 +6,7 @@ mod args;
 mod cmd;
 mod event_log;
 mod exit;
+mod live;
 mod metrics_server;
 mod observe;
 mod output;
