@@ -4,7 +4,7 @@
 //!
 //! A [`Metrics`] counts what its workers report ([`Metrics::observe`], subscribed with
 //! [`Metrics::attach`]) and what they ask of their backend ([`Metrics::instrument`] wraps it
-//! in a [`MeteredKv`](crate::layer::MeteredKv)). Every metric is listed in
+//! in a [`MeteredKv`]). Every metric is listed in
 //! docs/OBSERVABILITY.md.
 //!
 //! ```
