@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing rdzv needs on a Debian machine, when it is missing:
 # protoc and protobuf's well-known .proto files (the etcd client's build needs both), etcd
-# and redis-server (the tests start their own servers from these binaries), and the Rust
-# components rustfmt and clippy.
+# and redis-server (the tests start their own servers from these binaries), prometheus (the
+# metrics test starts one to scrape `rdzv run`), and the Rust components rustfmt and clippy.
 # Idempotent, and silent when everything is already there. It starts no server.
 set -euo pipefail
 
@@ -29,6 +29,7 @@ protoc_has_includes() {
 command -v protoc >/dev/null 2>&1 && protoc_has_includes || missing+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 
 if ((${#missing[@]} > 0)); then
     command -v apt-get >/dev/null 2>&1 \
@@ -50,10 +51,13 @@ if ((${#missing[@]} > 0)); then
     fi
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
         || die "apt-get update failed"
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-        || die "apt-get install ${missing[*]} failed"
-    for tool in protoc etcd redis-server; do
+    # Quiet unless it fails (debconf chatters on stderr even with -qq).
+    if ! out=$("${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" 2>&1); then
+        printf '%s\n' "$out" >&2
+        die "apt-get install ${missing[*]} failed"
+    fi
+    for tool in protoc etcd redis-server prometheus; do
         command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is still missing after installing ${missing[*]}"
     done
     protoc_has_includes \

@@ -7,6 +7,7 @@
 use std::process::ExitStatus;
 
 use rdzv::{RendezvousError, RoundBroken, RunOutcome, StoreError};
+use rdzv_core::events::RestartCause;
 
 use crate::cmd::join::why;
 use crate::exit::{CliError, FAILURE};
@@ -129,7 +130,22 @@ pub enum Rejoin {
     Restart {
         /// How many restarts were used, this one included.
         count: u32,
+        /// Why.
+        cause: RestartCause,
     },
+}
+
+impl Rejoin {
+    /// Why the workers were stopped and whether that counts as a restart; `None` for the
+    /// first round.
+    pub fn cause(self) -> Option<(RestartCause, bool)> {
+        match self {
+            Rejoin::First => None,
+            Rejoin::Regroup => Some((RestartCause::AdmitWaiting, false)),
+            Rejoin::LeaseLost => Some((RestartCause::LeaseLost, false)),
+            Rejoin::Restart { cause, .. } => Some((cause, true)),
+        }
+    }
 }
 
 /// What the driver must do next. `say`: a line to print first, on stderr after `rdzv: `.
@@ -223,6 +239,7 @@ enum Stage {
     /// The group must re-form for `reason`: is it a regroup or a restart?
     CheckingRegroup {
         reason: String,
+        cause: RestartCause,
     },
     /// Publishing a worker's failure; then restart, or give up with the worker's status.
     PublishingFailure {
@@ -305,12 +322,14 @@ impl Agent {
                 );
                 Decision::StartWorkers { say }
             }
-            (Stage::Exchanging(_), Event::ExchangeFailed(what)) => self.regroup_or_restart(what),
+            (Stage::Exchanging(_), Event::ExchangeFailed(what)) => self.regroup_or_restart(what, RestartCause::Other),
             (Stage::Exchanging(member), Event::BrokenBeforeStart(reason)) => {
-                self.regroup_or_restart(format!("round {} is over: {}", member.version, why(&reason)))
+                let what = format!("round {} is over: {}", member.version, why(&reason));
+                self.regroup_or_restart(what, RestartCause::MemberLost)
             }
             (Stage::Exchanging(member), Event::RankOutOfRange) => {
-                self.regroup_or_restart(format!("round {}: this node's rank is out of range", member.version))
+                let what = format!("round {}: this node's rank is out of range", member.version);
+                self.regroup_or_restart(what, RestartCause::Other)
             }
             (Stage::Running(_), Event::StartFailed(message)) => {
                 // Nothing ran, so there is nothing to restart: the job cannot work here.
@@ -355,9 +374,12 @@ impl Agent {
                 "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl); its workers were stopped; rejoining".into(),
             ),
             (Stage::Running(member), Event::Broken(reason)) => {
-                self.regroup_or_restart(format!("round {} is over: {}", member.version, why(&reason)))
+                let what = format!("round {} is over: {}", member.version, why(&reason));
+                self.regroup_or_restart(what, RestartCause::MemberLost)
             }
-            (Stage::Running(_) | Stage::Finishing(_), Event::PeerFailed(what)) => self.regroup_or_restart(what),
+            (Stage::Running(_) | Stage::Finishing(_), Event::PeerFailed(what)) => {
+                self.regroup_or_restart(what, RestartCause::PeerFailure)
+            }
             (Stage::Finishing(member) | Stage::CheckingFailure(member), Event::Finished | Event::FailureMark { published: false }) => {
                 self.stage = Stage::Closing { then: Ok(0), propagate: true };
                 let say = format!("every worker of round {} succeeded; closing the run", member.version);
@@ -384,12 +406,16 @@ impl Agent {
                 self.stage = Stage::CheckingFailure(member);
                 Decision::CheckFailure
             }
-            (Stage::Finishing(member), Event::BrokenWhileFinishing(reason)) => self.unfinished(member, &reason),
+            (Stage::Finishing(member), Event::BrokenWhileFinishing(reason)) => {
+                self.unfinished(member, &reason, RestartCause::MemberLost)
+            }
+            // Closed before every node finished, and a node published a failure: it closed
+            // the run when its restarts ran out.
             (Stage::CheckingFailure(member), Event::FailureMark { published: true }) => {
-                self.unfinished(member, &RoundBroken::Closed)
+                self.unfinished(member, &RoundBroken::Closed, RestartCause::PeerFailure)
             }
             // A peer that left to admit waiting nodes also breaks the round; that is no failure.
-            (Stage::CheckingRegroup { reason }, Event::RegroupMarks { regroup, failed }) => {
+            (Stage::CheckingRegroup { reason, cause }, Event::RegroupMarks { regroup, failed }) => {
                 if regroup && !failed {
                     self.join(Rejoin::Regroup, format!("{reason}; re-forming the group to admit waiting nodes"))
                 } else if self.restarts >= self.config.max_restarts {
@@ -399,7 +425,7 @@ impl Agent {
                 } else {
                     self.restarts += 1;
                     let (count, max) = (self.restarts, self.config.max_restarts);
-                    self.join(Rejoin::Restart { count }, format!("{reason}; re-forming the group (restart {count} of {max})"))
+                    self.join(Rejoin::Restart { count, cause }, format!("{reason}; re-forming the group (restart {count} of {max})"))
                 }
             }
             (Stage::PublishingFailure { rank, status }, Event::FailurePublished) => {
@@ -408,7 +434,7 @@ impl Agent {
                     let say = format!("no restarts left (--max-restarts {}); closing the run", self.config.max_restarts);
                     Decision::Close { outcome: RunOutcome::Failed, say: Some(say) }
                 } else {
-                    self.regroup_or_restart(format!("rank {rank} failed"))
+                    self.regroup_or_restart(format!("rank {rank} failed"), RestartCause::WorkerFailure)
                 }
             }
             (Stage::PublishingStartFailure { message }, Event::FailurePublished) => {
@@ -439,18 +465,15 @@ impl Agent {
 
     /// The group must re-form for `reason`: first read whether that is a regroup (no
     /// restart) or a restart.
-    fn regroup_or_restart(&mut self, reason: String) -> Decision {
-        self.stage = Stage::CheckingRegroup { reason };
+    fn regroup_or_restart(&mut self, reason: String, cause: RestartCause) -> Decision {
+        self.stage = Stage::CheckingRegroup { reason, cause };
         Decision::CheckRegroup
     }
 
     /// The round broke (for `reason`) before every node finished.
-    fn unfinished(&mut self, member: Member, reason: &RoundBroken) -> Decision {
-        self.regroup_or_restart(format!(
-            "round {} is over before every node finished: {}",
-            member.version,
-            why(reason)
-        ))
+    fn unfinished(&mut self, member: Member, reason: &RoundBroken, cause: RestartCause) -> Decision {
+        let what = format!("round {} is over before every node finished: {}", member.version, why(reason));
+        self.regroup_or_restart(what, cause)
     }
 }
 
@@ -474,6 +497,19 @@ pub fn describe(status: ExitStatus) -> String {
             None => format!("signal {signal}"),
         },
         (None, None) => "an unknown status".into(),
+    }
+}
+
+/// A command's status as a metric label: its exit code, or the name of the signal that ended
+/// it (`SIGKILL`, `SIG64`).
+pub fn status_name(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => {
+            format!("SIG{}", signal_name(signal).map_or(signal.to_string(), str::to_string))
+        }
+        (None, None) => "unknown".into(),
     }
 }
 
@@ -701,7 +737,7 @@ mod tests {
                     Decision::ExchangeRanks,
                     Decision::CheckRegroup,
                     join(
-                        Rejoin::Restart { count: 1 },
+                        Rejoin::Restart { count: 1, cause: RestartCause::Other },
                         "publishing: x; re-forming the group (restart 1 of 3)",
                     ),
                     Decision::ExchangeRanks,
@@ -821,7 +857,7 @@ mod tests {
                         published_failure(),
                         Decision::CheckRegroup,
                         join(
-                            Rejoin::Restart { count: 1 },
+                            Rejoin::Restart { count: 1, cause: RestartCause::WorkerFailure },
                             "rank 3 failed; re-forming the group (restart 1 of 3)",
                         ),
                         Decision::ExchangeRanks,
@@ -895,7 +931,7 @@ mod tests {
                     [
                         Decision::CheckRegroup,
                         join(
-                            Rejoin::Restart { count: 1 },
+                            Rejoin::Restart { count: 1, cause: RestartCause::MemberLost },
                             "round 5 is over: a member is gone; re-forming the group (restart 1 of 1)",
                         ),
                         Decision::ExchangeRanks,
@@ -916,7 +952,7 @@ mod tests {
                     [
                         Decision::CheckRegroup,
                         join(
-                            Rejoin::Restart { count: 1 },
+                            Rejoin::Restart { count: 1, cause: RestartCause::PeerFailure },
                             "rank 0 failed; re-forming the group (restart 1 of 3)",
                         ),
                     ],
@@ -936,7 +972,7 @@ mod tests {
                         Decision::AwaitFinish,
                         Decision::CheckRegroup,
                         join(
-                            Rejoin::Restart { count: 1 },
+                            Rejoin::Restart { count: 1, cause: RestartCause::PeerFailure },
                             "rank 0 failed; re-forming the group (restart 1 of 3)",
                         ),
                     ],
@@ -1009,7 +1045,7 @@ mod tests {
                         Decision::CheckFailure,
                         Decision::CheckRegroup,
                         join(
-                            Rejoin::Restart { count: 1 },
+                            Rejoin::Restart { count: 1, cause: RestartCause::PeerFailure },
                             "round 5 is over before every node finished: the run was closed; re-forming the group (restart 1 of 3)",
                         ),
                     ],
@@ -1032,7 +1068,7 @@ mod tests {
                         Decision::AwaitFinish,
                         Decision::CheckRegroup,
                         join(
-                            Rejoin::Restart { count: 1 },
+                            Rejoin::Restart { count: 1, cause: RestartCause::MemberLost },
                             "round 5 is over before every node finished: the member of rank 1 is gone; re-forming the group (restart 1 of 3)",
                         ),
                     ],
@@ -1064,5 +1100,17 @@ mod tests {
         assert_eq!(describe(ExitStatus::from_raw(9)), "signal 9 (SIGKILL)");
         assert_eq!(describe(ExitStatus::from_raw(64)), "signal 64");
         assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "status 3");
+        assert_eq!(status_name(ExitStatus::from_raw(3 << 8)), "3");
+        assert_eq!(status_name(ExitStatus::from_raw(9)), "SIGKILL");
+        assert_eq!(status_name(ExitStatus::from_raw(64)), "SIG64");
+    }
+
+    #[test]
+    fn rejoins_tell_their_cause_and_whether_they_count() {
+        let restart = Rejoin::Restart { count: 2, cause: RestartCause::PeerFailure };
+        assert_eq!(restart.cause(), Some((RestartCause::PeerFailure, true)));
+        assert_eq!(Rejoin::Regroup.cause(), Some((RestartCause::AdmitWaiting, false)));
+        assert_eq!(Rejoin::LeaseLost.cause(), Some((RestartCause::LeaseLost, false)));
+        assert_eq!(Rejoin::First.cause(), None);
     }
 }

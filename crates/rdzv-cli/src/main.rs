@@ -4,7 +4,11 @@
 mod agent;
 mod args;
 mod cmd;
+mod event_log;
 mod exit;
+mod live;
+mod metrics_server;
+mod observe;
 mod output;
 mod progress;
 mod ranks;

@@ -50,7 +50,18 @@ pub async fn worker(
     node_id: Option<String>,
     local_addr: Option<String>,
 ) -> Result<Rendezvous, RendezvousError> {
+    worker_on(url, node_id, local_addr, |kv| kv).await
+}
+
+/// [`worker`], on the backend as `wrap` returns it (e.g. with its operations counted).
+pub async fn worker_on(
+    url: &str,
+    node_id: Option<String>,
+    local_addr: Option<String>,
+    wrap: impl FnOnce(Arc<dyn Kv>) -> Arc<dyn Kv>,
+) -> Result<Rendezvous, RendezvousError> {
     let (kv, mut params) = rdzv::registry().connect(url).await?;
+    let kv = wrap(kv);
     if node_id.is_some() {
         params.node_id = node_id;
     }

@@ -7,6 +7,7 @@
 mod cli_support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
 use std::time::Duration;
 
 use cli_support::{Proc, run_id, run_once};
@@ -153,6 +154,68 @@ fn check_round(per_agent: &[Vec<Env>], restart: usize) {
     }
 }
 
+/// The events an agent logged with `--events` (docs/OBSERVABILITY.md), line by line: each one
+/// JSON object with an RFC 3339 UTC time (never earlier than the line before), the run id
+/// and the agent's node id.
+fn logged_events(path: &Path, run: &str, node: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut last = String::new();
+    let mut events = Vec::new();
+    for line in text.lines() {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"));
+        let time = v["time"].as_str().unwrap_or_else(|| panic!("no time: {line}")).to_string();
+        assert!(time.len() == 24 && time.ends_with('Z') && time.as_bytes()[10] == b'T', "{line}");
+        assert!(time >= last, "out of order: {line} after {last}");
+        assert_eq!((v["run_id"].as_str(), v["node"].as_str()), (Some(run), Some(node)), "{line}");
+        last = time;
+        events.push(v);
+    }
+    events
+}
+
+/// Each event in short: its name and what tells it apart (`round_formed`, `worker_exited 0`,
+/// `restart peer_failure 1`, `nodes_waiting 0 1`, …).
+fn story(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|v| {
+            let name = v["event"].as_str().unwrap();
+            match name {
+                "worker_exited" => format!("{name} {}", v["status"].as_str().unwrap()),
+                "restart" => {
+                    let counted = if v["counted"] == true { "" } else { " uncounted" };
+                    format!("{name} {} {}{counted}", v["cause"].as_str().unwrap(), v["count"])
+                }
+                "member_lost" => format!("{name} {}", v["reason"].as_str().unwrap()),
+                "nodes_waiting" => format!("{name} {} {}", v["waiting"], v["spares"]),
+                _ => name.to_string(),
+            }
+        })
+        .collect()
+}
+
+/// `story` without the events whose timing races with what the test does: the waiting
+/// nodes polled, and a member lost seen while the agent re-forms anyway.
+fn plot(events: &[Value]) -> Vec<String> {
+    let mut told = story(events);
+    told.retain(|e| !e.starts_with("nodes_waiting") && !e.starts_with("member_lost"));
+    told
+}
+
+/// Waits until `path` holds an event for which `found` holds.
+async fn until_logged(path: &Path, run: &str, node: &str, found: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + T;
+    while !logged_events(path, run, node).iter().any(&found) {
+        assert!(
+            Instant::now() < deadline,
+            "not logged in {path:?}: {:?}",
+            story(&logged_events(path, run, node))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn run_state(run: &str) -> Value {
     let (_, out, err) = run_once(&["status", &etcd_url(run, "").await, "--format", "json"]).await;
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("status json ({e}): {out} {err}"))
@@ -202,8 +265,15 @@ async fn a_killed_worker_restarts_the_group() {
         let url = etcd_url(&run, "min_workers=2&keep_alive_ttl=2s&timeout=25s").await;
         let script =
             format!("{ENV_LINE}\nif [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi");
-        let extra = ["--nproc-per-node", "2", "--monitor-interval", "1s"];
-        let mut agents: Vec<Proc> = (0..2).map(|i| agent(&format!("k{i}"), &url, &extra, &script)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<String> =
+            (0..2).map(|i| dir.path().join(format!("k{i}.jsonl")).display().to_string()).collect();
+        let mut agents: Vec<Proc> = (0..2)
+            .map(|i| {
+                let extra = ["--nproc-per-node", "2", "--monitor-interval", "1s", "--events", &logs[i]];
+                agent(&format!("k{i}"), &url, &extra, &script)
+            })
+            .collect();
         let mut first = Vec::new();
         for a in &mut agents {
             first.push(env_lines(a, 2).await);
@@ -233,6 +303,34 @@ async fn a_killed_worker_restarts_the_group() {
             "the failure is reported with its rank and signal:\n{report}"
         );
         assert!(report.contains("restart 1 of 3"), "{report}");
+        // The event logs, line by line: the owner saw its worker killed and restarted for it;
+        // the other restarted for that failure (or for the round it broke, seen first).
+        for (i, log) in logs.iter().enumerate() {
+            let events = logged_events(Path::new(log), &run, &format!("k{i}"));
+            let told = plot(&events);
+            let cause = if i == owner { "restart worker_failure 1" } else { told[1].as_str() };
+            assert!(
+                ["restart worker_failure 1", "restart peer_failure 1", "restart member_lost 1"]
+                    .contains(&cause)
+            );
+            let mut expected = vec![
+                "round_formed",
+                cause,
+                "round_formed",
+                "worker_exited 0",
+                "worker_exited 0",
+                "run_closed",
+            ];
+            if i == owner {
+                expected.insert(1, "worker_exited SIGKILL");
+            }
+            assert_eq!(told, expected, "k{i}: {:?}", story(&events));
+            let rounds: Vec<&Value> = events.iter().filter(|e| e["event"] == "round_formed").collect();
+            assert!(rounds[1]["version"].as_u64() > rounds[0]["version"].as_u64(), "{rounds:?}");
+            assert_eq!(rounds[1]["previous_version"], rounds[0]["version"]);
+            let killed = events.iter().find(|e| e["status"] == "SIGKILL");
+            assert_eq!(killed.map(|e| e["rank"].as_u64()), (i == owner).then_some(Some(1)));
+        }
     })
     .await;
 }
@@ -248,8 +346,15 @@ async fn a_killed_agent_takes_its_workers_along() {
                 .await;
         let script =
             format!("{ENV_LINE}\nif [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi");
-        let extra = ["--nproc-per-node", "2", "--monitor-interval", "1s"];
-        let mut agents: Vec<Proc> = (0..3).map(|i| agent(&format!("d{i}"), &url, &extra, &script)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<String> =
+            (0..3).map(|i| dir.path().join(format!("d{i}.jsonl")).display().to_string()).collect();
+        let mut agents: Vec<Proc> = (0..3)
+            .map(|i| {
+                let extra = ["--nproc-per-node", "2", "--monitor-interval", "1s", "--events", &logs[i]];
+                agent(&format!("d{i}"), &url, &extra, &script)
+            })
+            .collect();
         let mut first = Vec::new();
         for a in &mut agents {
             first.push(env_lines(a, 2).await);
@@ -274,6 +379,120 @@ async fn a_killed_agent_takes_its_workers_along() {
             assert_eq!(a.exit_code(T).await, 0, "{}", a.stderr());
         }
         drop(victim);
+        // The killed agent's log holds what it wrote before it died, line by line.
+        let dead = logged_events(Path::new(&logs[0]), &run, "d0");
+        assert_eq!(story(&dead)[0], "round_formed", "{:?}", story(&dead));
+        let dead_rank = dead[0]["rank"].as_u64().unwrap();
+        // The survivors lost it, said so, restarted for it, and went on without it.
+        for (i, log) in logs.iter().enumerate().skip(1) {
+            let events = logged_events(Path::new(log), &run, &format!("d{i}"));
+            let expected = [
+                "round_formed",
+                "restart member_lost 1",
+                "round_formed",
+                "worker_exited 0",
+                "worker_exited 0",
+                "run_closed",
+            ];
+            assert_eq!(plot(&events), expected, "d{i}: {:?}", story(&events));
+            let lost =
+                events.iter().find(|e| e["event"] == "member_lost").unwrap_or_else(|| panic!("{events:?}"));
+            let restart = events.iter().position(|e| e["event"] == "restart").unwrap();
+            assert!(events.iter().position(|e| e["event"] == "member_lost").unwrap() < restart);
+            match lost["reason"].as_str().unwrap() {
+                "member_gone" if !lost["rank"].is_null() => {
+                    assert_eq!(
+                        (lost["rank"].as_u64(), lost["member"].as_str()),
+                        (Some(dead_rank), Some("d0"))
+                    )
+                }
+                "member_gone" | "ended" => {}
+                other => panic!("{other}: {lost}"),
+            }
+            let second = events.iter().filter(|e| e["event"] == "round_formed").nth(1).unwrap();
+            assert_eq!(
+                (second["world_size"].as_u64(), second["left"].clone()),
+                (Some(2), serde_json::json!([dead_rank]))
+            );
+        }
+    })
+    .await;
+}
+
+/// Two agents fill a round (max_workers=2); a third waits as a spare, which the members
+/// report (`nodes_waiting` with one spare) without re-forming for it; a member is SIGKILLed,
+/// and the spare takes its place: its log says it was promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_is_reported_and_promoted_in_the_event_logs() {
+    bounded(async {
+        let run = run_id("spare");
+        let url =
+            etcd_url(&run, "min_workers=2&max_workers=2&last_call_timeout=1s&keep_alive_ttl=2s&timeout=25s")
+                .await;
+        // The first round's workers wait; later rounds' succeed.
+        let script = format!("{ENV_LINE}\nif [ -z \"$RDZV_PREVIOUS_VERSION\" ]; then exec sleep 60; fi");
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<String> =
+            (0..3).map(|i| dir.path().join(format!("s{i}.jsonl")).display().to_string()).collect();
+        let start = |i: usize| {
+            agent(&format!("s{i}"), &url, &["--monitor-interval", "300ms", "--events", &logs[i]], &script)
+        };
+        let mut members = vec![start(0), start(1)];
+        let mut first = Vec::new();
+        for a in &mut members {
+            first.push(env_lines(a, 1).await);
+        }
+        check_round(&first, 0);
+        let mut spare = start(2);
+        until_logged(Path::new(&logs[0]), &run, "s0", |e| e["event"] == "nodes_waiting" && e["spares"] == 1)
+            .await;
+        let mut victim = members.remove(1);
+        victim.kill9();
+        let dead_rank = num(&first[1][0], "GROUP_RANK");
+        let (kept, promoted) = (env_lines(&mut members[0], 1).await, env_lines(&mut spare, 1).await);
+        assert_eq!(
+            num(&kept[0], "GROUP_RANK"),
+            num(&first[0][0], "GROUP_RANK"),
+            "the survivor keeps its rank"
+        );
+        assert_eq!(num(&promoted[0], "GROUP_RANK"), dead_rank, "the spare takes the dead member's");
+        assert_eq!((num(&kept[0], "RESTART"), num(&promoted[0], "RESTART")), (1, 0));
+        assert_eq!(members[0].exit_code(T).await, 0, "{}", members[0].stderr());
+        assert_eq!(spare.exit_code(T).await, 0, "{}", spare.stderr());
+        drop(victim);
+
+        let survivor = logged_events(Path::new(&logs[0]), &run, "s0");
+        let told = story(&survivor);
+        let spare_seen = told.iter().position(|e| e == "nodes_waiting 0 1").unwrap();
+        let restart = told.iter().position(|e| e.starts_with("restart")).unwrap();
+        assert!(
+            spare_seen < restart
+                && told[..spare_seen].iter().all(|e| e == "round_formed" || e == "nodes_waiting 0 0"),
+            "{told:?}"
+        );
+        assert!(
+            !told[..restart].iter().any(|e| e.starts_with("nodes_waiting 1")),
+            "a spare is no waiting node: {told:?}"
+        );
+        assert_eq!(
+            plot(&survivor),
+            ["round_formed", "restart member_lost 1", "round_formed", "worker_exited 0", "run_closed"]
+        );
+        let promoted = logged_events(Path::new(&logs[2]), &run, "s2");
+        assert_eq!(
+            plot(&promoted),
+            ["round_formed", "spare_promoted", "worker_exited 0", "run_closed"],
+            "{:?}",
+            story(&promoted)
+        );
+        let (formed, spare_promoted) = (&promoted[0], &promoted[1]);
+        assert_eq!(formed["rank"].as_u64(), Some(dead_rank as u64));
+        assert_eq!(
+            (formed["previous_rank"].clone(), formed["joined"].clone()),
+            (Value::Null, serde_json::json!([dead_rank]))
+        );
+        assert_eq!(spare_promoted["waited_behind"], formed["previous_version"]);
+        assert_eq!(spare_promoted["version"], formed["version"]);
     })
     .await;
 }
@@ -288,14 +507,20 @@ async fn a_waiting_node_is_admitted() {
             etcd_url(&run, "min_workers=2&max_workers=3&last_call_timeout=1s&keep_alive_ttl=2s&timeout=25s")
                 .await;
         let script = format!("{ENV_LINE}\nif [ \"$WORLD_SIZE\" != 6 ]; then exec sleep 60; fi");
-        let extra = ["--nproc-per-node", "2", "--monitor-interval", "500ms"];
-        let mut agents: Vec<Proc> = (0..2).map(|i| agent(&format!("w{i}"), &url, &extra, &script)).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let logs: Vec<String> =
+            (0..3).map(|i| dir.path().join(format!("w{i}.jsonl")).display().to_string()).collect();
+        let start = |i: usize| {
+            let extra = ["--nproc-per-node", "2", "--monitor-interval", "500ms", "--events", &logs[i]];
+            agent(&format!("w{i}"), &url, &extra, &script)
+        };
+        let mut agents: Vec<Proc> = (0..2).map(start).collect();
         let mut first = Vec::new();
         for a in &mut agents {
             first.push(env_lines(a, 2).await);
         }
         check_round(&first, 0);
-        agents.push(agent("w2", &url, &extra, &script));
+        agents.push(start(2));
         let mut second = Vec::new();
         for a in &mut agents {
             second.push(env_lines(a, 2).await);
@@ -303,6 +528,16 @@ async fn a_waiting_node_is_admitted() {
         check_round(&second, 0);
         for a in &mut agents {
             assert_eq!(a.exit_code(T).await, 0, "{}", a.stderr());
+        }
+        // The members re-formed to admit it, which no restart counts; the newcomer waited
+        // behind a round that was not full: no spare.
+        for (i, log) in logs.iter().enumerate() {
+            let events = logged_events(Path::new(log), &run, &format!("w{i}"));
+            let mut expected = vec!["round_formed", "worker_exited 0", "worker_exited 0", "run_closed"];
+            if i < 2 {
+                expected.splice(0..0, ["round_formed", "restart admit_waiting 0 uncounted"]);
+            }
+            assert_eq!(plot(&events), expected, "w{i}: {:?}", story(&events));
         }
     })
     .await;

@@ -7,10 +7,12 @@
 //! rendezvous itself ([`RendezvousHandler`]; its pure core in [`protocol`]).
 
 mod error;
+pub mod events;
 mod ext;
 pub mod ids;
 pub mod kv;
 pub mod layer;
+pub mod metrics;
 pub mod params;
 pub mod per_process;
 mod registry;
@@ -29,7 +31,7 @@ pub mod wait;
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
 pub use ext::KvExt;
 pub use kv::contract::{Kv, KvResult};
-pub use session::Session;
+pub use session::{RefreshFailed, Session};
 
 // Parameters and URLs (their helpers are in `params` and `url`), and the backends chosen by
 // URL scheme.

@@ -48,18 +48,29 @@ impl Session {
     /// Grants a lease of `ttl` and starts keeping it alive. Must be called within a tokio
     /// runtime.
     pub async fn start(kv: Arc<dyn Kv>, ttl: Duration) -> KvResult<Session> {
+        Session::start_observed(kv, ttl, None).await
+    }
+
+    /// [`start`](Session::start), telling `on_refresh_failure` of each refresh of the lease
+    /// that fails (it is retried until the TTL runs out; then the session is lost). Called on
+    /// the keep-alive driver's thread: it must return at once.
+    pub async fn start_observed(
+        kv: Arc<dyn Kv>,
+        ttl: Duration,
+        on_refresh_failure: Option<RefreshFailed>,
+    ) -> KvResult<Session> {
         // The server's TTL may start as soon as the request leaves: count from the send, so
         // that our idea of the expiry is never later than the server's.
         let sent = Instant::now();
         let lease = kv.lease_grant(ttl).await?;
-        Ok(Session::register(kv, lease, ttl, sent, true))
+        Ok(Session::register(kv, lease, ttl, sent, true, on_refresh_failure))
     }
 
     /// Keeps an existing lease alive (e.g. one shared by several processes) without owning
     /// it: dropping or closing this session only stops the refreshing, it never revokes.
     /// Must be called within a tokio runtime.
     pub fn attach(kv: Arc<dyn Kv>, lease: LeaseId, ttl: Duration) -> Session {
-        Session::register(kv, lease, ttl, Instant::now(), false)
+        Session::register(kv, lease, ttl, Instant::now(), false, None)
     }
 
     fn register(
@@ -68,10 +79,15 @@ impl Session {
         ttl: Duration,
         granted: Instant,
         revoke_on_drop: bool,
+        on_refresh_failure: Option<RefreshFailed>,
     ) -> Session {
         let lost = CancellationToken::new();
         let stop = CancellationToken::new();
-        let holder = Holder { lost: lost.clone(), stop: stop.clone() };
+        let holder = Holder {
+            lost: lost.clone(),
+            stop: stop.clone(),
+            on_refresh_failure: on_refresh_failure.map(Hook),
+        };
         let driver = Driver::of(&kv);
         let added = Add { lease, ttl, granted, holder };
         if driver.commands.send(added).is_err() {
@@ -200,11 +216,25 @@ fn keep_alive_runtime() -> Option<&'static tokio::runtime::Handle> {
     RUNTIME.get().as_ref()
 }
 
+/// Told of a failed refresh of a session's lease: the lease, and what went wrong.
+pub type RefreshFailed = Arc<dyn Fn(LeaseId, &str) + Send + Sync>;
+
+/// A [`RefreshFailed`] that can be debugged.
+#[derive(Clone)]
+struct Hook(RefreshFailed);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RefreshFailed")
+    }
+}
+
 /// A session's interest in a lease.
 #[derive(Debug, Clone)]
 struct Holder {
     lost: CancellationToken,
     stop: CancellationToken,
+    on_refresh_failure: Option<Hook>,
 }
 
 impl Holder {
@@ -242,6 +272,15 @@ impl Entry {
     }
 
     /// Tells every session still holding the lease that it is lost (a clean close is not).
+    /// Tells the sessions still holding the lease that a refresh of it failed.
+    fn refresh_failed(&self, lease: LeaseId, what: &str) {
+        for holder in self.holders.iter().filter(|h| !h.is_gone()) {
+            if let Some(Hook(told)) = &holder.on_refresh_failure {
+                told(lease, what);
+            }
+        }
+    }
+
     fn lose(&self, lease: LeaseId, why: &str) {
         tracing::warn!(lease, "session lease {why}: lost");
         for holder in &self.holders {
@@ -351,10 +390,17 @@ fn settle(leases: &mut HashMap<LeaseId, Entry>, batch: Vec<LeaseId>, sent: Insta
                 entry.next = sent + period;
                 None
             }
-            Some(Err(KvError::LeaseNotFound(_))) => Some("not found on the server"),
+            Some(Err(KvError::LeaseNotFound(_))) => {
+                entry.refresh_failed(lease, "the lease was not found on the server");
+                Some("not found on the server")
+            }
             failed => {
-                if let Some(Err(e)) = failed {
-                    tracing::debug!(lease, error = %e, "lease refresh failed; retrying");
+                match failed {
+                    Some(Err(e)) => {
+                        tracing::debug!(lease, error = %e, "lease refresh failed; retrying");
+                        entry.refresh_failed(lease, &e.to_string());
+                    }
+                    _ => entry.refresh_failed(lease, "no answer before the lease's TTL ran out"),
                 }
                 if entry.expires <= now {
                     Some("not refreshed within its TTL")
@@ -420,6 +466,26 @@ mod tests {
         assert!(doomed.is_lost() && doomed_too.is_lost(), "both holders of the gone lease are told");
         assert!(!kept.is_lost(), "the other lease is unaffected");
         assert!(!closed_lost.is_cancelled(), "a clean close is never a loss");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_failed_refresh_is_told_to_its_session_only() {
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let into = told.clone();
+        let hook: RefreshFailed =
+            Arc::new(move |lease, what: &str| into.lock().unwrap().push((lease, what.to_string())));
+        let observed = Session::start_observed(kv.clone(), TTL, Some(hook)).await.unwrap();
+        let _quiet = Session::start(kv.clone(), TTL).await.unwrap();
+        tokio::time::sleep(TTL / 2).await;
+        assert!(told.lock().unwrap().is_empty(), "refreshes that succeed are not failures");
+        stub.set_failing(true);
+        observed.lost().cancelled().await;
+        let told = told.lock().unwrap().clone();
+        assert!(told.len() > 2, "every retry is told: {told:?}");
+        assert!(told.iter().all(|(lease, _)| *lease == observed.lease()), "only its own lease: {told:?}");
+        assert!(told[0].1.contains("out of reach"), "with the backend's words: {told:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,6 +5,11 @@
 //! again in a forked child), with the GIL released, in slices of 100 ms between which it
 //! checks for Python signals, so Ctrl-C interrupts it with `KeyboardInterrupt` (the future is
 //! dropped, which cancels it: a cancelled `next_rendezvous` withdraws what it wrote).
+//!
+//! Event callbacks (`Rendezvous.on_event`) run on a thread of their own per callback, which
+//! takes the GIL for each event: rdzv's runtime threads only queue the event, so a slow
+//! callback or a held GIL never delays a lease refresh, and a blocking call (which releases
+//! the GIL) never waits for a callback.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -260,6 +265,27 @@ impl Rendezvous {
         block(py, async move { handle.shutdown().await })?.map_err(rendezvous_err)
     }
 
+    /// Calls `callback(event)` with each event of this worker from now on, on a thread of its
+    /// own, one at a time and in order; `event` is a dict: `time`, `run_id`, `node`, `event`
+    /// and the event's fields (docs/OBSERVABILITY.md). A callback that raises is logged (the
+    /// `rdzv` logger), and called again for the next event.
+    fn on_event(&self, callback: &Bound<'_, PyAny>) -> PyResult<()> {
+        let handle = self.handle()?;
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err("on_event needs a callable"));
+        }
+        let callback = callback.clone().unbind();
+        let (lines, received) = std::sync::mpsc::channel::<String>();
+        std::thread::Builder::new()
+            .name("rdzv-events".into())
+            .spawn(move || call_back(callback, received))
+            .map_err(|e| RendezvousError::new_err(format!("cannot start the event callback's thread: {e}")))?;
+        handle.on_event(move |event| {
+            let _ = lines.send(event.json_line());
+        });
+        Ok(())
+    }
+
     /// Waits until this worker's round is over and returns why, or `None` after `timeout`.
     #[pyo3(signature = (timeout=None))]
     fn round_broken(
@@ -343,6 +369,42 @@ impl Rendezvous {
             self.inner.participant().node,
             self.inner.backend_name()
         )
+    }
+}
+
+/// Hands each event (a JSON line) to `callback` as a dict, with the GIL, until the handler is
+/// gone or the interpreter shuts down.
+fn call_back(callback: Py<PyAny>, events: std::sync::mpsc::Receiver<String>) {
+    for line in events {
+        let called = Python::try_attach(|py| {
+            let event = py.import("json").and_then(|json| json.call_method1("loads", (&line,)));
+            let result = event.and_then(|event| callback.call1(py, (event,)).map(drop));
+            if let Err(e) = result {
+                log_callback_error(py, &callback, e);
+            }
+        });
+        if called.is_none() {
+            return;
+        }
+    }
+}
+
+/// Logs an exception a callback raised on the `rdzv` logger (with its traceback), or prints
+/// it if logging fails too.
+fn log_callback_error(py: Python<'_>, callback: &Py<PyAny>, error: PyErr) {
+    let logged = py.import("logging").and_then(|logging| {
+        let logger = logging.call_method1("getLogger", ("rdzv",))?;
+        let kwargs = pyo3::types::PyDict::new(py);
+        kwargs.set_item("exc_info", error.value(py))?;
+        logger.call_method(
+            "error",
+            ("rdzv: the event callback %r raised; it is called again for the next event", callback),
+            Some(&kwargs),
+        )?;
+        Ok(())
+    });
+    if logged.is_err() {
+        error.print(py);
     }
 }
 

@@ -35,6 +35,10 @@ per connection: raise the limit first if needed (`ulimit -n 8192` for 1024 worke
 mem:// all workers share the one process-wide store. Creating the workers is not in the
 round latency.
 
+With --metrics, every worker is observed as `rdzv run --metrics-addr` observes its own (its
+backend's operations counted and timed, its events counted; nothing is served), to measure
+what that costs.
+
 min_workers = max_workers = N unless the URL says otherwise. Each invocation uses a fresh
 run id (the URL's with a unique suffix) unless --run-id is given.
 
@@ -63,6 +67,9 @@ pub struct BenchArgs {
     /// hosts would) instead of one client shared by all.
     #[arg(long)]
     client_per_worker: bool,
+    /// Record metrics as `rdzv run --metrics-addr` does (with the shared client only).
+    #[arg(long, conflicts_with = "client_per_worker")]
+    metrics: bool,
     /// How to print the results.
     #[arg(long, value_enum, default_value = "text")]
     format: ReportFormat,
@@ -93,7 +100,8 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
         let (stats, counting) = own_clients(&args.url, &params, n, args.rounds).await?;
         (stats, counting.len())
     } else {
-        (shared_client(target.kv.clone(), &params, n, args.rounds).await?, 1)
+        let metrics = args.metrics.then(rdzv_core::metrics::Metrics::new);
+        (shared_client(target.kv.clone(), &params, n, args.rounds, metrics.as_ref()).await?, 1)
     };
     let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib()).with_clients(clients);
     let text = match args.format {
@@ -110,14 +118,22 @@ async fn shared_client(
     params: &RendezvousParams,
     n: usize,
     rounds: u32,
+    metrics: Option<&rdzv_core::metrics::Metrics>,
 ) -> Result<Vec<RoundStats>, CliError> {
     let kv = CountingKv::new(kv);
-    let shared: Arc<dyn Kv> = kv.clone();
+    let shared: Arc<dyn Kv> = match metrics {
+        Some(metrics) => metrics.instrument(kv.clone()),
+        None => kv.clone(),
+    };
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
         let mut params = params.clone();
         params.node_id = Some(format!("bench-{i}"));
-        workers.push(Rendezvous::new(shared.clone(), params).await?);
+        let worker = Rendezvous::new(shared.clone(), params).await?;
+        if let Some(metrics) = metrics {
+            metrics.attach(&worker);
+        }
+        workers.push(worker);
     }
     let mut stats = Vec::new();
     for _ in 0..rounds {

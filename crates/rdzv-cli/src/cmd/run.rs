@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::agent::{Agent, Config, Decision, Event, describe};
 use crate::exit::{CliError, one_line};
+use crate::observe::Observe;
 use crate::progress::Progress;
 use crate::ranks::{Assignment, NProc, RoleInfo};
 use crate::signals::Signals;
@@ -94,6 +95,13 @@ restarts are left, the agent closes the run (as failed) and exits with that work
 restarts are used up too), a spare that never was a member with 0. A closed run stays closed
 for run_ttl (2 h unless the URL says otherwise) after its last node is gone.
 
+Observability (docs/OBSERVABILITY.md): --metrics-addr HOST:PORT serves Prometheus metrics
+at http://HOST:PORT/metrics (rounds formed and how long they took, members lost, restarts by
+cause, worker exits by status, members, spares and waiting nodes, backend operations and
+their latency, lease refresh failures); --events FILE appends one JSON line per event (round
+formed, spare promoted, member lost, restart, worker exited, nodes waiting, run closed,
+lease refresh failed), or writes them to stderr with --events -.
+
 torchrun flags: --nnodes MIN:MAX is min_workers/max_workers in the URL (they count nodes),
 --rdzv-id is the URL's run id, --rdzv-endpoint its host:port; --nproc-per-node, --max-restarts,
 --monitor-interval, --role, --log-dir and --tee are the same here.
@@ -142,6 +150,12 @@ pub struct RunArgs {
     /// name).
     #[arg(long, value_name = "ADDR")]
     local_addr: Option<String>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: a free port, printed).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+    /// Append one JSON line per event to FILE (`-`: write them to stderr).
+    #[arg(long, value_name = "FILE|-")]
+    events: Option<PathBuf>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "CMD")]
     command: Vec<String>,
@@ -162,11 +176,17 @@ struct Setup {
 pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let mut signals = Signals::catch().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
     let setup = prepare(&args)?;
-    let worker = target::worker(&args.url, args.node_id.clone(), args.local_addr.clone()).await?;
-    let result = agent(&args, &setup, &worker, &mut signals).await;
+    let observe = Observe::start(args.metrics_addr.as_deref(), args.events.as_deref()).await?;
+    let worker = target::worker_on(&args.url, args.node_id.clone(), args.local_addr.clone(), |kv| {
+        observe.instrument(kv)
+    })
+    .await?;
+    observe.attach(&worker);
+    let result = agent(&args, &setup, &worker, &observe, &mut signals).await;
     if let Err(e) = worker.shutdown().await {
         tracing::warn!("leaving the run: {e}");
     }
+    observe.finish();
     result
 }
 
@@ -200,6 +220,7 @@ async fn agent(
     args: &RunArgs,
     setup: &Setup,
     worker: &Rendezvous,
+    observe: &Observe,
     signals: &mut Signals,
 ) -> Result<ExitCode, CliError> {
     let config = Config {
@@ -217,6 +238,7 @@ async fn agent(
     let mut previous: Option<(u64, usize)> = None;
     loop {
         tracing::debug!(?decision, "agent decision");
+        observe.decision(worker, &decision, agent.restarts(), args.max_restarts);
         if let Some(say) = decision.say() {
             eprintln!("rdzv: {say}");
         }
@@ -246,7 +268,8 @@ async fn agent(
                 let assigned =
                     assignment.as_ref().ok_or_else(|| internal("no ranks to start the workers with"))?;
                 let round = held(&round)?;
-                run_workers(args, setup, worker, round, assigned, agent.restarts(), &mut previous, signals)
+                let restarts = agent.restarts();
+                run_workers(args, setup, worker, observe, round, assigned, restarts, &mut previous, signals)
                     .await
             }
             Decision::AwaitFinish => finish(args, worker, held(&round)?, signals).await,
@@ -322,6 +345,7 @@ async fn run_workers(
     args: &RunArgs,
     setup: &Setup,
     worker: &Rendezvous,
+    observe: &Observe,
     round: &Round,
     assignment: &Assignment,
     restarts: u32,
@@ -341,7 +365,7 @@ async fn run_workers(
     *previous = Some((round.info.version, assignment.base_rank));
     let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
     match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
-        Ok(mut group) => supervise(args, worker, round, &mut group, restarts, signals).await,
+        Ok(mut group) => supervise(args, worker, observe, round, &mut group, restarts, signals).await,
         Err(e) => Event::StartFailed(format!("cannot start the workers (`{}`): {e}", args.command[0])),
     }
 }
@@ -443,6 +467,7 @@ fn worker_env(
 async fn supervise(
     args: &RunArgs,
     worker: &Rendezvous,
+    observe: &Observe,
     round: &Round,
     group: &mut Group,
     restarts: u32,
@@ -454,14 +479,21 @@ async fn supervise(
     // Its own future, polled beside the others: a check stuck on an unreachable backend must
     // not keep the agent from seeing its round broken (or its lease lost) meanwhile.
     let waiting = nodes_waiting(worker, args.monitor_interval);
-    tokio::pin!(broken, failed, regroup, waiting);
+    // Only read when observed; never resolves.
+    let reported = observe.nodes_waiting(worker, args.monitor_interval);
+    tokio::pin!(broken, failed, regroup, waiting, reported);
     let stop_reason = loop {
         tokio::select! {
             exit = group.next_exit() => match exit {
-                Some(exit) if exit.status.success() => {}
-                Some(exit) => break Err(exit),
+                Some(exit) => {
+                    observe.worker_exited(worker, &exit);
+                    if !exit.status.success() {
+                        break Err(exit);
+                    }
+                }
                 None => break Ok(Event::WorkersSucceeded),
             },
+            () = &mut reported => {}
             reason = &mut broken => break Ok(Event::Broken(reason)),
             what = &mut failed => break Ok(Event::PeerFailed(what)),
             _ = &mut regroup => break Ok(Event::NodesWaiting(None)),

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::process::ExitCode;
 
 use rdzv::Participant;
-use rdzv_core::kv::RangeOptions;
+use rdzv_core::kv::{RangeOptions, Revision};
 use rdzv_core::protocol::State;
 use rdzv_core::{Kv, Waiting};
 use serde_json::json;
@@ -23,9 +23,16 @@ the live members; `num_nodes_waiting` counts these) and the spares beyond them, 
 member's death or departure admits. Also the extra data keys of the round. Needs no
 min_workers in the URL; max_workers comes from the round itself (or the URL's).
 
+With --watch it stays, and shows the run again each time something under its keys changes
+(it watches them; it does not poll): on a terminal the screen is redrawn, with the last
+changes seen (rounds formed, members lost, nodes waiting, the run closed); otherwise each
+new snapshot is printed after the last (with --format json, one JSON object per line). It
+ends, with exit code 0, on Ctrl-C or SIGTERM.
+
 Examples:
   rdzv status 'etcd://10.0.0.5:2379/job42'
-  rdzv status \"$RDZV_URL\" --format json | jq .spares_count";
+  rdzv status \"$RDZV_URL\" --format json | jq .spares_count
+  rdzv status \"$RDZV_URL\" --watch";
 
 /// Arguments of `rdzv status`.
 #[derive(Debug, clap::Args)]
@@ -37,10 +44,13 @@ pub struct StatusArgs {
     /// How to print it.
     #[arg(long, value_enum, default_value = "text")]
     format: ReportFormat,
+    /// Stay, and show the run again whenever it changes (until Ctrl-C).
+    #[arg(long)]
+    watch: bool,
 }
 
 /// What `status` found.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// The run.
     pub run_id: String,
@@ -63,11 +73,17 @@ pub struct Snapshot {
     pub spares: Vec<String>,
     /// Extra data keys of the round.
     pub extra_data: Vec<String>,
+    /// The backend's revision when the state was read: every later change comes after it.
+    pub revision: Revision,
 }
 
 /// Runs `rdzv status`.
 pub async fn run(args: StatusArgs) -> Result<ExitCode, CliError> {
     let target = RunTarget::connect(&args.url).await?;
+    if args.watch {
+        crate::live::watch(&target, args.format).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let snapshot = snapshot(&target).await?;
     let text = match args.format {
         ReportFormat::Json => format!("{}\n", snapshot.json()),
@@ -88,6 +104,7 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
         run_id: target.address.run_id.clone(),
         status: state.as_ref().map_or("none", State::status).to_string(),
         version: state.as_ref().and_then(State::version),
+        revision: read.revision,
         ..Snapshot::default()
     };
     if let Some(State::Closed { outcome: Some(outcome) }) = &state {

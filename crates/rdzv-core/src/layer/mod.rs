@@ -4,9 +4,10 @@
 //! [`lease_keep_alive_many`](Kv::lease_keep_alive_many) included): a method added to [`Kv`]
 //! is added to [`Layer`] once, with its forwarding default.
 //!
-//! Two layers ship here, for production use as much as for tests: [`CountingKv`] counts the
-//! operations a caller makes (`rdzv bench` reports them), and [`FaultyKv`] injects latency,
-//! failures and dropped watches (`rdzv demo --faults`, and the fault tests).
+//! Three layers ship here, for production use as much as for tests: [`CountingKv`] counts the
+//! operations a caller makes (`rdzv bench` reports them), [`MeteredKv`] counts and times them
+//! into [`Metrics`](crate::metrics::Metrics) (`rdzv run --metrics-addr`), and [`FaultyKv`]
+//! injects latency, failures and dropped watches (`rdzv demo --faults`, and the fault tests).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -52,9 +53,11 @@
 
 mod counting;
 mod faulty;
+mod metered;
 
 pub use counting::{CountingKv, OpCounts};
 pub use faulty::{FaultyKv, Latency};
+pub use metered::MeteredKv;
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! The rendezvous handler (docs/PROTOCOL.md): what a worker holds to take part in a run.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -8,10 +9,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{KvError, RendezvousError};
+use crate::events::{self, Event, EventKind, LostReason, Subscribers};
 use crate::ext::KvExt;
 use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
-use crate::session::Session;
+use crate::session::{RefreshFailed, Session};
 
 use super::broken::RoundBroken;
 use super::changes::RoundChanges;
@@ -71,6 +73,19 @@ struct Inner {
     worker: tokio::sync::Mutex<Worker>,
     status: watch::Sender<RoundStatus>,
     shut_down: CancellationToken,
+    /// Who is told of this worker's events ([`RendezvousHandler::on_event`]).
+    events: Arc<Subscribers>,
+    /// Whether the run's close was reported, and whether this worker closes (or closed) it
+    /// (then it reports the close itself, and its round's monitor seeing the run closed is
+    /// no news).
+    closed: Arc<Closed>,
+}
+
+/// What a worker knows of the run's close, so that it reports it once.
+#[derive(Debug, Default)]
+struct Closed {
+    closing: AtomicBool,
+    told: AtomicBool,
 }
 
 /// What one worker holds between calls.
@@ -97,12 +112,14 @@ impl RendezvousHandler {
         let addr = params.local_addr.clone().unwrap_or_else(host_name);
         let me = Participant { node, addr, pid: std::process::id(), port: None };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
+        let events = Arc::new(Subscribers::new(&params.run_id, &me.node));
         // A server that answers it cannot serve yet (a leader election) is retried within
         // the rendezvous deadline; one that cannot be reached fails here at once.
         let deadline = Instant::now() + params.timeout;
-        let session =
-            crate::retry::retry_while_busy(deadline, || Session::start(kv.clone(), params.keep_alive_ttl))
-                .await?;
+        let session = crate::retry::retry_while_busy(deadline, || {
+            Session::start_observed(kv.clone(), params.keep_alive_ttl, Some(refresh_failures(&events)))
+        })
+        .await?;
         let sizing = Sizing::from_params(&params);
         let ctx = Context { kv, params, sizing, keys, me, run_lease };
         let worker = Worker { session: Some(session), ..Worker::default() };
@@ -112,6 +129,8 @@ impl RendezvousHandler {
                 worker: tokio::sync::Mutex::new(worker),
                 status: watch::Sender::new(RoundStatus::default()),
                 shut_down: CancellationToken::new(),
+                events,
+                closed: Arc::default(),
             }),
         })
     }
@@ -208,6 +227,11 @@ impl RendezvousHandler {
             return Err(RendezvousError::Shutdown);
         }
         let (round, waited_on) = round;
+        // Waited behind a full round: a spare, promoted if that is the round compared with.
+        let behind_full = waited_on
+            .as_ref()
+            .filter(|(_, before)| before.len() >= ctx.params.max_workers)
+            .map(|(version, _)| *version);
         let changes = match (&worker.last, waited_on) {
             (_, Some((version, before))) if worker.last.as_ref().is_none_or(|(v, ..)| *v < version) => {
                 RoundChanges::between(version, None, &before, &round.participants)
@@ -232,6 +256,7 @@ impl RendezvousHandler {
         if let Some(lease) = round.run_lease {
             ctx.run_lease.adopt(lease);
         }
+        self.report_formed(&info, started.elapsed(), behind_full);
         self.publish(Some(round.version), None);
         let Some(lost) = worker.session.as_ref().map(Session::lost) else {
             return Err(RendezvousError::LeaseLost);
@@ -244,7 +269,7 @@ impl RendezvousHandler {
             final_revision: round.final_revision,
             members_from: round.members_from,
         };
-        let monitor = Monitor::spawn(watched, lost, inner.status.clone());
+        let monitor = Monitor::spawn(watched, lost, inner.status.clone(), self.report_broken(&info));
         worker.membership = Some((round, monitor));
         Ok(info)
     }
@@ -256,8 +281,11 @@ impl RendezvousHandler {
         if worker.session.as_ref().is_none_or(Session::is_lost) {
             worker.session = None;
             let mut delays = super::executor::backoff();
+            let told = refresh_failures(&self.inner.events);
             let session = loop {
-                match Session::start(ctx.kv.clone(), ctx.params.keep_alive_ttl).await {
+                match Session::start_observed(ctx.kv.clone(), ctx.params.keep_alive_ttl, Some(told.clone()))
+                    .await
+                {
                     Ok(session) => break session,
                     Err(e) if e.is_retryable() => {
                         tracing::debug!(error = %e, "could not start a session; retrying");
@@ -372,16 +400,37 @@ impl RendezvousHandler {
         let ctx = &self.inner.ctx;
         let closed = State::Closed { outcome }.to_bytes();
         let key = ctx.keys.state();
-        cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &key, |current| {
+        // Before the write: the round's monitor may see the run closed before the write's
+        // answer arrives, and this worker reports the close once, below.
+        let was_closing = self.inner.closed.closing.swap(true, Ordering::SeqCst);
+        let mut found = None;
+        let written = cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &key, |current| {
             let already = current.and_then(|kv| State::parse(&kv.key, &kv.value).ok());
             match already {
-                Some(State::Closed { outcome: Some(_) }) => None,
+                Some(State::Closed { outcome: Some(before) }) => {
+                    found = Some(before);
+                    None
+                }
                 Some(State::Closed { outcome: None }) if outcome.is_none() => None,
                 _ => Some(closed.clone()),
             }
         })
-        .await?;
+        .await;
+        let written = match written {
+            Ok(written) => written.is_some(),
+            Err(e) => {
+                self.inner.closed.closing.store(was_closing, Ordering::SeqCst);
+                return Err(e.into());
+            }
+        };
         tracing::info!(run_id = %ctx.params.run_id, outcome = outcome.map(RunOutcome::as_str), "run closed");
+        // Closed by someone else first: this worker learns the outcome they gave, unless its
+        // round's monitor told already.
+        let told_before = self.inner.closed.told.swap(true, Ordering::SeqCst);
+        if written || !told_before {
+            let outcome = if written { outcome } else { found };
+            self.inner.events.emit(|| EventKind::RunClosed { outcome, by_this_worker: written });
+        }
         Ok(())
     }
 
@@ -428,6 +477,82 @@ impl RendezvousHandler {
         }
     }
 
+    /// Calls `subscriber` with each [`Event`] of this worker from now on: rounds formed,
+    /// spares promoted, members lost, the run closed, lease refreshes that failed (see
+    /// [`events`](crate::events)), and what an agent reports with [`emit`](Self::emit). A
+    /// member lost is reported before [`round_broken`](Self::round_broken) returns it.
+    ///
+    /// It is called on the thread that reports the event — a runtime's, or the keep-alive
+    /// thread's — so it must return at once and never block: hand the event to a channel for
+    /// anything slow. A subscriber that holds this handler keeps it alive (it does not leave
+    /// when its other clones are dropped).
+    pub fn on_event(&self, subscriber: impl Fn(&Event) + Send + Sync + 'static) {
+        self.inner.events.add(Arc::new(subscriber));
+    }
+
+    /// Reports `kind` as an event of this worker to its subscribers, stamped with the time,
+    /// run id and node id: for an agent built on the handler (restarts, worker exits, nodes
+    /// waiting), so that its events and the handler's reach the same subscribers in order.
+    pub fn emit(&self, kind: EventKind) {
+        self.inner.events.emit(|| kind);
+    }
+
+    /// Reports the round just formed (and the promotion of a spare that waited behind the
+    /// full round `behind_full`).
+    fn report_formed(&self, info: &RendezvousInfo, took: Duration, behind_full: Option<u64>) {
+        let events = &self.inner.events;
+        let changes = &info.changes;
+        events.emit(|| EventKind::RoundFormed {
+            version: info.version,
+            rank: info.rank,
+            world_size: info.world_size,
+            previous_version: changes.previous_version,
+            previous_rank: changes.previous_rank,
+            left: changes.left.clone(),
+            joined: changes.joined.clone(),
+            seconds: events::seconds(took),
+        });
+        if let Some(waited_behind) = behind_full
+            && changes.previous_rank.is_none()
+            && changes.previous_version == Some(waited_behind)
+        {
+            events.emit(|| EventKind::SparePromoted {
+                version: info.version,
+                rank: info.rank,
+                waited_behind,
+            });
+        }
+    }
+
+    /// What reports why the round of `info` is over, when its monitor tells (nothing when
+    /// this worker leaves it first).
+    fn report_broken(&self, info: &RendezvousInfo) -> impl FnOnce(&RoundBroken) + Send + 'static {
+        let (events, closed) = (self.inner.events.clone(), self.inner.closed.clone());
+        let (version, rank, members) = (info.version, info.rank, info.participants.clone());
+        let formed = Instant::now();
+        move |broken: &RoundBroken| {
+            let lost = |reason, rank: Option<usize>| EventKind::MemberLost {
+                version,
+                reason,
+                rank,
+                member: rank.and_then(|r| members.get(r)).map(|p| p.node.clone()),
+                after_seconds: events::seconds(formed.elapsed()),
+            };
+            match broken {
+                RoundBroken::MemberGone { rank } => events.emit(|| lost(LostReason::MemberGone, *rank)),
+                RoundBroken::Ended => events.emit(|| lost(LostReason::Ended, None)),
+                RoundBroken::LeaseLost => events.emit(|| lost(LostReason::LeaseLost, Some(rank))),
+                RoundBroken::Closed
+                    if !closed.closing.load(Ordering::SeqCst)
+                        && !closed.told.swap(true, Ordering::SeqCst) =>
+                {
+                    events.emit(|| EventKind::RunClosed { outcome: None, by_this_worker: false })
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The run id.
     pub fn run_id(&self) -> &str {
         &self.inner.ctx.params.run_id
@@ -467,6 +592,14 @@ impl RendezvousHandler {
     fn publish(&self, version: Option<u64>, broken: Option<RoundBroken>) {
         self.inner.status.send_replace(RoundStatus { version, broken });
     }
+}
+
+/// Tells `events`' subscribers of each failed refresh of a session's lease.
+fn refresh_failures(events: &Arc<Subscribers>) -> RefreshFailed {
+    let events = events.clone();
+    Arc::new(move |lease, what: &str| {
+        events.emit(|| EventKind::LeaseRefreshFailed { lease, error: what.to_string() })
+    })
 }
 
 /// `<host>-<pid>-<random>`: unique per process and handler. Characters of the host name

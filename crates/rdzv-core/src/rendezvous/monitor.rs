@@ -43,11 +43,14 @@ pub(crate) struct Watched {
 }
 
 impl Monitor {
-    /// Starts watching; the first reason the round is over is published on `status`.
+    /// Starts watching; the first reason the round is over is published on `status`, and
+    /// told to `told` just before (so that it is reported before anyone who waits for it
+    /// acts on it), unless the round was left meanwhile.
     pub(crate) fn spawn(
         round: Watched,
         lease_lost: CancellationToken,
         status: watch::Sender<RoundStatus>,
+        told: impl FnOnce(&RoundBroken) + Send + 'static,
     ) -> Monitor {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
@@ -59,6 +62,10 @@ impl Monitor {
                 reason = watch_round(&round) => reason,
             };
             tracing::info!(version, ?reason, "round broken");
+            let current = status.borrow().clone();
+            if current.version == Some(version) && current.broken.is_none() {
+                told(&reason);
+            }
             status.send_if_modified(|s| {
                 if s.version == Some(version) && s.broken.is_none() {
                     s.broken = Some(reason);

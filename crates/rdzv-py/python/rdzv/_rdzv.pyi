@@ -2,7 +2,7 @@
 
 from datetime import timedelta
 from types import TracebackType
-from typing import Iterable, Literal, Optional, Union
+from typing import Any, Callable, Iterable, Literal, Optional, Union
 
 __version__: str
 
@@ -148,6 +148,14 @@ class Rendezvous:
         when a member dies or leaves)."""
     def shutdown(self) -> None:
         """Leaves the run at once (the others learn it); does not close the run."""
+    def on_event(self, callback: Callable[[dict[str, Any]], object]) -> None:
+        """Calls ``callback(event)`` with each event of this worker from now on (round formed,
+        spare promoted, member lost, run closed, lease refresh failed: see
+        docs/OBSERVABILITY.md), one at a time and in order, on a thread of its own. ``event`` is
+        a dict: ``time`` (RFC 3339, UTC), ``run_id``, ``node``, ``event`` (the name) and the
+        event's fields. A callback that raises is logged on the ``rdzv`` logger and called
+        again for the next event; it may make blocking calls on this handle. A callback that
+        holds this handle keeps it from leaving when dropped: call ``shutdown``."""
     def round_broken(self, timeout: Optional[Seconds] = None) -> Optional[BrokenReason]:
         """Waits until this worker's round is over and returns why; ``None`` if ``timeout``
         passes first (``timeout=0`` only looks). ``"no_round"`` at once outside a round."""
