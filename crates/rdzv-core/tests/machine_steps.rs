@@ -37,6 +37,7 @@ fn machine(leave_first: Option<Leaving>) -> Machine {
             order: RankOrder::Arrival,
         },
         count_at_revision: false,
+        counted_create: false,
         run_id: "job".into(),
         started: Instant::now(),
         leave_first,

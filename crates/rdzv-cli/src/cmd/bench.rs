@@ -207,9 +207,8 @@ async fn drive(
     while counting.len() < n {
         counting.push(ready.recv().await.ok_or_else(ended)??);
     }
-    let snapshot = |counting: &[Arc<CountingKv>]| {
-        counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()))
-    };
+    let snapshot =
+        |counting: &[Arc<CountingKv>]| counting.iter().fold(OpCounts::default(), |acc, c| acc + c.snapshot());
     let mut stats = Vec::new();
     for round in 1..=rounds {
         let before = snapshot(&counting);
@@ -301,6 +300,7 @@ struct Report {
     latency_ms: [f64; 3],
     writes_per_worker_round: f64,
     reads_per_worker_round: f64,
+    keys_visited_per_worker_round: f64,
     peak_memory_kib: Option<u64>,
     /// How many backend clients the workers used (1: shared; `workers`: one each).
     clients: usize,
@@ -310,7 +310,7 @@ impl Report {
     fn new(stats: &[RoundStats], workers: usize, backend: &str, run_id: &str, peak: Option<u64>) -> Report {
         let mut latencies: Vec<f64> = stats.iter().map(|s| s.latency.as_secs_f64() * 1000.0).collect();
         latencies.sort_by(f64::total_cmp);
-        let total = stats.iter().fold(OpCounts::default(), |acc, s| add(acc, s.ops));
+        let total = stats.iter().fold(OpCounts::default(), |acc, s| acc + s.ops);
         let per = (workers * stats.len()).max(1) as f64;
         Report {
             backend: backend.to_string(),
@@ -324,6 +324,7 @@ impl Report {
             ],
             writes_per_worker_round: total.writes() as f64 / per,
             reads_per_worker_round: total.reads() as f64 / per,
+            keys_visited_per_worker_round: total.keys_visited as f64 / per,
             peak_memory_kib: peak,
             clients: 1,
         }
@@ -342,6 +343,7 @@ impl Report {
             "latency_ms": { "p50": self.latency_ms[0], "p95": self.latency_ms[1], "max": self.latency_ms[2] },
             "writes_per_worker_round": self.writes_per_worker_round,
             "reads_per_worker_round": self.reads_per_worker_round,
+            "keys_visited_per_worker_round": self.keys_visited_per_worker_round,
             "peak_memory_kib": self.peak_memory_kib,
             "clients": self.clients,
         })
@@ -359,7 +361,7 @@ impl Report {
         format!(
             "{} workers on {} ({clients}; run {}), {} rounds\n\
              round latency: p50 {}, p95 {}, max {}\n\
-             backend per worker per round: {:.2} writes, {:.2} reads (lease keep-alives excluded)\n\
+             backend per worker per round: {:.2} writes, {:.2} reads, {:.1} keys visited by reads (lease keep-alives excluded)\n\
              peak memory: {memory}\n",
             self.workers,
             self.backend,
@@ -370,23 +372,8 @@ impl Report {
             ms(self.latency_ms[2]),
             self.writes_per_worker_round,
             self.reads_per_worker_round,
+            self.keys_visited_per_worker_round,
         )
-    }
-}
-
-fn add(a: OpCounts, b: OpCounts) -> OpCounts {
-    OpCounts {
-        gets: a.gets + b.gets,
-        ranges: a.ranges + b.ranges,
-        puts: a.puts + b.puts,
-        deletes: a.deletes + b.deletes,
-        delete_prefixes: a.delete_prefixes + b.delete_prefixes,
-        lease_grants: a.lease_grants + b.lease_grants,
-        lease_keep_alives: a.lease_keep_alives + b.lease_keep_alives,
-        lease_revokes: a.lease_revokes + b.lease_revokes,
-        watches: a.watches + b.watches,
-        compactions: a.compactions + b.compactions,
-        increments: a.increments + b.increments,
     }
 }
 
@@ -458,8 +445,8 @@ mod tests {
                 assert!(!Arc::ptr_eq(c, other), "two workers share a client");
             }
         }
-        let total = counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()));
-        let rounds = add(stats[0].ops, stats[1].ops);
+        let total = counting.iter().fold(OpCounts::default(), |acc, c| acc + c.snapshot());
+        let rounds = stats[0].ops + stats[1].ops;
         assert!(rounds.writes() >= 2 * 4, "{rounds:?}");
         assert!(rounds.writes() <= total.writes(), "{rounds:?} {total:?}");
     }

@@ -288,6 +288,11 @@ pub fn freeze(
         if missing > 0 {
             return FreezeAction::AwaitSurvivors { missing };
         }
+        // The position that said "full" counted a joiner that is gone since (positions are
+        // counts of creations): not full, so the last call decides.
+        if (count as usize) < sizing.max {
+            return FreezeAction::AwaitJoiners { count };
+        }
     }
     let round = survivor_round(&candidates, previous);
     let (mut survivors, mut newcomers): (Vec<Candidate>, Vec<Candidate>) =

@@ -92,6 +92,7 @@ impl<'a> Attempt<'a> {
             keys: ctx.keys.clone(),
             sizing: ctx.sizing,
             count_at_revision: ctx.kv.capabilities().count_at_revision,
+            counted_create: ctx.kv.capabilities().counted_create,
             run_id: ctx.params.run_id.clone(),
             started,
             leave_first,
@@ -260,6 +261,9 @@ impl<'a> Attempt<'a> {
                 };
                 Input::Put(outcome, lease)
             }
+            Action::CreateCounted { key, value, tally, tally_lease } => Input::Counted(
+                kv.create_counted(&key, &value, Some(self.session), &tally, tally_lease).await?,
+            ),
             Action::CountAtRevision { prefix, revision } => {
                 Input::Count(kv.count_at_revision(&prefix, revision).await?)
             }
