@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Throughput};
-use rdzv::core::{Kv, KvExt, PutMode, PutOptions, PutOutcome};
+use rdzv_core::kv::{PutMode, PutOptions, PutOutcome};
+use rdzv_core::{Kv, KvExt};
 
 const WRITERS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 

@@ -20,8 +20,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
 use rdzv_core::layer::{CountingKv, OpCounts};
+use rdzv_core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams};
 use rdzv_etcd::testing::{PROPOSALS_COMMITTED, metric_value};
 
 const SIZES: [usize; 5] = [16, 64, 128, 512, 1024];

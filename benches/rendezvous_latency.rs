@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::BenchmarkId;
-use rdzv::core::{Kv, RendezvousParams};
 use rdzv::{Rendezvous, Round};
+use rdzv_core::{Kv, RendezvousParams};
 
 const SIZES: [usize; 6] = [2, 8, 32, 128, 512, 1024];
 
@@ -95,7 +95,7 @@ async fn measured_round(kv: &Arc<dyn Kv>, label: &str, n: usize, how: &str) -> R
 }
 
 async fn leave(workers: Vec<Arc<Rendezvous>>) {
-    let gone = workers.iter().map(|w| w.handler().shutdown());
+    let gone = workers.iter().map(|w| w.shutdown());
     for r in futures::future::join_all(gone).await {
         if let Err(e) = r {
             eprintln!("rendezvous_latency: a worker could not leave: {e}");

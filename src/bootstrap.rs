@@ -40,7 +40,7 @@ pub(crate) async fn exchange(
     let master_port = match master.port {
         Some(port) => port,
         // Rank 0 runs an older version that did not offer a port: it publishes one.
-        None if info.rank == 0 => rdzv_core::free_port().map_err(|e| RendezvousError::State {
+        None if info.rank == 0 => rdzv_core::protocol::free_port().map_err(|e| RendezvousError::State {
             key: MASTER_PORT_KEY.into(),
             reason: format!("no free local port for MASTER_PORT: {e}"),
         })?,

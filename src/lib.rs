@@ -37,14 +37,15 @@ mod bootstrap;
 mod registry;
 mod rendezvous;
 
+// One path per item: what a user of rdzv names is here; a backend's author (the `Kv`
+// contract, the protocol) depends on `rdzv-core` itself.
 pub use bootstrap::{Bootstrap, MASTER_ADDR_KEY, MASTER_PORT_KEY};
-pub use rdzv_core as core;
+pub use rdzv_core::params::RankOrder;
 pub use rdzv_core::{
-    ConfigError, Participant, RankOrder, RendezvousError, RendezvousHandler, RendezvousInfo,
-    RendezvousParams, RoundBroken, RoundChanges, RoundTimings, RunOutcome, Waiting,
+    ConfigError, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
+    RoundBroken, RoundChanges, RoundTimings, RunOutcome, Waiting,
 };
 pub use rdzv_mem as mem;
-pub use rdzv_store as store;
 pub use rdzv_store::{Store, StoreError};
 pub use registry::registry;
 pub use rendezvous::{Rendezvous, Round};
@@ -65,7 +66,7 @@ pub async fn connect(url: &str) -> Result<Rendezvous, RendezvousError> {
 
 /// A [`Store`] on its own, without a rendezvous, under the run named by `url`
 /// (`<prefix>/run_<run_id>/store/`); rendezvous options like `min_workers` are not needed
-/// (the URL is read as a [`RunAddress`](rdzv_core::RunAddress)).
+/// (the URL is read as a [`RunAddress`](rdzv_core::url::RunAddress)).
 pub async fn open_store(url: &str) -> Result<Store, RendezvousError> {
     let (kv, address) = registry().connect_backend(url).await?;
     Ok(Store::new(kv, format!("{}store/", address.keys().root()).into_bytes()))

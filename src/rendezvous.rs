@@ -1,14 +1,12 @@
 //! [`Rendezvous`]: the handler of `rdzv-core` plus the round's Store and bootstrap info.
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use rdzv_core::{
-    Kv, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken,
-    RunOutcome, Waiting,
-};
+use rdzv_core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams};
 use rdzv_store::Store;
 
 use crate::bootstrap::{self, Bootstrap};
@@ -21,9 +19,15 @@ const MIN_BOOTSTRAP_TIME: Duration = Duration::from_secs(1);
 /// ([`next_rendezvous`](Rendezvous::next_rendezvous), which also hands out the round's Store
 /// and bootstrap info), tells when a round breaks, and leaves when shut down or dropped.
 ///
+/// It dereferences to its [`RendezvousHandler`], whose methods it has as its own
+/// ([`round_broken`](RendezvousHandler::round_broken),
+/// [`num_nodes_waiting`](RendezvousHandler::num_nodes_waiting),
+/// [`set_closed`](RendezvousHandler::set_closed), [`shutdown`](RendezvousHandler::shutdown),
+/// …); only `next_rendezvous` is its own, returning the whole [`Round`] where the handler's
+/// returns the bare [`RendezvousInfo`].
+///
 /// Cheap to clone (all clones are the same worker). Dropping the last clone leaves like
-/// [`shutdown`](Rendezvous::shutdown), in the background. What is not offered here (the
-/// backend, the key layout) is on the underlying [`handler`](Rendezvous::handler).
+/// [`shutdown`](RendezvousHandler::shutdown), in the background.
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
     handler: RendezvousHandler,
@@ -49,17 +53,6 @@ impl Rendezvous {
         Ok(Rendezvous { handler: RendezvousHandler::new(kv, params).await? })
     }
 
-    /// Wraps an existing handler.
-    pub fn from_handler(handler: RendezvousHandler) -> Rendezvous {
-        Rendezvous { handler }
-    }
-
-    /// The underlying handler, for what this type does not offer (the backend, the key
-    /// layout, the bare [`RendezvousHandler::next_rendezvous`] without Store or bootstrap).
-    pub fn handler(&self) -> &RendezvousHandler {
-        &self.handler
-    }
-
     /// Blocks until a round completes with this worker in it, and hands out the round's
     /// Store and bootstrap info (rank 0 also publishes `MASTER_ADDR`/`MASTER_PORT` in it).
     ///
@@ -67,8 +60,8 @@ impl Rendezvous {
     /// at once). Backend errors are retried until the deadline (the `timeout` parameter).
     /// Fails with [`RendezvousError::Closed`] if the run is or becomes closed,
     /// [`RendezvousError::Timeout`] if no round completes in time,
-    /// [`RendezvousError::Shutdown`] if [`shutdown`](Self::shutdown) is called meanwhile,
-    /// [`RendezvousError::State`] on a corrupt value. A failed or cancelled call withdraws
+    /// [`RendezvousError::Shutdown`] if [`shutdown`](RendezvousHandler::shutdown) is called
+    /// meanwhile, [`RendezvousError::State`] on a corrupt value. A failed or cancelled call withdraws
     /// what it wrote, so it leaves no ghost behind (see
     /// [`RendezvousHandler::next_rendezvous`]).
     pub async fn next_rendezvous(&self) -> Result<Round, RendezvousError> {
@@ -86,94 +79,16 @@ impl Rendezvous {
         let bootstrap = bootstrap::exchange(&info, &store, &self.handler).await?;
         Ok(Round { info, store: store.with_timeout(rdzv_store::DEFAULT_TIMEOUT), bootstrap })
     }
+}
 
-    /// Resolves when the round this worker belongs to is over, with the reason: a member is
-    /// gone, the round was ended, the run was closed, or this worker's lease was lost.
-    /// Resolves at once with [`RoundBroken::NoRound`] if it is in no round, and with
-    /// [`RoundBroken::Left`] if it leaves meanwhile.
-    pub async fn round_broken(&self) -> RoundBroken {
-        self.handler.round_broken().await
-    }
+/// A `Rendezvous` *is* its worker's [`RendezvousHandler`] (plus the Store and bootstrap that
+/// [`next_rendezvous`](Rendezvous::next_rendezvous) adds): every other method —
+/// `round_broken`, `num_nodes_waiting`, `waiting`, `set_closed`, `shutdown`, `run_id`,
+/// `backend`, `keys`, … — is the handler's, documented there.
+impl Deref for Rendezvous {
+    type Target = RendezvousHandler;
 
-    /// How many waiting workers the next round could admit while the current one runs (0
-    /// when no round is running, and 0 when it is full and intact: the workers beyond
-    /// `max_workers` are spares). An agent re-enters when this is above 0, to admit them. See
-    /// [`RendezvousHandler::num_nodes_waiting`].
-    pub async fn num_nodes_waiting(&self) -> Result<usize, RendezvousError> {
-        self.handler.num_nodes_waiting().await
-    }
-
-    /// The workers waiting for the next round, in the order it would take them, and how many
-    /// of them it could admit (the rest are spares). See [`RendezvousHandler::waiting`].
-    pub async fn waiting(&self) -> Result<Waiting, RendezvousError> {
-        self.handler.waiting().await
-    }
-
-    /// Whether the run is closed.
-    pub async fn is_closed(&self) -> Result<bool, RendezvousError> {
-        self.handler.is_closed().await
-    }
-
-    /// Closes the run for every worker: every current and future
-    /// [`next_rendezvous`](Self::next_rendezvous) of it fails with
-    /// [`RendezvousError::Closed`].
-    pub async fn set_closed(&self) -> Result<(), RendezvousError> {
-        self.handler.set_closed().await
-    }
-
-    /// Closes the run saying how the job ended (see [`RendezvousHandler::set_closed_with`]):
-    /// spares and late arrivals of a job that succeeded end cleanly.
-    pub async fn set_closed_with(&self, outcome: RunOutcome) -> Result<(), RendezvousError> {
-        self.handler.set_closed_with(outcome).await
-    }
-
-    /// Leaves: revokes this worker's session lease, so its keys vanish at once and the other
-    /// members see it gone. Does **not** close the run. A pending
-    /// [`next_rendezvous`](Self::next_rendezvous) ends at once with
-    /// [`RendezvousError::Shutdown`], and so do later calls.
-    pub async fn shutdown(&self) -> Result<(), RendezvousError> {
-        self.handler.shutdown().await
-    }
-
-    /// Publishes `value` under `key` for round `version` of the run; readable by any worker
-    /// with [`load_extra_data`](Self::load_extra_data). Lives as long as the run.
-    pub async fn store_extra_data(
-        &self,
-        version: u64,
-        key: &str,
-        value: &[u8],
-    ) -> Result<(), RendezvousError> {
-        self.handler.store_extra_data(version, key, value).await
-    }
-
-    /// Reads the extra data `key` of round `version`, waiting until it is published or
-    /// `timeout` passes ([`RendezvousError::Timeout`]).
-    pub async fn load_extra_data(
-        &self,
-        version: u64,
-        key: &str,
-        timeout: Duration,
-    ) -> Result<Vec<u8>, RendezvousError> {
-        self.handler.load_extra_data(version, key, timeout).await
-    }
-
-    /// The run id.
-    pub fn run_id(&self) -> &str {
-        self.handler.run_id()
-    }
-
-    /// This worker's descriptor (node id, address, pid).
-    pub fn participant(&self) -> &Participant {
-        self.handler.participant()
-    }
-
-    /// The parameters this worker was started with.
-    pub fn params(&self) -> &RendezvousParams {
-        self.handler.params()
-    }
-
-    /// The backend's name (`"etcd"`, `"redis"`, `"mem"`, …).
-    pub fn backend_name(&self) -> &'static str {
-        self.handler.backend_name()
+    fn deref(&self) -> &RendezvousHandler {
+        &self.handler
     }
 }

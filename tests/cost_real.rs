@@ -7,8 +7,8 @@ use rdzv_core::testing::rendezvous as support;
 
 use std::sync::Arc;
 
-use rdzv::core::{Kv, RendezvousHandler};
 use rdzv_core::layer::CountingKv;
+use rdzv_core::{Kv, RendezvousHandler};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::{Kv, RendezvousHandler, RendezvousParams, RoundBroken};
 use rdzv_core::layer::{CountingKv, FaultyKv};
+use rdzv_core::{Kv, RendezvousHandler, RendezvousParams, RoundBroken};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@ use rdzv_core::testing::rendezvous as support;
 use std::time::Duration;
 
 use rdzv::RendezvousError;
-use rdzv::core::RendezvousHandler;
+use rdzv_core::RendezvousHandler;
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 use tokio::time::{Instant, timeout};

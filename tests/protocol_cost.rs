@@ -10,8 +10,9 @@ use rdzv_core::testing::rendezvous as support;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use rdzv::core::{Kv, RendezvousHandler, WatchScope};
+use rdzv_core::kv::WatchScope;
 use rdzv_core::layer::{CountingKv, OpCounts};
+use rdzv_core::{Kv, RendezvousHandler};
 use rdzv_mem::MemKv;
 
 async fn state_changes_since(kv: &Arc<dyn Kv>, key: &[u8], from: i64, upto: i64) -> usize {

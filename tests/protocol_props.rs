@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv::core::Kv;
+use rdzv_core::Kv;
 use rdzv_mem::MemKv;
 
 use props::{Shape, World};

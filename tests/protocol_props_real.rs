@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv::core::Kv;
+use rdzv_core::Kv;
 
 use props::Shape;
 

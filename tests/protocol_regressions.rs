@@ -15,11 +15,13 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rdzv::core::{
-    DeleteMode, Kv, KvError, KvExt, KvResult, PutOptions, PutOutcome, RendezvousError, RendezvousHandler,
-    RendezvousInfo, RendezvousParams, RoundBroken, State,
-};
+use rdzv_core::kv::{DeleteMode, PutOptions, PutOutcome};
 use rdzv_core::layer::{FaultyKv, Layer};
+use rdzv_core::protocol::State;
+use rdzv_core::{
+    Kv, KvError, KvExt, KvResult, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
+    RoundBroken,
+};
 use rdzv_mem::MemKv;
 use tokio::time::{Instant, timeout};
 
@@ -159,7 +161,7 @@ impl Layer for Hooked {
         }
         if !self.kill_before_final {
         } else if let Ok(State::Final { version, participants, .. }) =
-            State::parse(key, &rdzv_core::Bytes::copy_from_slice(value))
+            State::parse(key, &rdzv_core::kv::Bytes::copy_from_slice(value))
         {
             for (rank, p) in participants.iter().enumerate().filter(|(_, p)| p.node != self.me) {
                 let _ = p;
@@ -545,8 +547,8 @@ mod dying_members {
             }
             tokio::time::sleep(Duration::from_millis(1000)).await;
             let gone = kv.get(&keys.rank(1, 0)).await.unwrap().kv.expect("rank 0's key");
-            let gone = rdzv::core::Participant::parse(&gone.key, &gone.value).unwrap().node;
-            kv.delete(&keys.rank(1, 0), rdzv::core::DeleteMode::Any).await.unwrap();
+            let gone = rdzv_core::Participant::parse(&gone.key, &gone.value).unwrap().node;
+            kv.delete(&keys.rank(1, 0), rdzv_core::kv::DeleteMode::Any).await.unwrap();
             for (w, call) in ws.iter().zip(calls) {
                 let h = &w.handler;
                 let node = h.participant().node.clone();
@@ -803,8 +805,8 @@ mod node_ids {
             let version = loop {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 if let Some(kv) = kv.get(&state_key).await.unwrap().kv
-                    && let Ok(rdzv::core::State::Joinable { version, .. }) =
-                        rdzv::core::State::parse(&kv.key, &kv.value)
+                    && let Ok(rdzv_core::protocol::State::Joinable { version, .. }) =
+                        rdzv_core::protocol::State::parse(&kv.key, &kv.value)
                 {
                     break version;
                 }
@@ -814,12 +816,8 @@ mod node_ids {
             let mut gone = std::process::Command::new("true").spawn().unwrap();
             let gone_pid = gone.id();
             gone.wait().unwrap();
-            let before = rdzv::core::Participant {
-                node: "x".into(),
-                addr: "host-x".into(),
-                pid: gone_pid,
-                port: None,
-            };
+            let before =
+                rdzv_core::Participant { node: "x".into(), addr: "host-x".into(), pid: gone_pid, port: None };
             kv.put(&a.keys().join(version, "x"), &before.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
             let b = handler(kv.clone(), 2, 2, "b").await;
@@ -830,8 +828,8 @@ mod node_ids {
             loop {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let now = kv.get(&state_key).await.unwrap().kv.unwrap();
-                if let rdzv::core::State::Frozen { participants, .. } =
-                    rdzv::core::State::parse(&now.key, &now.value).unwrap()
+                if let rdzv_core::protocol::State::Frozen { participants, .. } =
+                    rdzv_core::protocol::State::parse(&now.key, &now.value).unwrap()
                 {
                     assert!(participants.iter().any(|p| p.pid == gone_pid), "{participants:?}");
                     break;
@@ -1007,7 +1005,7 @@ mod keys {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
             let root = ws[0].handler.keys().root().to_string();
-            let options = rdzv::core::RangeOptions { keys_only: true, ..Default::default() };
+            let options = rdzv_core::kv::RangeOptions { keys_only: true, ..Default::default() };
             let read = kv.range(root.as_bytes(), options).await.unwrap();
             let old: BTreeSet<String> = read
                 .kvs

@@ -9,7 +9,8 @@ use rdzv_core::testing::rendezvous as support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::{Kv, RangeOptions, RendezvousParams};
+use rdzv_core::kv::RangeOptions;
+use rdzv_core::{Kv, RendezvousParams};
 use tokio::time::Instant;
 
 const RUN_TTL: Duration = Duration::from_secs(4);

@@ -11,7 +11,7 @@ use rdzv_core::testing::rendezvous as support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
+use rdzv_core::{Kv, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_netfault::Link;
 use tokio::time::{Instant, timeout};

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdzv::core::{Kv, PutOptions, RangeOptions, Session};
+use rdzv_core::kv::{PutOptions, RangeOptions};
+use rdzv_core::{Kv, Session};
 
 /// Sessions on the one client.
 const SESSIONS: usize = 256;

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::Kv;
+use rdzv_core::Kv;
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_redis::testing::RedisServer;
 

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use rdzv::core::Kv;
+use rdzv_core::Kv;
 
 /// A client of the shared server with no namespace of its own, as `rdzv::connect` opens it:
 /// the conformance suite gives each case its own key prefix.

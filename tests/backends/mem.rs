@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use rdzv::core::Kv;
+use rdzv_core::Kv;
 use rdzv_mem::MemKv;
 
 /// A fresh, empty backend: nothing is shared between cases.

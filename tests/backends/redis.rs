@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use rdzv::core::Kv;
+use rdzv_core::Kv;
 
 /// A client of the shared server in a namespace no other case sees.
 async fn fresh() -> Arc<dyn Kv> {

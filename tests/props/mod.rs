@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv::core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
+use rdzv_core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken};
 // (`RendezvousParams` is also what the final-state recorder reads the run's keys from.)
 use rdzv_core::layer::{FaultyKv, Latency};
 use tokio::sync::watch;
@@ -437,10 +437,12 @@ pub async fn run_world(world: &World, kv: Arc<dyn Kv>, run: &str) -> Vec<Record>
 /// Records every `final` value of the run's state key until the world ends, reading on the
 /// shared, clean backend (watching from a read; a failed watch reads again).
 async fn record_finals(kv: Arc<dyn Kv>, params: RendezvousParams, ctl: Ctl) {
-    use rdzv::core::{EventKind, KvExt, State, WatchScope};
-    let key = rdzv::core::RunKeys::new(&params.prefix, &params.run_id).state();
+    use rdzv_core::KvExt;
+    use rdzv_core::kv::{EventKind, WatchScope};
+    use rdzv_core::protocol::State;
+    let key = rdzv_core::protocol::RunKeys::new(&params.prefix, &params.run_id).state();
     let mut seen = std::collections::BTreeSet::new();
-    let mut note = |value: &rdzv::core::Bytes| {
+    let mut note = |value: &rdzv_core::kv::Bytes| {
         if let Ok(State::Final { version, participants, .. }) = State::parse(&key, value)
             && seen.insert(version)
         {
@@ -560,8 +562,8 @@ async fn coordinate(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl, rerun
 }
 
 async fn count_keys(world: &World, kv: &Arc<dyn Kv>, run: &str, ctl: &Ctl) {
-    let root = rdzv::core::RunKeys::new(&params_for(world, run).prefix, run);
-    let options = rdzv::core::RangeOptions { keys_only: true, ..Default::default() };
+    let root = rdzv_core::protocol::RunKeys::new(&params_for(world, run).prefix, run);
+    let options = rdzv_core::kv::RangeOptions { keys_only: true, ..Default::default() };
     if let Ok(read) = kv.range(root.root().as_bytes(), options).await {
         let mut by_part = BTreeMap::new();
         for kv in &read.kvs {

@@ -566,7 +566,7 @@ mod tests {
     }
 
     fn unreachable() -> RendezvousError {
-        RendezvousError::Unavailable(rdzv::core::KvError::Unavailable {
+        RendezvousError::Unavailable(rdzv_core::KvError::Unavailable {
             backend: "etcd",
             endpoint: "h:1".into(),
             message: "refused".into(),

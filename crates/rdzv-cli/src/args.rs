@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use rdzv::ConfigError;
-use rdzv::core::parse_duration;
-use rdzv::core::validate_id;
+use rdzv_core::ids::validate_id;
+use rdzv_core::params::parse_duration;
 
 /// `--run-id`: the identifier rule of `rdzv_core::ids` (ASCII letters, digits, `-` `_` `.`
 /// `:` `@` `+`; 1 to 253 characters).

@@ -87,7 +87,7 @@ mod tests {
     use std::time::Duration;
 
     use rdzv::ConfigError;
-    use rdzv::core::KvError;
+    use rdzv_core::KvError;
 
     use super::*;
 

@@ -5,8 +5,8 @@ use std::borrow::Cow;
 use std::io::Write;
 use std::time::Duration;
 
-use rdzv::core::RoundChanges;
 use rdzv::{Participant, Round};
+use rdzv_core::RoundChanges;
 use serde_json::json;
 
 /// The output format of `join`.

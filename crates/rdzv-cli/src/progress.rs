@@ -6,7 +6,8 @@ use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 use rdzv::Rendezvous;
-use rdzv::core::{KvExt, State};
+use rdzv_core::KvExt;
+use rdzv_core::protocol::State;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -57,8 +58,8 @@ async fn describe(worker: &Rendezvous, deadline: Instant) -> String {
     } else {
         format!("{}..{}", params.min_workers, params.max_workers)
     };
-    let kv = worker.handler().backend();
-    let keys = worker.handler().keys();
+    let kv = worker.backend();
+    let keys = worker.keys();
     let state = match kv.get(&keys.state()).await {
         Ok(read) => read.kv.and_then(|kv| State::parse(&kv.key, &kv.value).ok()),
         Err(_) => return format!("rdzv: backend not answering… {left} s left"),

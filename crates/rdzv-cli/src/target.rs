@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use rdzv::core::RunKeys;
-use rdzv::core::{Kv, RunAddress};
 use rdzv::{Rendezvous, RendezvousError, RendezvousParams};
+use rdzv_core::Kv;
+use rdzv_core::protocol::RunKeys;
+use rdzv_core::url::RunAddress;
 
 /// A backend and the run a URL names, without rendezvous parameters (for `status`, `close`,
 /// and the in-process workers of `bench` and `demo`).

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cli_support::{Proc, run_id};
-use rdzv::core::{Kv, RangeOptions};
+use rdzv_core::Kv;
+use rdzv_core::kv::RangeOptions;
 use tokio::time::Instant;
 
 async fn keys_under(kv: &dyn Kv, prefix: &str) -> Vec<String> {

@@ -29,7 +29,7 @@ pub enum KvError {
     /// way), is overloaded ("too many requests"), or a request timed out inside the cluster
     /// (a leader failed). Retryable, and unlike [`KvError::Unavailable`] worth retrying
     /// even at the first contact, where a server that cannot be reached fails at once: it
-    /// passes by itself ([`retry_while_busy`](crate::retry_while_busy)).
+    /// passes by itself ([`retry_while_busy`](crate::retry::retry_while_busy)).
     #[error(
         "{backend} at {endpoint} cannot serve now: {message}; this passes by itself (a leader election, an overload): retry, and if it lasts, check the cluster's health"
     )]

@@ -7,7 +7,7 @@
 //! line's `--run-id`/`--node-id`) checks ids with [`validate_id`].
 //!
 //! **The rule:** 1 to [`MAX_ID_LEN`] characters, each an ASCII letter or digit or one of
-//! `-` `_` `.` `:` `@` `+` ([`ID_PUNCTUATION`]). That admits Slurm job ids (`12345678`,
+//! `-` `_` `.` `:` `@` `+`. That admits Slurm job ids (`12345678`,
 //! array tasks `12345_7`, heterogeneous components `12345+0`), Kubernetes names
 //! (`trainer-0.trainer.default`, up to 253 characters), UUIDs, `user@host:port`-like names
 //! and the default node id `<host>-<pid>-<hex>`; it forbids `/`, spaces, control
@@ -22,7 +22,7 @@ use crate::error::ConfigError;
 pub const MAX_ID_LEN: usize = 253;
 
 /// The characters besides ASCII letters and digits that an id may contain.
-pub const ID_PUNCTUATION: &str = "-_.:@+";
+const ID_PUNCTUATION: &str = "-_.:@+";
 
 /// The rule, in words, for error messages and help texts.
 pub const ID_RULE: &str = "1 to 253 characters, each an ASCII letter, a digit, or one of - _ . : @ +";
@@ -37,7 +37,7 @@ pub fn is_id_char(c: char) -> bool {
 /// [`ConfigError::InvalidValue`] that says which character (or length) breaks which rule.
 ///
 /// ```
-/// use rdzv_core::validate_id;
+/// use rdzv_core::ids::validate_id;
 /// assert!(validate_id("run_id", "12345678").is_ok());
 /// assert!(validate_id("node_id", "trainer-0.trainer.default").is_ok());
 /// assert!(validate_id("run_id", "a/rdzv/v_1/join/x").is_err());

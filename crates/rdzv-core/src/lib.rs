@@ -1,63 +1,63 @@
 //! # rdzv-core
 //!
-//! The backend-agnostic heart of rdzv: the [`Kv`] contract every backend implements (with
-//! its conveniences in [`KvExt`] and [`Session`]), the errors, the parameters and URL
-//! parsing, the backend registry, and the rendezvous protocol itself.
+//! The backend-agnostic heart of rdzv: the [`Kv`] contract every backend implements (its
+//! values in [`kv`], its conveniences in [`KvExt`] and [`Session`]), the errors, the
+//! parameters ([`RendezvousParams`], helpers in [`params`]) and URLs ([`RendezvousUrl`],
+//! helpers in [`url`]), the identifier rule ([`ids`]), the backend [`Registry`], and the
+//! rendezvous itself ([`RendezvousHandler`]; its pure core in [`protocol`]).
 
 mod error;
 mod ext;
-mod ids;
-mod kv;
+pub mod ids;
+pub mod kv;
 pub mod layer;
-mod params;
-mod per_process;
+pub mod params;
+pub mod per_process;
 mod registry;
 mod rendezvous;
-mod retry;
+pub mod retry;
 mod session;
 #[cfg(test)]
 mod stub;
-mod url;
+pub mod url;
 pub mod wait;
 
-// The backend contract: the trait, its types, its conveniences and errors.
-/// The byte buffer of [`KeyValue::value`] (re-exported from the `bytes` crate): cheap to clone,
-/// derefs to `[u8]`.
-pub use bytes::Bytes;
+// Every public item has one path: the types most code names are here at the root, the rest
+// in the named modules (`kv`, `url`, `params`, `ids`, `protocol`, …).
+
+// The backend contract (its values are in `kv`), its conveniences, and the errors.
 pub use error::{BoxError, ConfigError, KvError, RendezvousError};
-pub use ext::{KvExt, Watch, show_key};
-pub use kv::*;
-pub use per_process::PerProcess;
-pub use retry::{retry_delays, retry_while_busy};
+pub use ext::KvExt;
+pub use kv::contract::{Kv, KvResult};
 pub use session::Session;
 
-// Parameters, URLs and identifiers.
-pub use ids::{ID_PUNCTUATION, ID_RULE, MAX_ID_LEN, is_id_char, validate_id};
-pub use params::{
-    DEFAULT_PREFIX, MAX_DURATION, OPTIONS, RankOrder, RendezvousParams, canonical_option_name, insert_option,
-    is_rendezvous_option, option_names, parse_duration,
-};
-pub use url::{
-    Endpoint, PASSWORD_ENV, RendezvousUrl, RunAddress, Secret, URL_OPTIONS, parse_endpoint, redact_url_text,
-};
-
-// Backends chosen by URL scheme.
+// Parameters and URLs (their helpers are in `params` and `url`), and the backends chosen by
+// URL scheme.
+pub use params::rules::RendezvousParams;
 pub use registry::{BackendFactory, Registry};
+pub use url::parse::RendezvousUrl;
 
-// The rendezvous.
+// The rendezvous: the worker's handle and what it tells about rounds.
 pub use rendezvous::{
-    Joiner, LastRound, Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges,
-    RoundTimings, RunKeys, RunOutcome, Sizing, State, Waiting, free_port,
+    Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges, RoundTimings, RunOutcome,
+    Waiting,
 };
 
 /// The protocol's pure core (docs/PROTOCOL.md): the decision tables and the state machine of
-/// one `next_rendezvous` call, which do no I/O. [`RendezvousHandler`] drives them against a
-/// [`Kv`]; they are public so that tests (and other executors) can drive them directly.
+/// one `next_rendezvous` call, which do no I/O, with the values they work on (the state
+/// value, the key layout). [`RendezvousHandler`] drives them against a [`Kv`]; they are
+/// public so that tests, tools that read a run's keys (`rdzv status`) and other executors
+/// can use them directly.
 pub mod protocol {
     pub use crate::rendezvous::decide;
+    /// (Public, in this module, because the facade's bootstrap uses it too: rank 0 picks a
+    /// `MASTER_PORT` with it when it offered none; so would another executor filling a
+    /// worker's descriptor.)
+    pub use crate::rendezvous::free_port;
     pub use crate::rendezvous::machine::{
         Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed,
     };
+    pub use crate::rendezvous::{Joiner, LastRound, RunKeys, State};
 }
 
 #[cfg(feature = "testing")]

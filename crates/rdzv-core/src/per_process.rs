@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 ///
 /// ```
 /// use std::sync::Mutex;
-/// use rdzv_core::PerProcess;
+/// use rdzv_core::per_process::PerProcess;
 ///
 /// static NAMES: PerProcess<Mutex<Vec<String>>> = PerProcess::new(|| Mutex::new(Vec::new()));
 /// NAMES.get().lock().unwrap().push("in this process".into());

@@ -38,7 +38,7 @@ pub trait BackendFactory: Send + Sync + 'static {
 
     /// Whether this backend's servers take a password without a user name (Redis's
     /// `AUTH <password>`), so that `RDZV_PASSWORD` gives the password of a URL that names no
-    /// user (see [`PASSWORD_ENV`](crate::PASSWORD_ENV)). Default: `false` (the variable applies only to URLs with a
+    /// user (see [`PASSWORD_ENV`](crate::url::PASSWORD_ENV)). Default: `false` (the variable applies only to URLs with a
     /// user).
     fn accepts_password_alone(&self) -> bool {
         false

@@ -10,13 +10,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv_core::RunKeys;
-use rdzv_core::protocol::decide::Candidate;
-use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
-use rdzv_core::{
-    CountedCreate, DeleteMode, DeleteOutcome, EventKind, Joiner, KeyValue, KvError, LeaseId, Participant,
-    PutMode, PutOutcome, RankOrder, RendezvousError, Revision, Sizing,
+use rdzv_core::kv::{
+    CountedCreate, DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision,
 };
+use rdzv_core::params::RankOrder;
+use rdzv_core::protocol::Joiner;
+use rdzv_core::protocol::RunKeys;
+use rdzv_core::protocol::decide::Candidate;
+use rdzv_core::protocol::decide::Sizing;
+use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
+use rdzv_core::{KvError, Participant, RendezvousError};
 use tokio::time::Instant;
 
 /// The run lease of the model: never expires.

@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
+use rdzv_core::kv::{Bytes, DeleteMode, DeleteOutcome, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
+use rdzv_core::params::RankOrder;
+use rdzv_core::protocol::decide::Sizing;
 use rdzv_core::protocol::{Action, Bind, Call, Input, Leaving, Machine, Observed};
-use rdzv_core::{
-    Bytes, DeleteMode, DeleteOutcome, KeyValue, KvError, LeaseId, Participant, PutMode, PutOutcome,
-    RankOrder, RendezvousError, Revision, RunKeys, Sizing, State,
-};
+use rdzv_core::protocol::{RunKeys, State};
+use rdzv_core::{KvError, Participant, RendezvousError};
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rdzv_core::kv::{
+    DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, LeaseId, PutOptions, PutOutcome,
+    RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+};
 use rdzv_core::{
-    BackendFactory, ConfigError, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError,
-    KvResult, LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Registry, RendezvousError,
-    RendezvousUrl, Revision, WatchScope, WatchStream,
+    BackendFactory, ConfigError, Kv, KvError, KvResult, Registry, RendezvousError, RendezvousUrl,
 };
 
 /// A backend that only answers to its name: enough to see that `connect` hands it over.

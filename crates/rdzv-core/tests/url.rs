@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
-use rdzv_core::parse_endpoint;
-use rdzv_core::{ConfigError, Endpoint, RendezvousUrl};
-use rdzv_core::{DEFAULT_PREFIX, parse_duration};
+use rdzv_core::params::{DEFAULT_PREFIX, parse_duration};
+use rdzv_core::url::Endpoint;
+use rdzv_core::url::parse_endpoint;
+use rdzv_core::{ConfigError, RendezvousUrl};
 
 fn parse(url: &str) -> RendezvousUrl {
     RendezvousUrl::parse(url).unwrap_or_else(|e| panic!("`{url}` should parse: {e}"))
@@ -203,7 +204,7 @@ fn durations() {
         assert_eq!(parse_duration("timeout", text), Ok(expected), "{text}");
     }
     let year = Duration::from_secs(365 * 24 * 3600);
-    assert_eq!(rdzv_core::MAX_DURATION, year);
+    assert_eq!(rdzv_core::params::MAX_DURATION, year);
     assert_eq!(parse_duration("run_ttl", "365d"), Ok(year));
     assert_eq!(parse_duration("run_ttl", "31536000"), Ok(year));
     for bad in ["", "-1", "abc", "1.2.3", ".", "1e3", "inf", "NaN", "30 parsecs", "99999999999999999999999"] {
@@ -579,7 +580,7 @@ fn errors_are_one_clear_sentence() {
 #[test]
 fn identifiers_are_checked_at_every_entry_point() {
     use rdzv_core::RendezvousParams;
-    use rdzv_core::{ID_RULE, MAX_ID_LEN};
+    use rdzv_core::ids::{ID_RULE, MAX_ID_LEN};
 
     let rule_broken = |e: ConfigError, field: &str| match e {
         ConfigError::InvalidValue { option, reason, .. } => {
@@ -727,17 +728,17 @@ fn password_file_errors_name_the_file_not_the_password() {
 #[test]
 fn password_file_is_offered_by_every_backend() {
     // The registry rejects options no layer knows; `password_file` is the URL parser's own.
-    assert!(rdzv_core::URL_OPTIONS.contains(&"password_file"));
+    assert!(rdzv_core::url::URL_OPTIONS.contains(&"password_file"));
 }
 
 /// A run's address needs no rendezvous sizing; parameters are built from it only where a
 /// rendezvous is joined, with the URL's sizing or the caller's default.
 #[test]
 fn run_address_needs_no_sizing() {
-    use rdzv_core::RunAddress;
+    use rdzv_core::url::RunAddress;
     let address = RunAddress::new(parse("mem://m/job?etcd_prefix=/p&timeout=5"));
     assert_eq!((address.prefix.as_str(), address.run_id.as_str()), ("/p", "job"));
-    assert_eq!(address.keys(), rdzv_core::RunKeys::new("/p", "job"));
+    assert_eq!(address.keys(), rdzv_core::protocol::RunKeys::new("/p", "job"));
     assert_eq!(address.params(), Err(ConfigError::MissingOption("min_workers".into())));
     let p = address.params_or(3, 5).expect("sized by the caller");
     assert_eq!((p.min_workers, p.max_workers, p.timeout), (3, 5, Duration::from_secs(5)));
@@ -758,7 +759,7 @@ fn run_address_needs_no_sizing() {
     let mut address = RunAddress::new(parse("mem://m/job?min_workers=1"));
     address.run_id = "job-2".into();
     assert_eq!(address.params().expect("valid").run_id, "job-2");
-    assert_eq!(address.keys(), rdzv_core::RunKeys::new(DEFAULT_PREFIX, "job-2"));
+    assert_eq!(address.keys(), rdzv_core::protocol::RunKeys::new(DEFAULT_PREFIX, "job-2"));
     assert!(matches!(
         RunAddress::new(parse("mem://m/job?max_workers=2")).params_or(3, 4),
         Err(ConfigError::InvalidValue { option, .. }) if option == "max_workers"
@@ -771,13 +772,13 @@ fn run_address_needs_no_sizing() {
 fn aliases_come_from_one_table() {
     use std::collections::BTreeMap;
     let aliased: Vec<(&str, &str)> =
-        rdzv_core::OPTIONS.iter().filter_map(|(name, alias)| alias.map(|a| (a, *name))).collect();
+        rdzv_core::params::OPTIONS.iter().filter_map(|(name, alias)| alias.map(|a| (a, *name))).collect();
     assert_eq!(
         aliased,
         [("min_nodes", "min_workers"), ("max_nodes", "max_workers"), ("etcd_prefix", "prefix")]
     );
     for (alias, name) in aliased {
-        assert_eq!(rdzv_core::canonical_option_name(alias), name);
+        assert_eq!(rdzv_core::params::canonical_option_name(alias), name);
         let url = parse(&format!("mem://m/r?{alias}=1"));
         assert_eq!(url.rendezvous_options.keys().collect::<Vec<_>>(), [name], "{alias}");
         let err = parse_err(&format!("mem://m/r?{alias}=1&{name}=1"));
@@ -794,7 +795,7 @@ fn aliases_come_from_one_table() {
 
 #[test]
 fn redacting_a_url_text_hides_only_the_password() {
-    use rdzv_core::redact_url_text;
+    use rdzv_core::url::redact_url_text;
     for (input, expected) in [
         ("redis://:s3cret@h:6379/job?min_workers=2", Some("redis://:***@h:6379/job?min_workers=2")),
         ("etcd://root:p%40ss@h1,h2:2379/job?x=1", Some("etcd://root:***@h1,h2:2379/job?x=1")),

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
-use rdzv_core::{Endpoint, RendezvousUrl};
+use rdzv_core::RendezvousUrl;
+use rdzv_core::url::Endpoint;
 
 /// Percent-encodes everything but ASCII letters and digits, independently of the crate's
 /// own encoder.
@@ -36,7 +37,7 @@ fn check_any(input: &str) -> Result<(), TestCaseError> {
         if let Ok(url) = RendezvousUrl::parse_with_default_port(input, default_port) {
             assert_round_trip(&url)?;
             let _ = url.params();
-            let _ = rdzv_core::RunAddress::new(url).params_or(1, 1);
+            let _ = rdzv_core::url::RunAddress::new(url).params_or(1, 1);
         }
     }
     let _ = RendezvousUrl::parse(input);
@@ -128,7 +129,7 @@ impl Parts {
             query.push(format!("endpoints={}", enc(&list)));
         }
         for (name, value) in &self.rendezvous {
-            let alias = rdzv_core::OPTIONS.iter().find(|(c, _)| c == name).and_then(|(_, a)| *a);
+            let alias = rdzv_core::params::OPTIONS.iter().find(|(c, _)| c == name).and_then(|(_, a)| *a);
             let written = match alias {
                 Some(alias) if self.use_aliases => alias,
                 _ => name.as_str(),
@@ -168,7 +169,7 @@ fn parts() -> impl Strategy<Value = Parts> {
         "[a-z][a-z0-9+.-]{0,8}",
     ];
     let rendezvous_name =
-        prop::sample::select(rdzv_core::option_names().collect::<Vec<_>>()).prop_map(String::from);
+        prop::sample::select(rdzv_core::params::option_names().collect::<Vec<_>>()).prop_map(String::from);
     let backend_name =
         prop::sample::select(vec!["db", "cacert", "cert", "key", "user-opt", "x.y"]).prop_map(String::from);
     (
@@ -273,7 +274,7 @@ proptest! {
     #[test]
     fn run_ids_follow_the_identifier_rule(run_id in "\\PC{1,12}") {
         let parsed = RendezvousUrl::parse(&format!("etcd://h/{}", enc(&run_id)));
-        let rule = rdzv_core::validate_id("run_id", &run_id);
+        let rule = rdzv_core::ids::validate_id("run_id", &run_id);
         prop_assert_eq!(parsed.is_ok(), rule.is_ok(), "{:?}: {:?} vs {:?}", run_id, parsed, rule);
         if let Ok(url) = parsed {
             prop_assert_eq!(url.run_id, run_id);

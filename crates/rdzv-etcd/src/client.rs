@@ -15,7 +15,10 @@ use std::time::Duration;
 use etcd_client::{
     Certificate, Client, ConnectOptions, Identity, KvClient, LeaseClient, TlsOptions, WatchClient,
 };
-use rdzv_core::{ConfigError, Endpoint, KvError, LeaseId, PerProcess};
+use rdzv_core::kv::LeaseId;
+use rdzv_core::per_process::PerProcess;
+use rdzv_core::url::Endpoint;
+use rdzv_core::{ConfigError, KvError};
 use tokio::sync::OnceCell;
 
 use crate::config::{EtcdOptions, TlsFiles};
@@ -346,7 +349,7 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     // the status goes with `require_leader`) is asked again within that time, since that
     // passes; one that cannot be reached fails at once.
     let deadline = tokio::time::Instant::now() + options.connect_timeout * members;
-    let probe = rdzv_core::retry_while_busy(deadline, || async {
+    let probe = rdzv_core::retry::retry_while_busy(deadline, || async {
         let status = shared.run(|clients| {
             let mut maintenance = clients.client.maintenance_client();
             async move { maintenance.status().await }

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
+use rdzv_core::url::{Endpoint, Secret};
+use rdzv_core::{ConfigError, RendezvousUrl};
 
 /// The query options the etcd backend understands (besides the rendezvous parameters).
 pub const OPTIONS: &[&str] =
@@ -288,7 +289,7 @@ fn parse_max_request_bytes(value: &str) -> Result<usize, ConfigError> {
 /// Parses a timeout like every duration option (plain seconds or `500ms`, `10s`, `1m`);
 /// zero is refused because it would fail every request.
 fn parse_timeout(option: &str, value: &str) -> Result<Duration, ConfigError> {
-    let duration = rdzv_core::parse_duration(option, value)?;
+    let duration = rdzv_core::params::parse_duration(option, value)?;
     if duration.is_zero() {
         return Err(ConfigError::InvalidValue {
             option: option.to_string(),

@@ -41,7 +41,8 @@ use std::error::Error as StdError;
 use std::time::Duration;
 
 use etcd_client::Error as EtcdError;
-use rdzv_core::{KvError, LeaseId};
+use rdzv_core::KvError;
+use rdzv_core::kv::LeaseId;
 use tonic::{Code, Status};
 
 /// The backend name used in errors.

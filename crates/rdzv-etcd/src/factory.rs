@@ -71,7 +71,8 @@ impl BackendFactory for EtcdFactory {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use rdzv_core::{ConfigError, Endpoint, Registry};
+    use rdzv_core::url::Endpoint;
+    use rdzv_core::{ConfigError, Registry};
 
     use super::*;
 

@@ -2,7 +2,7 @@
 //! `[P, P+1)`, and an optional namespace is prepended to every key on the way in and cut off
 //! on the way out.
 
-use rdzv_core::{KeyValue, prefix_end};
+use rdzv_core::kv::{KeyValue, prefix_end};
 
 /// A namespace: a byte prefix that isolates one user's keys from another's on the same
 /// cluster (like etcd's `--namespace` proxy).

@@ -11,11 +11,12 @@ use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, ResponseHeader, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use rdzv_core::{
-    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, Kv,
-    KvError, KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse,
-    Revision, SizeLimit, WatchScope, WatchStream,
+use rdzv_core::kv::{
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue,
+    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, SizeLimit,
+    WatchScope, WatchStream,
 };
+use rdzv_core::{Kv, KvError, KvResult};
 
 use crate::client::{self, Clients, ConnectError, Shared};
 use crate::config::{

@@ -58,7 +58,9 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use rdzv_core::{Endpoint, Kv, PutMode, PutOptions, PutOutcome};
+//! use rdzv_core::Kv;
+//! use rdzv_core::url::Endpoint;
+//! use rdzv_core::kv::{PutMode, PutOptions, PutOutcome};
 //! use rdzv_etcd::{EtcdKv, EtcdOptions};
 //!
 //! # async fn demo() -> Result<(), rdzv_core::KvError> {
@@ -80,7 +82,8 @@
 //! multiplexed on it. The request timeout is per handle.
 //!
 //! ```
-//! use rdzv_core::{BackendFactory, Endpoint};
+//! use rdzv_core::BackendFactory;
+//! use rdzv_core::url::Endpoint;
 //! use rdzv_etcd::{EtcdFactory, EtcdOptions};
 //!
 //! assert_eq!(EtcdFactory.default_port(), Some(2379));

@@ -38,7 +38,8 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use etcd_client::{WatchOptions, WatchResponse, WatchResponseStream};
 use futures::{Stream, StreamExt};
-use rdzv_core::{Event, EventKind, KeyValue, KvError, KvResult, Revision, WatchStream};
+use rdzv_core::kv::{Event, EventKind, KeyValue, Revision, WatchStream};
+use rdzv_core::{KvError, KvResult};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -828,7 +829,7 @@ fn ended(what: &str, reason: &str, endpoints: &str, key: &[u8]) -> KvError {
         );
     }
     tracing::warn!(endpoints, %reason, "etcd {what} a watch; reading again and watching again");
-    KvError::WatchEnded { backend: BACKEND, key: rdzv_core::show_key(key) }
+    KvError::WatchEnded { backend: BACKEND, key: rdzv_core::kv::show_key(key) }
 }
 
 #[cfg(test)]

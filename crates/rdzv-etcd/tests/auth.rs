@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdzv_core::Registry;
-use rdzv_core::{Kv, KvError, PutOptions, RendezvousUrl, Secret};
+use rdzv_core::kv::PutOptions;
+use rdzv_core::url::Secret;
+use rdzv_core::{Kv, KvError, RendezvousUrl};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{EtcdFactory, EtcdKv, EtcdOptions};
 
@@ -37,7 +39,7 @@ async fn credentials_work_and_never_show() {
     let direct = server.try_kv().await.unwrap();
     assert_eq!(direct.get(b"k").await.unwrap().kv.unwrap().value, &b"v"[..]);
     // Watches and leases carry the token too.
-    let mut events = direct.watch(b"k", rdzv_core::WatchScope::Key, 1).await.unwrap();
+    let mut events = direct.watch(b"k", rdzv_core::kv::WatchScope::Key, 1).await.unwrap();
     let event = tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut events))
         .await
         .expect("an event")
@@ -86,7 +88,7 @@ async fn an_unreachable_server_does_not_show_the_password_either() {
 
 #[test]
 fn debug_never_shows_the_password() {
-    let options = EtcdOptions::new(vec![rdzv_core::Endpoint { host: "h".to_string(), port: 1 }])
+    let options = EtcdOptions::new(vec![rdzv_core::url::Endpoint { host: "h".to_string(), port: 1 }])
         .with_user("root", Secret::new(PASSWORD));
     assert_hidden("Debug of the options", &format!("{options:?}"));
     let _: Option<Arc<dyn Kv>> = None;

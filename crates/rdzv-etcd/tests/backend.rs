@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use etcd_client::GetOptions;
 use futures::StreamExt;
-use rdzv_core::{EventKind, Kv, KvError, PutMode, PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_core::kv::{EventKind, PutMode, PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_core::{Kv, KvError};
 use rdzv_etcd::EtcdKv;
 use rdzv_etcd::testing::{EtcdServer, shared};
 

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{Kv, PutOptions, PutOutcome, WatchScope};
+use rdzv_core::Kv;
+use rdzv_core::kv::{PutOptions, PutOutcome, WatchScope};
 use rdzv_etcd::EtcdKv;
 use rdzv_etcd::testing::EtcdCluster;
 

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{Endpoint, Kv, PutOptions, PutOutcome, WatchScope};
+use rdzv_core::Kv;
+use rdzv_core::kv::{PutOptions, PutOutcome, WatchScope};
+use rdzv_core::url::Endpoint;
 use rdzv_etcd::EtcdKv;
 use rdzv_etcd::testing::shared;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rdzv_core::PutOptions;
+use rdzv_core::kv::PutOptions;
 use rdzv_etcd::testing::EtcdServer;
 
 #[tokio::test]
@@ -62,7 +62,7 @@ fn a_panicking_test_leaves_no_server_behind() {
 /// (it is a write transaction), reads, watches and keep-alives none.
 #[tokio::test]
 async fn proposal_costs_of_the_operations() {
-    use rdzv_core::{PutMode, RangeOptions, WatchScope};
+    use rdzv_core::kv::{PutMode, RangeOptions, WatchScope};
 
     let server = EtcdServer::start().await.expect("etcd starts");
     let kv = server.kv().await;

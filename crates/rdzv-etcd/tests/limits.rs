@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdzv_core::Registry;
-use rdzv_core::{Kv, KvError, PutMode, PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_core::kv::{PutMode, PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_core::{Kv, KvError};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{DEFAULT_MAX_REQUEST_BYTES, EtcdFactory, MAX_KEY_BYTES, REQUEST_RESERVE_BYTES};
 
@@ -55,7 +56,7 @@ async fn over_the_limits_is_refused_before_sending_and_the_largest_write_passes(
     let key_errors = [
         kv.put(&long_key, b"v", PutOptions::OVERWRITE).await.map(|_| ()).unwrap_err(),
         kv.get(&long_key).await.map(|_| ()).unwrap_err(),
-        kv.delete(&long_key, rdzv_core::DeleteMode::Any).await.map(|_| ()).unwrap_err(),
+        kv.delete(&long_key, rdzv_core::kv::DeleteMode::Any).await.map(|_| ()).unwrap_err(),
         kv.range(&long_key, RangeOptions::default()).await.map(|_| ()).unwrap_err(),
         kv.watch(&long_key, WatchScope::Prefix, 1).await.map(|_| ()).unwrap_err(),
     ];

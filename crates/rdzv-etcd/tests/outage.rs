@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use rdzv_core::{Endpoint, EventKind, Kv, KvError, PutOptions, PutOutcome, WatchScope};
+use rdzv_core::kv::{EventKind, PutOptions, PutOutcome, WatchScope};
+use rdzv_core::url::Endpoint;
+use rdzv_core::{Kv, KvError};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{EtcdKv, EtcdOptions};
 
@@ -90,7 +92,7 @@ async fn a_watch_resumes_after_a_restart_without_gap_or_duplicate() {
     server.kill().await.unwrap();
     server.restart().await.unwrap();
     let third = put_when_back(&kv, b"w/3", b"c").await;
-    kv.delete(b"w/1", rdzv_core::DeleteMode::Any).await.unwrap();
+    kv.delete(b"w/1", rdzv_core::kv::DeleteMode::Any).await.unwrap();
     let event = within("the first event after the restart", events.next()).await.unwrap().unwrap();
     assert_eq!(event.kv.key, b"w/3");
     assert_eq!(event.revision(), third);

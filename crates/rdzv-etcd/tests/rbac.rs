@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{Client, ConnectOptions, Permission};
 use futures::StreamExt;
 use rdzv_core::Registry;
-use rdzv_core::{
-    Kv, KvError, PutOptions, RangeOptions, RendezvousError, RendezvousHandler, RendezvousParams, WatchScope,
-};
+use rdzv_core::kv::{PutOptions, RangeOptions, WatchScope};
+use rdzv_core::{Kv, KvError, RendezvousError, RendezvousHandler, RendezvousParams};
 use rdzv_etcd::EtcdFactory;
 use rdzv_etcd::testing::EtcdServer;
 
@@ -105,7 +104,7 @@ async fn the_documented_role_is_enough_and_less_fails_clearly() {
     assert!(within("watch event", events.next()).await.unwrap().is_ok());
     kv.lease_keep_alive(lease).await.unwrap();
     kv.lease_revoke(lease).await.unwrap();
-    kv.delete(&key("plain"), rdzv_core::DeleteMode::Any).await.unwrap();
+    kv.delete(&key("plain"), rdzv_core::kv::DeleteMode::Any).await.unwrap();
     assert_eq!(kv.range(&store, RangeOptions::default()).await.unwrap().count, 0);
     within("close", handlers[0].set_closed()).await.unwrap();
     for handler in &handlers {

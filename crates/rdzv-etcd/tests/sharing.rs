@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdzv_core::Kv;
 use rdzv_core::Registry;
-use rdzv_core::{Kv, Secret};
+use rdzv_core::url::Secret;
 use rdzv_etcd::testing::{EtcdServer, shared};
 use rdzv_etcd::{EtcdFactory, EtcdKv};
 

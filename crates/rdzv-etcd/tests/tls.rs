@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use rdzv_core::Registry;
-use rdzv_core::{ConfigError, Kv, KvError, PutOptions, RendezvousError};
+use rdzv_core::kv::PutOptions;
+use rdzv_core::{ConfigError, Kv, KvError, RendezvousError};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{EtcdFactory, EtcdKv, TlsFiles};
 

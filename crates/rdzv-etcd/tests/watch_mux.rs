@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{Event, EventKind, Kv, KvError, PutOptions, PutOutcome, RendezvousHandler, RendezvousParams};
-use rdzv_core::{WatchScope, WatchStream};
+use rdzv_core::kv::{Event, EventKind, PutOptions, PutOutcome};
+use rdzv_core::kv::{WatchScope, WatchStream};
+use rdzv_core::{Kv, KvError, RendezvousHandler, RendezvousParams};
 use rdzv_etcd::testing::EtcdServer;
 use rdzv_etcd::{EtcdKv, EtcdOptions};
 
@@ -236,8 +237,8 @@ async fn many_watches_each_get_exactly_their_own_events_in_order() {
                 let child = format!("w/{i}/c{round}");
                 below.push((EventKind::Put, put(&kv, child.as_bytes(), b"c").await, child));
             }
-            let deleted = match kv.delete(format!("w/{i}").as_bytes(), rdzv_core::DeleteMode::Any).await {
-                Ok(rdzv_core::DeleteOutcome::Deleted { revision }) => revision,
+            let deleted = match kv.delete(format!("w/{i}").as_bytes(), rdzv_core::kv::DeleteMode::Any).await {
+                Ok(rdzv_core::kv::DeleteOutcome::Deleted { revision }) => revision,
                 other => panic!("not deleted: {other:?}"),
             };
             mine.push((EventKind::Delete, deleted, String::new()));

@@ -5,11 +5,11 @@ use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rdzv_core::{
-    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvError,
-    KvResult, LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, SizeLimit, WatchScope,
-    WatchStream,
+use rdzv_core::kv::{
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, LeaseId,
+    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, SizeLimit, WatchScope, WatchStream,
 };
+use rdzv_core::{Kv, KvError, KvResult};
 use tokio::time::Instant;
 
 use crate::reaper::{self, ReaperSignal};
@@ -298,7 +298,7 @@ impl Kv for MemKv {
                 std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse::<i64>().ok()).ok_or_else(|| {
                     KvError::InvalidArgument(format!(
                         "cannot increment `{}`: its value is not a decimal integer",
-                        rdzv_core::show_key(key)
+                        rdzv_core::kv::show_key(key)
                     ))
                 })?
             }
@@ -306,7 +306,7 @@ impl Kv for MemKv {
         let next = current.checked_add(delta).ok_or_else(|| {
             KvError::InvalidArgument(format!(
                 "incrementing `{}` ({current}) by {delta} overflows a 64-bit integer",
-                rdzv_core::show_key(key)
+                rdzv_core::kv::show_key(key)
             ))
         })?;
         state.put(key, next.to_string().as_bytes(), PutOptions::OVERWRITE)?;

@@ -15,7 +15,8 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use futures::StreamExt;
-//! use rdzv_core::{EventKind, Kv, PutMode, PutOptions, PutOutcome, WatchScope};
+//! use rdzv_core::Kv;
+//! use rdzv_core::kv::{EventKind, PutMode, PutOptions, PutOutcome, WatchScope};
 //! use rdzv_mem::MemKv;
 //!
 //! # #[tokio::main(flavor = "current_thread")]

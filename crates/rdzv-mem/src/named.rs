@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use rdzv_core::PerProcess;
+use rdzv_core::per_process::PerProcess;
 
 use crate::MemKv;
 

@@ -5,11 +5,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
-use rdzv_core::{
-    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, KvError,
-    KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision,
-    WatchScope, prefix_end,
+use rdzv_core::kv::{
+    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, LeaseId,
+    PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    prefix_end,
 };
+use rdzv_core::{KvError, KvResult};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
@@ -156,7 +157,7 @@ impl State {
         }
         let kv = KeyValue {
             key: key.to_vec(),
-            value: rdzv_core::Bytes::copy_from_slice(value),
+            value: rdzv_core::kv::Bytes::copy_from_slice(value),
             create_revision,
             mod_revision: revision,
             version,

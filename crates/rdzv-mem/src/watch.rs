@@ -7,7 +7,8 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use futures::Stream;
-use rdzv_core::{Event, KvResult, Revision, WatchScope, WatchStream};
+use rdzv_core::KvResult;
+use rdzv_core::kv::{Event, Revision, WatchScope, WatchStream};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::shared::Shared;

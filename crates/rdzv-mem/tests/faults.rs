@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use rdzv_core::kv::{PutOptions, WatchScope};
 use rdzv_core::layer::{FaultyKv, Latency};
-use rdzv_core::{Kv, KvError, PutOptions, WatchScope};
+use rdzv_core::{Kv, KvError};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;
 
@@ -179,6 +180,6 @@ async fn a_failure_after_applying_loses_only_the_answer() {
     assert_eq!(inner.get(b"k").await.unwrap().kv.unwrap().value, &b"v"[..], "the put took effect");
     kv.clear();
     kv.fail_nth_call(1);
-    assert!(kv.delete(b"k", rdzv_core::DeleteMode::Any).await.is_err());
+    assert!(kv.delete(b"k", rdzv_core::kv::DeleteMode::Any).await.is_err());
     assert!(inner.get(b"k").await.unwrap().kv.is_some(), "clear() restores failing before applying");
 }

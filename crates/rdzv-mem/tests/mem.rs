@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use rdzv_core::{
-    DeleteMode, DeleteOutcome, EventKind, Kv, KvError, PutMode, PutOptions, PutOutcome, WatchScope,
-};
+use rdzv_core::kv::{DeleteMode, DeleteOutcome, EventKind, PutMode, PutOptions, PutOutcome, WatchScope};
+use rdzv_core::{Kv, KvError};
 use rdzv_mem::MemKv;
 
 #[tokio::test(start_paused = true)]

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use proptest::prelude::*;
-use rdzv_core::{
-    DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, GetResponse, KeyValue, Kv, KvError,
-    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+use rdzv_core::kv::{
+    DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, GetResponse, KeyValue, LeaseId,
+    PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
 };
+use rdzv_core::{Kv, KvError};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;
 
@@ -299,7 +300,7 @@ impl Ids {
 }
 
 /// Drains a watch whose events are all queued already.
-fn drain(events: &mut rdzv_core::WatchStream) -> Vec<Event> {
+fn drain(events: &mut rdzv_core::kv::WatchStream) -> Vec<Event> {
     let mut out = Vec::new();
     while let Some(Some(item)) = events.next().now_or_never() {
         out.push(item.expect("no error in a live watch"));

@@ -7,12 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rdzv_core::kv::{DeleteMode, DeleteOutcome, Event, PutOptions, Revision, WatchScope, WatchStream};
 use rdzv_core::layer::Layer;
 use rdzv_core::wait::{Reading, Start, Wait};
-use rdzv_core::{
-    DeleteMode, DeleteOutcome, Event, Kv, KvError, KvExt, KvResult, PutOptions, Revision, WatchScope,
-    WatchStream,
-};
+use rdzv_core::{Kv, KvError, KvExt, KvResult};
 use rdzv_mem::MemKv;
 use tokio::time::Instant;
 

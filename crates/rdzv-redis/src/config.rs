@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rdzv_core::parse_duration;
-use rdzv_core::{ConfigError, Endpoint, RendezvousUrl, Secret};
+use rdzv_core::params::parse_duration;
+use rdzv_core::url::{Endpoint, Secret};
+use rdzv_core::{ConfigError, RendezvousUrl};
 
 /// Default Redis port.
 pub const DEFAULT_PORT: u16 = 6379;

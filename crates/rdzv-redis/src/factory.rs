@@ -69,7 +69,8 @@ impl BackendFactory for RedisFactory {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use rdzv_core::{Endpoint, Registry};
+    use rdzv_core::Registry;
+    use rdzv_core::url::Endpoint;
 
     use super::*;
 

@@ -12,7 +12,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdzv_core::{Event, EventKind, KeyValue, KvError, KvResult, Revision};
+use rdzv_core::kv::{Event, EventKind, KeyValue, Revision};
+use rdzv_core::{KvError, KvResult};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 use redis::{Client, Value};

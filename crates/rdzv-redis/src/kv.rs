@@ -4,11 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rdzv_core::{
-    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, Kv,
-    KvError, KvResult, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse,
-    Revision, WatchScope, WatchStream,
+use rdzv_core::kv::{
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue,
+    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    WatchStream,
 };
+use rdzv_core::{Kv, KvError, KvResult};
 
 use crate::client::{Retry, Shared};
 use crate::config::RedisConfig;
@@ -312,7 +313,7 @@ impl Kv for RedisKv {
             "fallback" => Ok(None),
             "not_integer" => Err(KvError::InvalidArgument(format!(
                 "cannot increment `{}`: its value is not a decimal integer",
-                rdzv_core::show_key(key)
+                rdzv_core::kv::show_key(key)
             ))),
             _ => Err(r.unexpected()),
         }

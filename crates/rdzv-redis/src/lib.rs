@@ -119,7 +119,8 @@
 //!
 //! ## Example
 //! ```no_run
-//! use rdzv_core::{Kv, PutMode, PutOptions, PutOutcome};
+//! use rdzv_core::Kv;
+//! use rdzv_core::kv::{PutMode, PutOptions, PutOutcome};
 //! use rdzv_redis::{RedisConfig, RedisKv};
 //!
 //! # async fn demo() -> Result<(), rdzv_core::KvError> {

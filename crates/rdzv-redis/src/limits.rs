@@ -6,7 +6,8 @@
 //! same order of size as etcd's default request limit (1.5 MiB): a request that would not fit
 //! on etcd is not accepted here either, and a job moves between backends unchanged.
 
-use rdzv_core::{KvResult, SizeLimit};
+use rdzv_core::KvResult;
+use rdzv_core::kv::SizeLimit;
 
 use crate::error::NAME;
 

@@ -2,7 +2,8 @@
 //! payload is integers, byte strings and flat key records. Nothing here trusts the server:
 //! a reply of the wrong shape is an error, never a panic.
 
-use rdzv_core::{KeyValue, KvError, KvResult};
+use rdzv_core::kv::KeyValue;
+use rdzv_core::{KvError, KvResult};
 use redis::Value;
 
 use crate::error::{bad_reply, corrupt, lost, rolled_back};

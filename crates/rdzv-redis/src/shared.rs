@@ -5,7 +5,8 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use rdzv_core::{KvError, LeaseId, Revision};
+use rdzv_core::KvError;
+use rdzv_core::kv::{LeaseId, Revision};
 
 use crate::error::NAME;
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{Event, KvError, KvResult, Revision, WatchScope, WatchStream};
+use rdzv_core::kv::{Event, Revision, WatchScope, WatchStream};
+use rdzv_core::{KvError, KvResult};
 use redis::streams::StreamRangeReply;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
@@ -234,7 +235,7 @@ impl Watch {
 
     /// The end of this watch, retryable like a dropped stream: read again, watch again.
     fn ended(&self) -> KvError {
-        KvError::WatchEnded { backend: NAME, key: rdzv_core::show_key(&self.key) }
+        KvError::WatchEnded { backend: NAME, key: rdzv_core::kv::show_key(&self.key) }
     }
 }
 

@@ -7,7 +7,9 @@ mod support;
 
 use std::time::Duration;
 
-use rdzv_core::{EventKind, Kv, KvError, PutOptions, RangeOptions, Secret, WatchScope};
+use rdzv_core::kv::{EventKind, PutOptions, RangeOptions, WatchScope};
+use rdzv_core::url::Secret;
+use rdzv_core::{Kv, KvError};
 use rdzv_redis::RedisKv;
 use rdzv_redis::testing::RedisServer;
 
@@ -83,10 +85,10 @@ async fn exercise(kv: &dyn Kv) {
     within("keep-alive", kv.lease_keep_alive(lease)).await.unwrap();
     assert_eq!(within("increment", kv.increment(b"/acl/n", 2)).await.unwrap(), Some(2));
     let by_create =
-        RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+        RangeOptions { order: rdzv_core::kv::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
     assert_eq!(within("range", kv.range(b"/acl/", by_create)).await.unwrap().count, 3);
     assert_eq!(within("range", kv.range(b"/acl/le", RangeOptions::default())).await.unwrap().count, 1);
-    within("delete", kv.delete(b"/acl/n", rdzv_core::DeleteMode::Any)).await.unwrap();
+    within("delete", kv.delete(b"/acl/n", rdzv_core::kv::DeleteMode::Any)).await.unwrap();
     // The lease ends by itself: the reaper's expiry shows up in the watch.
     let mut kinds = Vec::new();
     while kinds.len() < 4 {

@@ -7,7 +7,8 @@ mod support;
 
 use std::time::Duration;
 
-use rdzv_core::{EventKind, KvError, PutOptions, RangeOptions, WatchScope};
+use rdzv_core::KvError;
+use rdzv_core::kv::{EventKind, PutOptions, RangeOptions, WatchScope};
 use rdzv_redis::testing::{RedisServer, shared};
 
 use support::{WAIT, connect, next, put, raw, within};

@@ -5,7 +5,8 @@
 
 mod support;
 
-use rdzv_core::{KvError, PutOptions, RangeOptions, WatchScope};
+use rdzv_core::KvError;
+use rdzv_core::kv::{PutOptions, RangeOptions, WatchScope};
 use rdzv_redis::testing::{RedisServer, shared};
 
 use support::{connect, put, raw, within};
@@ -40,7 +41,7 @@ async fn keys_values_and_requests_over_the_limits_are_refused_before_sending() {
     assert_too_large(kv.put(&long, b"v", PutOptions::OVERWRITE).await, "a key", size, limit);
     assert_too_large(kv.get(&long).await, "a key", size, limit);
     assert_too_large(kv.range(&long, RangeOptions::default()).await, "a key", size, limit);
-    assert_too_large(kv.delete(&long, rdzv_core::DeleteMode::Any).await, "a key", size, limit);
+    assert_too_large(kv.delete(&long, rdzv_core::kv::DeleteMode::Any).await, "a key", size, limit);
     assert_too_large(kv.delete_prefix(&long).await, "a key", size, limit);
     assert_too_large(kv.increment(&long, 1).await, "a key", size, limit);
     assert_too_large(kv.watch(&long, WatchScope::Key, 0).await.map(|_| ()), "a key", size, limit);
@@ -92,7 +93,7 @@ async fn a_key_full_of_separators_costs_a_bounded_number_of_indexes() {
     let deep_underscore = b"/a_".repeat(25);
     for prefix in [&deep_dir[..], &deep_underscore[..], b"/a_/a_/"] {
         let by_create =
-            RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+            RangeOptions { order: rdzv_core::kv::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
         let read = within("range", kv.range(prefix, by_create)).await.unwrap();
         let revs: Vec<i64> = read.kvs.iter().map(|kv| kv.create_revision).collect();
         assert_eq!((revs, read.count), (vec![first, second], 2), "prefix of {} bytes", prefix.len());
@@ -101,8 +102,8 @@ async fn a_key_full_of_separators_costs_a_bounded_number_of_indexes() {
         assert_eq!(within("count", kv.range(prefix, upto_first)).await.unwrap().count, 1);
     }
     // Deleting the key removes it from every index it was in.
-    within("delete", kv.delete(&key, rdzv_core::DeleteMode::Any)).await.unwrap();
+    within("delete", kv.delete(&key, rdzv_core::kv::DeleteMode::Any)).await.unwrap();
     let by_create =
-        RangeOptions { order: rdzv_core::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
+        RangeOptions { order: rdzv_core::kv::RangeOrder::ByCreateRevision, ..RangeOptions::default() };
     assert_eq!(within("range", kv.range(b"/a_/", by_create)).await.unwrap().count, 1);
 }

@@ -8,7 +8,9 @@ mod support;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{Endpoint, KvError, PutOptions, PutOutcome, RangeOptions, Secret, WatchScope};
+use rdzv_core::KvError;
+use rdzv_core::kv::{PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_core::url::{Endpoint, Secret};
 use rdzv_redis::testing::RedisServer;
 use rdzv_redis::{RedisConfig, RedisKv};
 

@@ -9,7 +9,8 @@ mod support;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{KvError, PutOptions, PutOutcome, WatchScope};
+use rdzv_core::KvError;
+use rdzv_core::kv::{PutOptions, PutOutcome, WatchScope};
 use rdzv_redis::testing::{RedisServer, shared};
 
 use support::{WAIT, connect, next, once_back, put, raw, within};
@@ -59,7 +60,7 @@ async fn a_restart_from_an_older_snapshot_is_a_rollback_for_operations_and_watch
 
     // A compare-and-swap on the revision the old client remembers would match the
     // stranger's value: it must be refused, loudly.
-    let e = once_back(|| kv.put(b"/p/a", b"mine", PutOptions::new(rdzv_core::PutMode::Update(lost))))
+    let e = once_back(|| kv.put(b"/p/a", b"mine", PutOptions::new(rdzv_core::kv::PutMode::Update(lost))))
         .await
         .expect_err("a swap on a reused revision succeeded");
     assert_rolled_back(&e, "the swap");

@@ -5,7 +5,8 @@
 
 mod support;
 
-use rdzv_core::{BackendFactory, KvError, PutOptions, RendezvousUrl};
+use rdzv_core::kv::PutOptions;
+use rdzv_core::{BackendFactory, KvError, RendezvousUrl};
 use rdzv_redis::testing::RedisServer;
 use rdzv_redis::{RedisFactory, RedisKv};
 

@@ -6,7 +6,9 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use rdzv_core::{BackendFactory, Endpoint, PutOptions, RendezvousUrl, Secret};
+use rdzv_core::kv::PutOptions;
+use rdzv_core::url::{Endpoint, Secret};
+use rdzv_core::{BackendFactory, RendezvousUrl};
 use rdzv_redis::RedisFactory;
 use rdzv_redis::testing::{RedisServer, shared};
 

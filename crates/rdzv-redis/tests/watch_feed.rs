@@ -9,7 +9,8 @@ mod support;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{KvError, PutOptions, PutOutcome, RangeOptions, WatchScope};
+use rdzv_core::KvError;
+use rdzv_core::kv::{PutOptions, PutOutcome, RangeOptions, WatchScope};
 use rdzv_redis::testing::{RedisServer, shared};
 
 use support::{WAIT, connect, next, put, raw, within};
@@ -197,7 +198,7 @@ async fn sixty_four_workers_join_count_and_watch_quickly() {
         tasks.push(tokio::spawn(async move {
             let lease = kv.lease_grant(Duration::from_secs(10)).await.unwrap();
             let key = format!("/run/join/{i:03}");
-            let options = PutOptions::new(rdzv_core::PutMode::Create).with_lease(Some(lease));
+            let options = PutOptions::new(rdzv_core::kv::PutMode::Create).with_lease(Some(lease));
             let PutOutcome::Written { revision, .. } = kv.put(key.as_bytes(), b"w", options).await.unwrap()
             else {
                 panic!("not written")

@@ -7,7 +7,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use rdzv_core::{DeleteMode, KvExt, KvResult, PutMode};
+use rdzv_core::kv::{DeleteMode, PutMode};
+use rdzv_core::{KvExt, KvResult};
 
 use crate::counter::add_at;
 use crate::error::StoreError;
@@ -81,7 +82,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = KvResult<T>>,
 {
-    let mut pauses = rdzv_core::retry_delays(Duration::from_millis(50), Duration::from_secs(1));
+    let mut pauses = rdzv_core::retry::retry_delays(Duration::from_millis(50), Duration::from_secs(1));
     loop {
         match step().await {
             Err(e) if e.is_retryable() => {

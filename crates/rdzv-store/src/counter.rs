@@ -2,7 +2,8 @@
 //! step on the backend: a native increment where the backend has one, otherwise a
 //! compare-and-swap loop in which a lost swap hands back the winner's value at once.
 
-use rdzv_core::{KeyValue, Kv, KvExt, LeaseId, PutMode, PutOptions};
+use rdzv_core::kv::{KeyValue, LeaseId, PutMode, PutOptions};
+use rdzv_core::{Kv, KvExt};
 
 use crate::error::StoreError;
 use crate::store::{Sent, Store};

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rdzv_core::KvError;
-use rdzv_core::show_key;
+use rdzv_core::kv::show_key;
 
 /// An error of a [`Store`](crate::Store) operation.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use futures::future::try_join_all;
-use rdzv_core::{DeleteMode, DeleteOutcome, KvExt, PutMode, RangeOptions};
+use rdzv_core::KvExt;
+use rdzv_core::kv::{DeleteMode, DeleteOutcome, PutMode, RangeOptions};
 
 use crate::error::StoreError;
 use crate::store::{Store, collect_keys, deadline_after};

@@ -9,11 +9,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rdzv_core::wait::{Reading, Start, Wait};
-use rdzv_core::{
-    DeleteMode, DeleteOutcome, Event, EventKind, KeyValue, Kv, KvError, KvExt, PutMode, PutOutcome,
-    RangeOptions, RangeOrder, WatchScope,
+use rdzv_core::kv::{
+    DeleteMode, DeleteOutcome, Event, EventKind, KeyValue, PutMode, PutOutcome, RangeOptions, RangeOrder,
+    WatchScope,
 };
+use rdzv_core::wait::{Reading, Start, Wait};
+use rdzv_core::{Kv, KvError, KvExt};
 
 use crate::error::StoreError;
 use crate::store::{Sent, Store};

@@ -6,8 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv_core::show_key;
-use rdzv_core::{Kv, LeaseId, PutMode, PutOptions};
+use rdzv_core::Kv;
+use rdzv_core::kv::show_key;
+use rdzv_core::kv::{LeaseId, PutMode, PutOptions};
 use tokio::time::Instant;
 
 use crate::error::StoreError;

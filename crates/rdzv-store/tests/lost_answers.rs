@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdzv_core::Kv;
+use rdzv_core::kv::LeaseId;
 use rdzv_core::layer::{FaultyKv, Latency};
-use rdzv_core::{Kv, LeaseId};
 use rdzv_mem::MemKv;
 use rdzv_store::{Store, StoreError};
 

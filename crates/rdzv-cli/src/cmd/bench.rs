@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdzv::core::Kv;
 use rdzv::{Rendezvous, RendezvousParams};
+use rdzv_core::Kv;
 use rdzv_core::layer::{CountingKv, OpCounts};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, watch};

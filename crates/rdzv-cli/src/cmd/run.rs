@@ -378,9 +378,9 @@ fn failure_report(exit: &WorkerExit, node: &str, round: &Round, restarts: u32) -
 /// passed on with its password replaced by `***` — or removed if it does not parse, since
 /// then where a password ends cannot be told.
 fn hide_credentials(cmd: &mut Command, rdzv_url: Option<std::ffi::OsString>) {
-    cmd.env_remove(rdzv::core::PASSWORD_ENV);
+    cmd.env_remove(rdzv_core::url::PASSWORD_ENV);
     let Some(url) = rdzv_url else { return };
-    match url.to_str().and_then(rdzv::core::redact_url_text) {
+    match url.to_str().and_then(rdzv_core::url::redact_url_text) {
         Some(redacted) => cmd.env("RDZV_URL", redacted),
         None => cmd.env_remove("RDZV_URL"),
     };

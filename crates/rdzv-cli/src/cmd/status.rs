@@ -4,7 +4,9 @@ use std::borrow::Cow;
 use std::process::ExitCode;
 
 use rdzv::Participant;
-use rdzv::core::{Kv, RangeOptions, State, Waiting};
+use rdzv_core::kv::RangeOptions;
+use rdzv_core::protocol::State;
+use rdzv_core::{Kv, Waiting};
 use serde_json::json;
 
 use crate::exit::CliError;
@@ -103,7 +105,8 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
     if let Some(State::Final { .. }) = &state {
         let url_max = target.address.url.rendezvous_options.get("max_workers").and_then(|m| m.parse().ok());
         let waiting = Waiting::read(kv, keys, url_max).await?;
-        let nodes = |ws: &[rdzv::core::Joiner]| ws.iter().map(|j| j.node.clone()).collect::<Vec<_>>();
+        let nodes =
+            |ws: &[rdzv_core::protocol::Joiner]| ws.iter().map(|j| j.node.clone()).collect::<Vec<_>>();
         snap.max_workers = waiting.max_workers;
         snap.waiting = nodes(&waiting.waiters[..waiting.admissible]);
         snap.spares = nodes(waiting.spares());

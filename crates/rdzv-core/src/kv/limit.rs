@@ -9,7 +9,8 @@ use super::KvResult;
 /// to shrink, and how the limit is raised if it can be, rather than failing at the server.
 ///
 /// ```
-/// use rdzv_core::{KvError, SizeLimit};
+/// use rdzv_core::KvError;
+/// use rdzv_core::kv::SizeLimit;
 /// let keys = SizeLimit { backend: "mine", what: "a key", limit: 4, raise: None };
 /// assert!(keys.check(4).is_ok());
 /// assert!(matches!(keys.check(5), Err(KvError::TooLarge { size: 5, limit: 4, .. })));

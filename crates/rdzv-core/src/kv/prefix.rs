@@ -5,7 +5,7 @@
 /// key (an empty prefix, or only `0xff` bytes): the range runs to the end of the key space.
 ///
 /// ```
-/// use rdzv_core::prefix_end;
+/// use rdzv_core::kv::prefix_end;
 /// assert_eq!(prefix_end(b"a/"), Some(b"a0".to_vec()));
 /// assert_eq!(prefix_end(b"a\xfe\xff"), Some(b"a\xff".to_vec()));
 /// assert_eq!(prefix_end(b"\xff\xff"), None);

@@ -1,4 +1,4 @@
-//! The values that cross the [`Kv`](super::Kv) trait: keys with their revisions, write
+//! The values that cross the [`Kv`](crate::Kv) trait: keys with their revisions, write
 //! preconditions and their outcomes, range options, and watch events.
 
 use std::time::Duration;
@@ -10,7 +10,7 @@ use bytes::Bytes;
 /// start at 1.
 pub type Revision = i64;
 
-/// The id of a lease granted by [`Kv::lease_grant`](super::Kv::lease_grant).
+/// The id of a lease granted by [`Kv::lease_grant`](crate::Kv::lease_grant).
 pub type LeaseId = i64;
 
 /// One key as stored, with its metadata.
@@ -46,7 +46,7 @@ impl std::fmt::Debug for KeyValue {
     }
 }
 
-/// The precondition of a [`Kv::put`](super::Kv::put).
+/// The precondition of a [`Kv::put`](crate::Kv::put).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PutMode {
     /// Write whatever is there.
@@ -57,7 +57,7 @@ pub enum PutMode {
     Update(Revision),
 }
 
-/// The precondition of a [`Kv::delete`](super::Kv::delete).
+/// The precondition of a [`Kv::delete`](crate::Kv::delete).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeleteMode {
     /// Delete the key if it exists.
@@ -66,7 +66,7 @@ pub enum DeleteMode {
     IfRevision(Revision),
 }
 
-/// Options of a [`Kv::put`](super::Kv::put).
+/// Options of a [`Kv::put`](crate::Kv::put).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PutOptions {
     /// The precondition.
@@ -97,7 +97,7 @@ impl Default for PutOptions {
     }
 }
 
-/// What a [`Kv::put`](super::Kv::put) did. A failed precondition is an outcome, not an
+/// What a [`Kv::put`](crate::Kv::put) did. A failed precondition is an outcome, not an
 /// error: the loser learns the current key in the same round trip.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PutOutcome {
@@ -123,7 +123,7 @@ impl PutOutcome {
     }
 }
 
-/// What a [`Kv::create_counted`](super::Kv::create_counted) did: the create's outcome, and,
+/// What a [`Kv::create_counted`](crate::Kv::create_counted) did: the create's outcome, and,
 /// when it created the key, the tally after this creation (1 for the first creation the
 /// tally saw).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,7 +134,7 @@ pub struct CountedCreate {
     pub tally: Option<u64>,
 }
 
-/// What a [`Kv::delete`](super::Kv::delete) did.
+/// What a [`Kv::delete`](crate::Kv::delete) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeleteOutcome {
     /// The key existed and was deleted at `revision`.
@@ -151,7 +151,7 @@ pub enum DeleteOutcome {
     },
 }
 
-/// The answer to a [`Kv::get`](super::Kv::get).
+/// The answer to a [`Kv::get`](crate::Kv::get).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GetResponse {
     /// The key, if it exists.
@@ -160,7 +160,7 @@ pub struct GetResponse {
     pub revision: Revision,
 }
 
-/// Order of the keys of a [`Kv::range`](super::Kv::range).
+/// Order of the keys of a [`Kv::range`](crate::Kv::range).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RangeOrder {
     /// Ascending by key bytes.
@@ -170,7 +170,7 @@ pub enum RangeOrder {
     ByCreateRevision,
 }
 
-/// Options of a [`Kv::range`](super::Kv::range).
+/// Options of a [`Kv::range`](crate::Kv::range).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RangeOptions {
     /// Return at most this many keys (`count` still counts all matches).
@@ -185,7 +185,7 @@ pub struct RangeOptions {
     pub count_only: bool,
 }
 
-/// The answer to a [`Kv::range`](super::Kv::range).
+/// The answer to a [`Kv::range`](crate::Kv::range).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeResponse {
     /// The matching keys (subject to `limit`, empty with `count_only`).
@@ -196,7 +196,7 @@ pub struct RangeResponse {
     pub revision: Revision,
 }
 
-/// The answer to a [`Kv::delete_prefix`](super::Kv::delete_prefix).
+/// The answer to a [`Kv::delete_prefix`](crate::Kv::delete_prefix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeletePrefixResponse {
     /// How many keys were deleted.
@@ -249,7 +249,7 @@ pub struct Capabilities {
     pub watch_history: bool,
     /// The backend can compact its history on demand (test hook).
     pub compaction: bool,
-    /// The backend has a native [`Kv::increment`](super::Kv::increment) (false: increment
+    /// The backend has a native [`Kv::increment`](crate::Kv::increment) (false: increment
     /// with a compare-and-swap of the decimal value).
     pub native_increment: bool,
     /// The smallest lease TTL the backend honours exactly; shorter TTLs are rounded up.

@@ -116,7 +116,8 @@ impl FaultyKv {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// # use rdzv_core::{Kv, PutOptions};
+    /// # use rdzv_core::Kv;
+    /// # use rdzv_core::kv::PutOptions;
     /// # use rdzv_core::layer::FaultyKv;
     /// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
     /// let faulty = FaultyKv::new(backend, 1);

@@ -6,7 +6,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::PerProcess;
+use crate::per_process::PerProcess;
 
 use super::state::Participant;
 

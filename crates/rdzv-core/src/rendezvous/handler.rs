@@ -101,7 +101,8 @@ impl RendezvousHandler {
         // the rendezvous deadline; one that cannot be reached fails here at once.
         let deadline = Instant::now() + params.timeout;
         let session =
-            crate::retry_while_busy(deadline, || Session::start(kv.clone(), params.keep_alive_ttl)).await?;
+            crate::retry::retry_while_busy(deadline, || Session::start(kv.clone(), params.keep_alive_ttl))
+                .await?;
         let sizing = Sizing::from_params(&params);
         let ctx = Context { kv, params, sizing, keys, me, run_lease };
         let worker = Worker { session: Some(session), ..Worker::default() };

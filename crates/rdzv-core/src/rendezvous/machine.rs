@@ -513,7 +513,7 @@ pub struct Call {
     /// The round's sizing.
     pub sizing: Sizing,
     /// Whether the backend counts keys as they were at a past revision
-    /// ([`Capabilities::count_at_revision`](crate::Capabilities::count_at_revision)).
+    /// ([`Capabilities::count_at_revision`](crate::kv::Capabilities::count_at_revision)).
     pub count_at_revision: bool,
     /// Whether the backend creates a key and counts it in a tally in one step
     /// ([`Capabilities::counted_create`](crate::Capabilities::counted_create)): then a

@@ -26,7 +26,6 @@ mod waiting;
 
 pub use broken::RoundBroken;
 pub use changes::RoundChanges;
-pub use decide::Sizing;
 pub use executor::free_port;
 pub use handler::{RendezvousHandler, RendezvousInfo};
 pub use keys::RunKeys;

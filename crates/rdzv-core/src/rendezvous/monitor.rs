@@ -87,7 +87,7 @@ async fn watch_round(round: &Watched) -> RoundBroken {
     let wait = RoundWait {
         round,
         rank_prefix: round.keys.ranks(round.version),
-        pauses: Box::new(crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST)),
+        pauses: Box::new(crate::retry::retry_delays(RECHECK_FIRST, RECHECK_LONGEST)),
         watching_since: Some(Instant::now()),
     };
     round.kv.wait_until(wait, Start::Watch(from)).await.unwrap_or_else(|e| {
@@ -154,7 +154,7 @@ impl Wait for RoundWait<'_> {
     /// Every failure re-checks the round, after a pause.
     async fn failed(&mut self, _: KvError) -> KvResult<()> {
         if self.watching_since.take().is_some_and(|since| since.elapsed() > RECHECK_LONGEST) {
-            self.pauses = Box::new(crate::retry_delays(RECHECK_FIRST, RECHECK_LONGEST));
+            self.pauses = Box::new(crate::retry::retry_delays(RECHECK_FIRST, RECHECK_LONGEST));
         }
         tokio::time::sleep(self.pauses.next().unwrap_or(RECHECK_LONGEST)).await;
         Ok(())

@@ -316,7 +316,7 @@ mod recent {
     use bytes::Bytes;
 
     use super::State;
-    use crate::PerProcess;
+    use crate::per_process::PerProcess;
 
     const KEEP: usize = 4;
 

@@ -4,11 +4,11 @@
 //! (`rdzv_store::testing`), a backend runs all three from one test file. (The decorators
 //! tests use, `CountingKv` and `FaultyKv`, are in [`layer`](crate::layer), for every build.)
 //!
-//! Each case is a plain `pub async fn case(kv: Arc<dyn Kv>, ns: Vec<u8>)` that panics on a
-//! violation. It touches only keys under its namespace `ns`, so cases can share one store
+//! Each case is a plain `pub async fn case(kv: Arc<dyn Kv>, ns: Vec<u8>)` in the module of
+//! its topic (e.g. [`reads::range_counts_all_and_limits`]) that panics on a violation. It touches only keys under its namespace `ns`, so cases can share one store
 //! (one etcd or Redis server) and run in parallel. Every wait is bounded, so a broken
 //! backend fails a case instead of hanging it. Lease cases run on real time with short TTLs
-//! (the backend's [`min_lease_ttl`](crate::Capabilities::min_lease_ttl), at least two
+//! (the backend's [`min_lease_ttl`](crate::kv::Capabilities::min_lease_ttl), at least two
 //! seconds), so the suite takes several seconds.
 //!
 //! A backend that lacks a feature declares it in [`Kv::capabilities`]; the cases check that
@@ -37,32 +37,24 @@
 //!
 //! # What it covers
 //!
-//! Reads (`reads`): metadata, revisions, prefix ranges with count, limit, ordering,
-//! creation-revision filter and keys-only. Preconditions (`preconditions`): create-if-absent
-//! (and its race), swap on a stale revision, conditional deletes, the counted create. Writes (`writes`): prefix
+//! Reads ([`reads`]): metadata, revisions, prefix ranges with count, limit, ordering,
+//! creation-revision filter and keys-only. Preconditions ([`preconditions`]): create-if-absent
+//! (and its race), swap on a stale revision, conditional deletes, the counted create. Writes ([`writes`]): prefix
 //! delete as one write, re-creation, 1 MiB and binary data, the native increment. Leases
-//! (`leases`): expiry with delete events, keep-alive (of one lease, and batched with each
+//! ([`leases`]): expiry with delete events, keep-alive (of one lease, and batched with each
 //! lease answered alone), revoke, dead leases, unbinding.
-//! Watches (`watch`): exact replay from a past revision, key and prefix scopes, event
-//! contents, 1,000 events without gaps. Compaction (`compaction`). Contention (`stress`):
+//! Watches ([`watch`](mod@watch)): exact replay from a past revision, key and prefix scopes, event
+//! contents, 1,000 events without gaps. Compaction ([`compaction`]). Contention ([`stress`]):
 //! 50 compare-and-swap incrementers, native increments, concurrent writers.
 
-mod compaction;
-mod leases;
-mod preconditions;
-mod reads;
+pub mod compaction;
+pub mod leases;
+pub mod preconditions;
+pub mod reads;
 pub mod rendezvous;
-mod stress;
-mod watch;
-mod writes;
-
-pub use compaction::*;
-pub use leases::*;
-pub use preconditions::*;
-pub use reads::*;
-pub use stress::*;
-pub use watch::*;
-pub use writes::*;
+pub mod stress;
+pub mod watch;
+pub mod writes;
 
 use std::collections::hash_map::RandomState;
 use std::future::Future;
@@ -232,57 +224,57 @@ pub(crate) use crate::ext::show_key;
 macro_rules! conformance_suite {
     ($builder:expr) => {
         $crate::conformance_suite!(@cases $builder;
-            get_missing_key_returns_store_revision,
-            put_then_get_round_trips_metadata,
-            revisions_strictly_increase,
-            reads_return_the_store_revision,
-            range_matches_only_the_prefix,
-            range_counts_all_and_limits,
-            range_orders_by_key_or_create_revision,
-            range_filters_by_max_create_revision,
-            count_at_revision_reads_the_past,
-            range_keys_only_drops_values,
-            create_if_absent_conflict_returns_current,
-            create_if_absent_race_has_one_winner,
-            create_counted_tallies_each_creation,
-            swap_on_stale_revision_returns_winner,
-            update_of_missing_key_conflicts_with_none,
-            delete_of_missing_key_is_missing,
-            delete_on_stale_revision_returns_current,
-            delete_on_current_revision_deletes,
-            delete_on_revision_of_missing_key_conflicts_with_none,
-            delete_prefix_is_one_write,
-            delete_prefix_rejects_empty_prefix,
-            recreated_key_starts_a_new_incarnation,
-            large_values_round_trip,
-            binary_keys_and_values_round_trip,
-            increment_matches_compare_and_swap,
-            lease_expiry_deletes_keys_with_events,
-            keep_alive_prolongs_lease,
-            keep_alive_many_answers_each_lease_alone,
-            revoke_deletes_at_once,
-            put_with_dead_lease_fails,
-            keep_alive_of_dead_lease_fails,
-            overwrite_without_lease_detaches_key,
-            watch_replays_exactly_from_past_revision,
-            watch_of_key_sees_only_that_key,
-            prefix_watch_sees_only_its_prefix,
-            watch_events_carry_metadata,
-            dropped_watch_leaves_others_running,
-            watch_survives_many_events_without_gaps,
-            watch_from_compacted_revision_fails,
-            compaction_keeps_current_state,
-            concurrent_cas_incrementers_lose_no_update,
-            concurrent_native_increments_lose_no_update,
-            concurrent_writers_get_distinct_revisions,
+            reads: get_missing_key_returns_store_revision,
+                put_then_get_round_trips_metadata,
+                revisions_strictly_increase,
+                reads_return_the_store_revision,
+                range_matches_only_the_prefix,
+                range_counts_all_and_limits,
+                range_orders_by_key_or_create_revision,
+                range_filters_by_max_create_revision,
+                count_at_revision_reads_the_past,
+                range_keys_only_drops_values;
+            preconditions: create_if_absent_conflict_returns_current,
+                create_if_absent_race_has_one_winner,
+                create_counted_tallies_each_creation,
+                swap_on_stale_revision_returns_winner,
+                update_of_missing_key_conflicts_with_none,
+                delete_of_missing_key_is_missing,
+                delete_on_stale_revision_returns_current,
+                delete_on_current_revision_deletes,
+                delete_on_revision_of_missing_key_conflicts_with_none;
+            writes: delete_prefix_is_one_write,
+                delete_prefix_rejects_empty_prefix,
+                recreated_key_starts_a_new_incarnation,
+                large_values_round_trip,
+                binary_keys_and_values_round_trip,
+                increment_matches_compare_and_swap;
+            leases: lease_expiry_deletes_keys_with_events,
+                keep_alive_prolongs_lease,
+                keep_alive_many_answers_each_lease_alone,
+                revoke_deletes_at_once,
+                put_with_dead_lease_fails,
+                keep_alive_of_dead_lease_fails,
+                overwrite_without_lease_detaches_key;
+            watch: watch_replays_exactly_from_past_revision,
+                watch_of_key_sees_only_that_key,
+                prefix_watch_sees_only_its_prefix,
+                watch_events_carry_metadata,
+                dropped_watch_leaves_others_running,
+                watch_survives_many_events_without_gaps;
+            compaction: watch_from_compacted_revision_fails,
+                compaction_keeps_current_state;
+            stress: concurrent_cas_incrementers_lose_no_update,
+                concurrent_native_increments_lose_no_update,
+                concurrent_writers_get_distinct_revisions;
         );
     };
-    (@cases $builder:expr; $($case:ident),* $(,)?) => {
-        $(
+    (@cases $builder:expr; $($module:ident: $($case:ident),+;)*) => {
+        $($(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
-                $crate::testing::run_case(stringify!($case), $builder, $crate::testing::$case).await;
+                $crate::testing::run_case(stringify!($case), $builder, $crate::testing::$module::$case).await;
             }
-        )*
+        )+)*
     };
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
-use rdzv_core::{Endpoint, Kv, Secret};
+use rdzv_core::Kv;
+use rdzv_core::url::{Endpoint, Secret};
 use tempfile::TempDir;
 
 use super::HarnessError;

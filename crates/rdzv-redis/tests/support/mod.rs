@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::{Kv, PutOptions, PutOutcome, WatchStream};
+use rdzv_core::Kv;
+use rdzv_core::kv::{PutOptions, PutOutcome, WatchStream};
 use rdzv_redis::testing::RedisServer;
 use rdzv_redis::{RedisConfig, RedisKv};
 
@@ -33,7 +34,7 @@ pub async fn put(kv: &dyn Kv, key: &[u8], value: &[u8], options: PutOptions) -> 
     }
 }
 
-pub async fn next(events: &mut WatchStream) -> rdzv_core::KvResult<rdzv_core::Event> {
+pub async fn next(events: &mut WatchStream) -> rdzv_core::KvResult<rdzv_core::kv::Event> {
     within("waiting for a watch event", events.next()).await.expect("watch ended")
 }
 

@@ -4,8 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use rdzv_core::kv::{Capabilities, PutOptions, Revision, WatchScope, WatchStream};
 use rdzv_core::layer::Layer;
-use rdzv_core::{Capabilities, Kv, KvError, KvExt, KvResult, PutOptions, Revision, WatchScope, WatchStream};
+use rdzv_core::{Kv, KvError, KvExt, KvResult};
 use rdzv_mem::MemKv;
 
 /// [`MemKv`] with quirks.

@@ -1,17 +1,11 @@
-//! The Store test cases, one `pub async fn(Store)` each, grouped by topic. Every case
+//! The Store test cases, one `pub async fn(Store)` each, in a module per topic. Every case
 //! gets a Store on a fresh root with a [`STORE_TIMEOUT`](super::STORE_TIMEOUT) timeout.
 
-mod barrier;
-mod counter;
-mod keys;
-mod prefix;
-mod queue;
-
-pub use barrier::*;
-pub use counter::*;
-pub use keys::*;
-pub use prefix::*;
-pub use queue::*;
+pub mod barrier;
+pub mod counter;
+pub mod keys;
+pub mod prefix;
+pub mod queue;
 
 use std::time::Duration;
 

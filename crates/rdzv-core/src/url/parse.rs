@@ -1,37 +1,5 @@
-//! Parsing of rendezvous URLs (docs/OPTIONS.md): `scheme://[user:pass@]host:port[,host:port…]/<run_id>?options`.
-//!
-//! This module knows the generic structure only: scheme, user info, hosts, the path (the
-//! run id) and the query options. What a scheme means — its default port, options that
-//! change the scheme (etcd's `protocol=https`), run ids it refuses (Redis's database-like
-//! paths), whether its servers take a password without a user name — is its backend's
-//! [`BackendFactory`](crate::BackendFactory)'s to say; the [`Registry`](crate::Registry)
-//! applies it when it parses a URL for a backend.
-//!
-//! # The run id
-//!
-//! The URL's path is the run id: one segment, percent-decoded, following the identifier
-//! rule of [`validate_id`](crate::validate_id) (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
-//! characters). A backend may refuse more (see [`BackendFactory::interpret`](crate::BackendFactory::interpret)).
-//!
-//! # The password
-//!
-//! A backend's factory finds the password in [`RendezvousUrl::password`], wherever it
-//! came from; the first of these that applies gives it:
-//!
-//! 1. the URL itself, `scheme://user:password@host/…` (percent-encoded; visible to anyone
-//!    who can read the command line or the environment holding the URL);
-//! 2. the option `password_file=<path>`: the file is read when the URL is parsed, its
-//!    trailing line breaks are dropped, and it must not be empty; it may not be combined
-//!    with a password in the URL. Errors name the path, never the contents;
-//! 3. the environment variable `RDZV_PASSWORD` ([`PASSWORD_ENV`]), when the URL gives no
-//!    password and names a user (`etcd://user@host/…`), or, through the registry, when its
-//!    backend's servers take a password alone (`redis`/`rediss`; see
-//!    [`BackendFactory::accepts_password_alone`](crate::BackendFactory::accepts_password_alone)).
-//!    An empty value counts as unset. URLs without a user on other schemes ignore it, so a
-//!    stray `RDZV_PASSWORD` cannot break an `etcd://` or `mem://` URL that asks for no login.
-//!
-//! The password never appears in `Display`, `Debug` or any error; [`redact_url_text`]
-//! hides it in a URL's original text (as `rdzv run` does for its command's environment).
+//! The parser of [`RendezvousUrl`]s and of their parts, with the password rules of the
+//! module's documentation (`url/mod.rs`).
 
 use std::collections::BTreeMap;
 
@@ -148,10 +116,12 @@ impl RendezvousUrl {
     /// comma-separated, or in the option `endpoints=h2:2379,h3:2379`; user name and password
     /// are percent-decoded; the run id is the path, one non-empty percent-decoded segment;
     /// options are `name=value`, percent-decoded (`+` is a plain plus), each at most once,
-    /// aliases mapped to canonical names by [`crate::params::insert_option`]; the run id
-    /// follows [`validate_id`](crate::validate_id); the password comes from the URL, `password_file=` or, for a URL
-    /// naming a user, `RDZV_PASSWORD` (read here; see the module's documentation). Every
-    /// error is one [`ConfigError`] that never contains the password.
+    /// aliases mapped to canonical names (see
+    /// [`canonical_option_name`](crate::params::canonical_option_name)); the run id follows
+    /// [`validate_id`](crate::ids::validate_id); the password comes from the URL,
+    /// `password_file=` or, for a URL naming a user, `RDZV_PASSWORD` (read here; see the
+    /// [module's documentation](crate::url)). Every error is one [`ConfigError`] that never
+    /// contains the password.
     pub fn parse_with_default_port(input: &str, default_port: Option<u16>) -> Result<Self, ConfigError> {
         let env_password = std::env::var(PASSWORD_ENV).ok();
         parse_with_password_env(input, default_port, env_password.as_deref())
@@ -365,8 +335,11 @@ fn read_password_file(path: &str) -> Result<Secret, ConfigError> {
 /// not parse (then where a password might be cannot be told: drop the whole text). Reads
 /// neither the password file nor the environment.
 ///
+/// `rdzv run` is its one user; it lives here, not in the CLI, because it must agree with
+/// this parser on where a URL's user part ends, which only this module knows.
+///
 /// ```
-/// use rdzv_core::redact_url_text;
+/// use rdzv_core::url::redact_url_text;
 /// assert_eq!(
 ///     redact_url_text("redis://:s3cret@h:6379/job?min_workers=2").as_deref(),
 ///     Some("redis://:***@h:6379/job?min_workers=2"),

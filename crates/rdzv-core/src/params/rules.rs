@@ -1,4 +1,5 @@
-//! The parameters of a rendezvous (docs/PROTOCOL.md "Parameters"), with defaults and validation.
+//! [`RendezvousParams`] (docs/PROTOCOL.md "Parameters") with their defaults and validation,
+//! and the option table that names them in URLs.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,7 +22,7 @@ pub const DEFAULT_PREFIX: &str = "/torchelastic/p2p";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RendezvousParams {
     /// The run (job) id: all workers of one job use the same. It follows the identifier
-    /// rule of [`validate_id`](crate::validate_id) (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
+    /// rule of [`validate_id`](crate::ids::validate_id) (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
     /// characters).
     pub run_id: String,
     /// Smallest world size a round may complete with (≥ 1).
@@ -84,7 +85,7 @@ impl RankOrder {
 
 impl RendezvousParams {
     /// Parameters for `run_id` with `min ..= max` workers and every other value at its
-    /// default; fails if `run_id` breaks the rule of [`validate_id`](crate::validate_id), `min` is 0 or
+    /// default; fails if `run_id` breaks the rule of [`validate_id`](crate::ids::validate_id), `min` is 0 or
     /// `min > max`.
     pub fn new(
         run_id: impl Into<String>,
@@ -119,7 +120,7 @@ impl RendezvousParams {
     }
 
     /// Checks every rule of docs/PROTOCOL.md; the error names the first broken one. The run id
-    /// and the node id (if given) must follow the identifier rule of [`validate_id`](crate::validate_id)
+    /// and the node id (if given) must follow the identifier rule of [`validate_id`](crate::ids::validate_id)
     /// (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253 characters); the address
     /// (if given) must be non-empty, at most 253 bytes, without whitespace or control
     /// characters; every duration must be at most [`MAX_DURATION`].
@@ -223,7 +224,8 @@ fn check_duration_bound(option: &str, shown: &str, d: Duration) -> Result<(), Co
 /// The rendezvous parameters' options as they appear in a URL query: the canonical name and
 /// the other spelling it is also accepted by (the reference's name), in the order of
 /// docs/PROTOCOL.md. The single source of the names and their aliases: the URL parser and
-/// [`RendezvousParams::from_options`] both map names through [`insert_option`].
+/// [`RendezvousParams::from_options`] both map names through it
+/// ([`canonical_option_name`]).
 pub const OPTIONS: &[(&str, Option<&str>)] = &[
     ("min_workers", Some("min_nodes")),
     ("max_workers", Some("max_nodes")),
@@ -259,7 +261,7 @@ pub fn is_rendezvous_option(name: &str) -> bool {
 /// by [`canonical_option_name`]). Fails with [`ConfigError::InvalidUrl`] if the option is
 /// already there, under either spelling: the one rule for options given twice, for URLs and
 /// for maps handed to [`RendezvousParams::from_options`].
-pub fn insert_option(
+pub(crate) fn insert_option(
     options: &mut BTreeMap<String, String>,
     name: &str,
     value: String,
