@@ -148,6 +148,7 @@ impl World {
                     sizing,
                     count_at_revision,
                     counted_create,
+                    retired: Vec::new(),
                     run_id: "job".into(),
                     started: base,
                     leave_first: None,

@@ -421,6 +421,8 @@ enum JoinStep {
     Watching,
     /// Creating the join key.
     Writing,
+    /// Ending my join key held by a session I gave up, to write it again.
+    Reclaiming,
     /// Counting my position: the join keys created up to mine, at its revision if
     /// `at_revision`.
     Counting { mine: Revision, at_revision: bool },
@@ -473,6 +475,8 @@ enum ConfirmStep {
     Watching,
     /// Creating the keep-alive key.
     Writing,
+    /// Ending my keep-alive key held by a session I gave up, to write it again.
+    Reclaiming,
     /// Counting the keep-alive keys created up to mine, at its revision if `at_revision`.
     Counting { mine: Revision, at_revision: bool },
     /// The last to confirm: swapping `frozen` → `final`.
@@ -519,6 +523,9 @@ pub struct Call {
     /// ([`Capabilities::counted_create`](crate::Capabilities::counted_create)): then a
     /// worker's position is its tally, and nobody counts the others' keys.
     pub counted_create: bool,
+    /// The sessions this worker gave up (lost, or abandoned), which may still hold its keys
+    /// on the server: such a key is ended and written again, not waited for.
+    pub retired: Vec<LeaseId>,
     /// The run id (for errors).
     pub run_id: String,
     /// When the call started (the round's timings count from here).
@@ -546,6 +553,8 @@ pub struct Machine {
     count_at_revision: bool,
     /// See [`Call::counted_create`].
     counted_create: bool,
+    /// See [`Call::retired`].
+    retired: Vec<LeaseId>,
     run_id: String,
     /// The round to leave first, until that is tried.
     leave_first: Option<Leaving>,
@@ -576,6 +585,7 @@ impl Machine {
             sizing,
             count_at_revision,
             counted_create,
+            retired,
             run_id,
             started,
             leave_first,
@@ -592,6 +602,7 @@ impl Machine {
             sizing,
             count_at_revision,
             counted_create,
+            retired,
             run_id,
             leaving: leave_first.as_ref().map(|l| l.version).or(leaving),
             leave_first,
@@ -651,9 +662,11 @@ impl Machine {
                 }
             }
             Phase::Join { round, step } => match step {
-                JoinStep::Forgetting | JoinStep::Watching | JoinStep::Writing | JoinStep::Counting { .. } => {
-                    "joining"
-                }
+                JoinStep::Forgetting
+                | JoinStep::Watching
+                | JoinStep::Writing
+                | JoinStep::Reclaiming
+                | JoinStep::Counting { .. } => "joining",
                 _ if round.awaiting_survivors => "waiting for the members of the previous round to join",
                 _ => "waiting for enough workers to join",
             },
@@ -1016,6 +1029,9 @@ impl Machine {
                 }
             }
             (JoinStep::Writing, Input::Put(outcome, _)) => self.joined(round, outcome, None, now),
+            (JoinStep::Reclaiming, Input::Deleted(_)) => {
+                self.on_join(round, JoinStep::Watching, Input::Ack, now)
+            }
             (JoinStep::Writing, Input::Counted(CountedCreate { outcome, tally })) => {
                 self.joined(round, outcome, tally, now)
             }
@@ -1106,7 +1122,12 @@ impl Machine {
     /// my position is the tally, or else a count of the join keys up to mine.
     fn joined(&mut self, round: Joining, outcome: PutOutcome, tally: Option<u64>, now: Instant) -> Action {
         let join_key = self.keys.join(round.version, &self.me.node);
-        match decide::own_key(outcome, self.session) {
+        match decide::own_key(outcome, self.session, &self.retired) {
+            decide::Owned::Stale(old) => {
+                tracing::debug!("my join key is held by a session I gave up; ending it");
+                self.phase = Phase::Join { round, step: JoinStep::Reclaiming };
+                Action::Delete { key: join_key, mode: DeleteMode::IfRevision(old.mod_revision) }
+            }
             decide::Owned::Mine(mine) => {
                 self.since.get_or_insert(mine);
                 self.timings.joined = now - self.started;
@@ -1191,7 +1212,7 @@ impl Machine {
         match (step, input) {
             (ConfirmStep::Watching, Input::Ack) => self.confirm(round),
             (ConfirmStep::Writing, Input::Counted(CountedCreate { outcome, tally })) => {
-                match (decide::own_key(outcome.clone(), self.session), tally) {
+                match (decide::own_key(outcome.clone(), self.session, &self.retired), tally) {
                     // Not the last to confirm by the tally: no count needed.
                     (decide::Owned::Mine(mine), Some(tally))
                         if !decide::completes_round(tally, round.participants.len()) =>
@@ -1204,25 +1225,35 @@ impl Machine {
                     _ => self.on_confirm(round, ConfirmStep::Writing, Input::Put(outcome, None), now),
                 }
             }
-            (ConfirmStep::Writing, Input::Put(outcome, _)) => match decide::own_key(outcome, self.session) {
-                decide::Owned::Mine(mine) => {
-                    // Counting only the keys created up to ours, exactly one member (the last
-                    // to confirm) sees them all: one swap attempt per round, not a storm.
-                    let (count, at_revision) = self.count_up_to(self.keys.ranks(round.version), mine);
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision } };
-                    count
+            (ConfirmStep::Reclaiming, Input::Deleted(_)) => self.confirm(round),
+            (ConfirmStep::Writing, Input::Put(outcome, _)) => {
+                match decide::own_key(outcome, self.session, &self.retired) {
+                    decide::Owned::Stale(old) => {
+                        tracing::debug!("my keep-alive key is held by a session I gave up; ending it");
+                        let key = self.keys.rank(round.version, round.rank);
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Reclaiming };
+                        Action::Delete { key, mode: DeleteMode::IfRevision(old.mod_revision) }
+                    }
+                    decide::Owned::Mine(mine) => {
+                        // Counting only the keys created up to ours, exactly one member (the last
+                        // to confirm) sees them all: one swap attempt per round, not a storm.
+                        let (count, at_revision) = self.count_up_to(self.keys.ranks(round.version), mine);
+                        self.phase =
+                            Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision } };
+                        count
+                    }
+                    // Another live process with this node id confirmed this rank: the round is
+                    // not ours to take. Wait for it to end.
+                    decide::Owned::Taken(_) => {
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Taken };
+                        Action::Await { until: None, prefix: false }
+                    }
+                    decide::Owned::Vanished => {
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+                        self.failed(vanished())
+                    }
                 }
-                // Another live process with this node id confirmed this rank: the round is
-                // not ours to take. Wait for it to end.
-                decide::Owned::Taken(_) => {
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Taken };
-                    Action::Await { until: None, prefix: false }
-                }
-                decide::Owned::Vanished => {
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
-                    self.failed(vanished())
-                }
-            },
+            }
             (ConfirmStep::Counting { mine, .. }, Input::Count(confirmed)) => {
                 if decide::completes_round(confirmed, round.participants.len()) {
                     // Ours is the last keep-alive key: every member was alive at its revision.
