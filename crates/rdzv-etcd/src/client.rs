@@ -31,13 +31,6 @@ const MAX_MESSAGE_SIZE: usize = i32::MAX as usize;
 /// How many lease TTLs a client remembers at most.
 const MAX_REMEMBERED_LEASES: usize = 100_000;
 
-/// A lease's open keep-alive stream: the sender of its requests and the stream of answers.
-pub(crate) type KeepAlive = (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream);
-
-/// Where a lease's keep-alive stream is kept; one refresh at a time uses it, so that each
-/// answer on it is the answer to that refresh.
-pub(crate) type KeepAliveSlot = tokio::sync::Mutex<Option<KeepAlive>>;
-
 /// HTTP/2 keep-alive pings while streams are open, so that a watch on a connection that died
 /// silently (no FIN, no RST) ends instead of waiting forever. etcd refuses pings more often
 /// than every 5 s (`--grpc-keepalive-min-time`) and pings without open streams.
@@ -94,10 +87,6 @@ pub(crate) struct Shared {
     pub watches: crate::watch::Mux,
     /// The connection batched lease refreshes use (see [`Shared::keeper`]).
     keeper: std::sync::OnceLock<Box<Shared>>,
-    /// The keep-alive stream of each lease refreshed through this client, kept open between
-    /// refreshes: a refresh is then one message on it, where opening a stream per refresh
-    /// let thousands of sessions fall behind their TTL.
-    keep_alives: Mutex<HashMap<LeaseId, Arc<KeepAliveSlot>>>,
     /// The runtime this client was made in, where its connections' tasks run.
     runtime: Option<tokio::runtime::Id>,
 }
@@ -117,7 +106,6 @@ impl Shared {
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
             keeper: std::sync::OnceLock::new(),
-            keep_alives: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
     }
@@ -133,7 +121,6 @@ impl Shared {
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
             keeper: std::sync::OnceLock::new(),
-            keep_alives: Mutex::new(HashMap::new()),
             runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
     }
@@ -242,24 +229,6 @@ impl Shared {
     pub fn forget_ttl(&self, lease: LeaseId) {
         if let Ok(mut ttls) = self.lease_ttls.lock() {
             ttls.remove(&lease);
-        }
-    }
-
-    /// The keep-alive stream slot of `lease` (empty until a refresh opens it).
-    pub fn keep_alive_slot(&self, lease: LeaseId) -> Arc<KeepAliveSlot> {
-        let mut slots = self.keep_alives.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if slots.len() >= MAX_REMEMBERED_LEASES && !slots.contains_key(&lease) {
-            slots.clear();
-        }
-        slots.entry(lease).or_default().clone()
-    }
-
-    /// Closes the keep-alive stream of `lease` (it is gone), here and on the keeper
-    /// connection if there is one.
-    pub fn forget_keep_alive(&self, lease: LeaseId) {
-        self.keep_alives.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&lease);
-        if let Some(keeper) = self.keeper.get() {
-            keeper.forget_keep_alive(lease);
         }
     }
 

@@ -202,32 +202,8 @@ impl EtcdKv {
         }
     }
 
-    /// One refresh of `id` through `shared` (this client's connection or its keeper): one
-    /// message on the lease's open keep-alive stream, or, if it has none or that stream
-    /// failed, a new stream, kept for the next refresh.
+    /// One refresh of `id` through `shared` (this client's connection or its keeper).
     async fn keep_alive_on(&self, shared: &Shared, id: LeaseId) -> KvResult<Duration> {
-        let slot = shared.keep_alive_slot(id);
-        let mut open = slot.lock().await;
-        if let Some((keeper, answers)) = open.as_mut() {
-            let refresh = async {
-                keeper.keep_alive().await?;
-                answers.message().await
-            };
-            match tokio::time::timeout(self.request_timeout, refresh).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
-                    return Ok(Duration::from_secs(u64::try_from(answer.ttl()).unwrap_or(1)));
-                }
-                Ok(Ok(Some(_))) => {
-                    *open = None;
-                    shared.forget_keep_alive(id);
-                    self.shared.forget_ttl(id);
-                    return Err(KvError::LeaseNotFound(id));
-                }
-                // The stream broke, ended or is slow (a late answer would be taken for the
-                // next refresh's): open another.
-                _ => *open = None,
-            }
-        }
         let known_ttl = self.shared.known_ttl(id);
         let result = self
             .call_on(shared, "lease_keep_alive", Some(id), |c| {
@@ -242,12 +218,12 @@ impl EtcdKv {
                         other => other,
                     }?;
                     if let Some(ttl) = known_ttl {
-                        return Ok((ttl, (keeper, responses)));
+                        return Ok(ttl);
                     }
                     // Granted elsewhere: a second refresh on the same stream tells the TTL.
                     keeper.keep_alive().await?;
                     match responses.message().await? {
-                        Some(answer) if answer.ttl() > 0 => Ok((answer.ttl(), (keeper, responses))),
+                        Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
                         Some(_) => Err(error::lease_not_found()),
                         None => Err(etcd_client::Error::LeaseKeepAliveError(
                             "keep-alive stream closed".to_string(),
@@ -257,17 +233,15 @@ impl EtcdKv {
             })
             .await;
         match result {
-            Ok((ttl, stream)) => {
+            Ok(ttl) => {
                 if known_ttl.is_none() {
                     self.shared.remember_ttl(id, ttl);
                 }
-                *open = Some(stream);
                 Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)))
             }
             Err(e) => {
                 if matches!(e, KvError::LeaseNotFound(_)) {
                     self.shared.forget_ttl(id);
-                    shared.forget_keep_alive(id);
                 }
                 Err(e)
             }
@@ -328,9 +302,6 @@ impl EtcdKv {
 
 /// How the value limit is raised (docs/ETCD.md, "Size limits").
 const RAISE_VALUE_LIMIT: &str = "start the servers with a larger --max-request-bytes and give the URL option max_request_bytes the same value";
-
-/// How many refreshes of one batch are in flight at once.
-const KEEP_ALIVES_IN_FLIGHT: usize = 1024;
 
 /// Refuses a key (namespace included) over [`MAX_KEY_BYTES`], before sending it.
 fn check_key(full: &[u8]) -> KvResult<()> {
@@ -650,10 +621,8 @@ impl Kv for EtcdKv {
         self.keep_alive_on(&self.shared, id).await
     }
 
-    /// Through the keeper connection (see `Shared::keeper`), each lease on its own open
-    /// keep-alive stream (etcd-client refreshes one lease per stream), at most 1,024 in
-    /// flight: a refresh is one message, and thousands of sessions of one client are all due
-    /// every third of their TTL.
+    /// Through the keeper connection (see `Shared::keeper`), at most 64 in flight: etcd's
+    /// client refreshes one lease per request.
     async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
         use futures::StreamExt;
         let keeper = self.shared.keeper();
@@ -661,7 +630,7 @@ impl Kv for EtcdKv {
         for &lease in leases {
             refreshes.push(self.keep_alive_on(keeper, lease));
         }
-        futures::stream::iter(refreshes).buffered(KEEP_ALIVES_IN_FLIGHT).collect().await
+        futures::stream::iter(refreshes).buffered(64).collect().await
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> KvResult<()> {
@@ -673,7 +642,6 @@ impl Kv for EtcdKv {
             .await;
         if matches!(result, Ok(_) | Err(KvError::LeaseNotFound(_))) {
             self.shared.forget_ttl(id);
-            self.shared.forget_keep_alive(id);
         }
         result.map(|_| ())
     }
