@@ -12,7 +12,10 @@
 # Environment: CARGO_TARGET_DIR (default target); MP_RUNS (multi-process runs per size,
 # default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
 # default 16,64,128,256); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
-# COST_SIZES (default 16,64,128,512,1024,4096); CLIENTS_WORKERS (default 1024);
+# COST_SIZES (default 16,64,128,512,1024,4096,8192; memory also COST_MEM_EXTRA, default 16384);
+# CLIENTS_WORKERS (default 1024); KILL_WORKERS (default 4096) and KILL_TTL (default 3) for a member
+# cut off among in-process workers; CEILING_SIZES (default 8192,16384,24576,32768) for the largest
+# round on one etcd;
 # DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); C10D_SIZES (default 32,64) and
 # C10D_RUNS (default 5) for the comparison with PyTorch's c10d rendezvous; RDZV_JOIN_BIN (a worker command for the multi-process runs,
 # called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
@@ -74,7 +77,9 @@ else
     # then this size's own, and no earlier size's leftovers load the server. A size that
     # crashes or outlasts its time limit is recorded as failed, and the script goes on.
     for backend in $(echo "${RDZV_BENCH_BACKENDS:-mem,etcd,redis}" | tr ',' ' '); do
-        for n in $(echo "${COST_SIZES:-16,64,128,512,1024,4096}" | tr ',' ' '); do
+        sizes="${COST_SIZES:-16,64,128,512,1024,4096,8192}"
+        if [ "$backend" = mem ]; then sizes="$sizes,${COST_MEM_EXTRA:-16384}"; fi
+        for n in $(echo "$sizes" | tr ',' ' '); do
             started=$(date +%s.%N)
             status=0
             timeout 600 "${exe[cost]}" --bench --backends "$backend" --sizes "$n" || status=$?
@@ -105,7 +110,7 @@ cli="${RDZV_CLI_BIN:-$CARGO_TARGET_DIR/release/rdzv}"
 if [ -x "$cli" ]; then
     join_args="join --hold 0s --format json"
     python3 scripts/multiproc.py --worker "$cli" --worker-args "$join_args" --no-gate \
-        --sizes "${MP_CLI_SIZES:-16,64,128,256}" --runs 3 --out "$results/multiproc_cli.jsonl"
+        --sizes "${MP_CLI_SIZES:-16,64,128,256,512}" --runs 3 --out "$results/multiproc_cli.jsonl"
 
     echo "== etcd with its data on disk, and a 3-member cluster"
     # The same CLI runs at one size: etcd's data directory on disk (every commit fsynced)
@@ -120,6 +125,14 @@ if [ -x "$cli" ]; then
     echo "== one client per worker (rdzv bench --client-per-worker) on etcd"
     python3 scripts/etcd_figures.py clients --rdzv "$cli" --workers "${CLIENTS_WORKERS:-1024}" --runs 3 \
         --out "$results/clients.jsonl" || echo "bench: the client-per-worker runs failed"
+
+    echo "== failure at scale: in-process workers on etcd, one member cut off, a spare in its place"
+    python3 scripts/etcd_figures.py killone --rdzv "$cli" --workers "${KILL_WORKERS:-4096}" --ttl "${KILL_TTL:-3}" --runs 3 \
+        --out "$results/killone.jsonl" || echo "bench: the failure-at-scale runs failed"
+
+    echo "== the ceiling: the largest round of in-process workers on one etcd with its default limits"
+    python3 scripts/etcd_figures.py ceiling --rdzv "$cli" --sizes "${CEILING_SIZES:-8192,16384,24576,32768}" \
+        --out "$results/ceiling.jsonl" || echo "bench: the ceiling runs failed"
 
     echo "== failure detection: survivors told of a SIGKILLed member, against the keep-alive TTL"
     python3 scripts/etcd_figures.py detect --rdzv "$cli" --workers 8 --ttls "${DETECT_TTLS:-2,5,10}" --runs 3 \

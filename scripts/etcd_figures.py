@@ -5,6 +5,8 @@ usage:
   etcd_figures.py clients --rdzv BIN --workers 1024 --runs 3 --out FILE
   etcd_figures.py detect  --rdzv BIN --workers 8 --ttls 2,5,10 --runs 2 --out FILE
   etcd_figures.py promote --rdzv BIN --workers 4 --ttls 3,10 --runs 5 --out FILE
+  etcd_figures.py killone --rdzv BIN --workers 4096 --ttl 3 --runs 3 --out FILE
+  etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768 --out FILE
 
 clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
   with its own client and connections (what the server sees from N hosts). Records the round's
@@ -24,6 +26,16 @@ promote: N `rdzv join URL --hold … --format json` processes with keep_alive_tt
   killed with SIGKILL, and the spare's stdout is watched for its first round. Records, per TTL
   and run, the time from the kill to the spare's round, whether the spare took the dead
   member's rank, and whether every survivor kept its own.
+
+killone: `rdzv bench URL --workers N --rounds 1 --kill-one --format json` (N in-process workers on
+  one client, keep_alive_ttl=T): after a round, one member is cut off (all its calls fail, as for
+  a dead node) while one more worker waits as a spare. Records the round's time, when the
+  survivors were told (first and last) and when the next round, the spare in its place, formed.
+
+ceiling: `rdzv bench URL --workers N --rounds 1 --format json` for each N in turn, each on a
+  fresh etcd with its default limits, until one fails (or all complete). Records for each N
+  whether it completed, the round's time, the error of a failure, and the server's cost per
+  1000 workers: CPU seconds, committed proposals and the database size.
 
 Results: one JSON line per run, appended to FILE.
 """
@@ -110,6 +122,81 @@ def clients(a):
                 out.flush()
     finally:
         etcd.stop()
+
+
+def bench_once(etcd, a, n, query, extra):
+    """One `rdzv bench` of `n` workers on `etcd`; the record of it, with the server's side."""
+    run_id = f"{a.what}-{os.getpid()}-{n}-{time.time_ns()}"
+    url = f"etcd://{etcd.hosts}/{run_id}?timeout={a.timeout:.0f}s{query}"
+    before = etcd.counters()
+    started = time.monotonic()
+    try:
+        p = subprocess.run([a.rdzv, "bench", url, "--workers", str(n), "--rounds", "1", "--format", "json", *extra],
+                           capture_output=True, text=True, timeout=a.timeout + 120)
+        code, stdout, stderr = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        code, stdout, stderr = None, "", f"timed out after {a.timeout + 120:.0f} s: {e.stderr or ''}"
+    wall = time.monotonic() - started
+    after = etcd.counters()
+    r = {"workers": n, "wall_seconds": wall,
+         "proposals_per_worker": delta(before, after, "proposals", n),
+         "ranges_per_worker": delta(before, after, "ranges", n),
+         "server_cpu_s_per_1000": delta(before, after, "cpu_s", n, 1000.0),
+         "proposals_per_1000": delta(before, after, "proposals", n, 1000.0),
+         "db_bytes": after.get("db_bytes"), "etcd_version": etcd.version()}
+    report = None
+    if code == 0:
+        try:
+            report = json.loads(stdout.strip().splitlines()[-1])
+        except (json.JSONDecodeError, IndexError):
+            report = None
+    if report is None:
+        tail = stderr.strip()[-400:] if isinstance(stderr, str) else str(stderr)[-400:]
+        r["failed"] = f"exit {code}: {tail or stdout.strip()[-400:]}"
+    else:
+        r.update({"seconds": report["latency_ms"]["max"] / 1000.0, "peak_memory_kib": report.get("peak_memory_kib"),
+                  "writes_per_worker_round": report["writes_per_worker_round"],
+                  "reads_per_worker_round": report["reads_per_worker_round"],
+                  "keys_visited_per_worker_round": report.get("keys_visited_per_worker_round"),
+                  "failure": report.get("failure")})
+    return r
+
+
+def killone(a):
+    raise_open_files(16384)
+    etcd = Etcd()
+    try:
+        with open(a.out, "a") as out:
+            for run in range(a.runs):
+                r = bench_once(etcd, a, a.workers, f"&keep_alive_ttl={a.ttl:g}s", ["--kill-one"])
+                r.update({"run": run, "ttl_s": a.ttl})
+                f = r.get("failure") or {}
+                print(f"killone N={a.workers} TTL {a.ttl:g}s run {run}: "
+                      + (f"round {r['seconds']:.2f}s, told {f.get('told_first_s', 0):.2f}-{f.get('told_last_s', 0):.2f}s, "
+                         f"formed {f.get('formed_s', 0):.2f}s" if "seconds" in r else f"FAILED ({r['failed'][:200]})"),
+                      flush=True)
+                out.write(json.dumps(r) + "\n")
+                out.flush()
+    finally:
+        etcd.stop()
+
+
+def ceiling(a):
+    raise_open_files(16384)
+    with open(a.out, "a") as out:
+        for n in [int(x) for x in a.sizes.split(",")]:
+            etcd = Etcd()
+            try:
+                r = bench_once(etcd, a, n, "", [])
+            finally:
+                etcd.stop()
+            print(f"ceiling N={n}: " + (f"round {r['seconds']:.2f}s, " if "seconds" in r else f"FAILED ({r['failed'][:300]}), ")
+                  + f"etcd CPU {show(r['server_cpu_s_per_1000'])} s, {show(r['proposals_per_1000'])} proposals per 1000 workers, "
+                  f"DB {show(r['db_bytes'])} bytes", flush=True)
+            out.write(json.dumps(r) + "\n")
+            out.flush()
+            if "failed" in r:
+                break
 
 
 class Worker:
@@ -312,11 +399,19 @@ def main():
     s.add_argument("--ttls", default="3,10", help="keep_alive_ttl values, seconds")
     s.add_argument("--runs", type=int, default=5)
     s.add_argument("--after", type=float, default=1.0, help="seconds between the spare waiting and the kill")
-    for p in (c, d, s):
+    k = sub.add_parser("killone", help="in-process workers on etcd, one cut off, a spare takes its place")
+    k.add_argument("--workers", type=int, default=4096)
+    k.add_argument("--ttl", type=float, default=3.0, help="keep_alive_ttl, seconds")
+    k.add_argument("--runs", type=int, default=3)
+    k.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    g = sub.add_parser("ceiling", help="the largest N of in-process workers that completes on one etcd")
+    g.add_argument("--sizes", default="8192,16384,24576,32768")
+    g.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    for p in (c, d, s, k, g):
         p.add_argument("--rdzv", required=True, help="the rdzv binary")
         p.add_argument("--out", required=True)
     a = ap.parse_args()
-    {"clients": clients, "detect": detect, "promote": promote}[a.what](a)
+    {"clients": clients, "detect": detect, "promote": promote, "killone": killone, "ceiling": ceiling}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -111,24 +111,27 @@ class Etcd:
 
     def counters(self):
         """proposals (committed, as the first member counts them: every member commits the same
-        entries), ranges (key ranges read, summed over members) and CPU seconds (summed over
-        the members' processes). Any may be None."""
-        proposals, ranges, cpu = None, 0.0, 0.0
+        entries), ranges (key ranges read, summed over members), CPU seconds (summed over
+        the members' processes) and the first member's database size in bytes. Any may be None."""
+        proposals, ranges, cpu, db = None, 0.0, 0.0, None
         for i, (proc, _, metrics_port, _) in enumerate(self.members):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
                     text = r.read().decode()
             except OSError:
-                return {"proposals": None, "ranges": None, "cpu_s": None}
+                return {"proposals": None, "ranges": None, "cpu_s": None, "db_bytes": None}
             if i == 0:
                 proposals = metric(text, "etcd_server_proposals_committed_total")
+                db = metric(text, "etcd_mvcc_db_total_size_in_bytes")
+                if db is None:
+                    db = metric(text, "etcd_debugging_mvcc_db_total_size_in_bytes")
             r = metric(text, "etcd_mvcc_range_total")
             if r is None:
                 r = metric(text, "etcd_debugging_mvcc_range_total")
             ranges = None if r is None or ranges is None else ranges + r
             c = cpu_seconds(proc.pid)
             cpu = None if c is None or cpu is None else cpu + c
-        return {"proposals": proposals, "ranges": ranges, "cpu_s": cpu}
+        return {"proposals": proposals, "ranges": ranges, "cpu_s": cpu, "db_bytes": db}
 
     def proposals(self):
         return self.counters()["proposals"]

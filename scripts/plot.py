@@ -28,9 +28,9 @@ MIB = 1024.0
 # The targets (issue 16, "Scale"), where a figure has one: in-process workers on one shared
 # client, by backend and N (seconds a round, peak MiB); the cold-start processes (`rdzv join`).
 TIME_TARGETS = {("mem", 1024): 1.0, ("etcd", 1024): 1.5, ("redis", 1024): 1.5, ("etcd", 4096): 5.0,
-                ("redis", 4096): 5.0}
-MEMORY_TARGETS = {1024: 128, 4096: 512}
-CLI_TIME_TARGETS = {128: "≤ 0.8 s", 256: "≤ 1.5 s"}
+                ("redis", 4096): 5.0, ("etcd", 8192): 5.0, ("redis", 8192): 5.0, ("mem", 16384): 3.0}
+MEMORY_TARGETS = {1024: 128, 4096: 512, 8192: 512, 16384: 1024}
+CLI_TIME_TARGETS = {128: "≤ 0.8 s", 256: "≤ 1.5 s", 512: "–"}
 
 
 def load(dirname, name):
@@ -403,6 +403,44 @@ def main():
         if r["workers"] in MEMORY_TARGETS:
             rows.append([f"peak memory, {r['workers']} in-process workers, {r['backend']} (VmHWM of the whole process)",
                          f"{r['vmhwm_kib'] / MIB:.0f} MiB", "–", f"≤ {MEMORY_TARGETS[r['workers']]} MiB"])
+    # Scale (issue 25): growth from 1024 to 8192, the server's work per worker, a death at scale, the ceiling.
+    for b in ("etcd", "redis"):
+        small = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == 1024]
+        large = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == 8192]
+        if small and large:
+            ratio = statistics.median(large) / statistics.median(small)
+            rows.append([f"{b}: round time at 8192 / at 1024 in-process workers (`cost` bench, medians of rounds 1 and 2)",
+                         fmt_n(ratio), "–", "≤ 8 (linear)"])
+        for key, label in (("proposals", "etcd proposals"), ("server_ranges", "etcd key ranges read")):
+            v = [r[key] for r in cost_rounds if r["backend"] == b and r["workers"] == 8192 and r.get(key) is not None]
+            if v:
+                rows.append([f"8192 in-process workers, {b}: {label} per worker per round (max of rounds 1 and 2)",
+                             fmt_n(max(v)), "–", "≤ 4" if key == "proposals" else "–"])
+    kill = load(res, "killone.jsonl")
+    ok = [r for r in kill if not r.get("failed") and r.get("failure")]
+    if kill:
+        n, ttl = kill[0]["workers"], kill[0]["ttl_s"]
+        told = [r["failure"]["told_last_s"] for r in ok]
+        formed = [r["failure"]["formed_s"] - r["failure"]["told_last_s"] for r in ok]
+        rounds = [r["seconds"] for r in ok]
+        rows.append([f"{n} in-process workers on etcd, one cut off (keep_alive_ttl {ttl:g} s): the last survivor told "
+                     f"({len(ok)} of {len(kill)} runs completed)", fmt_spread(told), "–", f"≤ TTL = {ttl:g} s"])
+        if rounds:
+            rows.append([f"… then the next round, a spare in the dead member's place (from the last told; "
+                         f"the {n} round took {fmt_s(statistics.median(rounds))})", fmt_spread(formed), "–",
+                         f"≤ 2 × the round = {fmt_s(2 * statistics.median(rounds))}"])
+    ceiling = load(res, "ceiling.jsonl")
+    if ceiling:
+        done = [r for r in ceiling if not r.get("failed")]
+        stop = [r for r in ceiling if r.get("failed")]
+        largest = max((r["workers"] for r in done), default=None)
+        why = f"; {stop[0]['workers']} failed: {stop[0]['failed'][:160]}" if stop else "; every size tried completed"
+        rows.append([f"the ceiling: the largest round of in-process workers on one etcd with its default limits{why}",
+                     str(largest) if largest else "–", "–", "written down"])
+        for r in done:
+            rows.append([f"the etcd server's cost of a round of {r['workers']} (per 1000 workers): CPU s, proposals; "
+                         "database size", f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
+                         f"{r['db_bytes'] / MIB / MIB:.1f} MiB" if r.get("db_bytes") else "–", "–", "–"])
     promote = load(res, "promote.jsonl")
     for ttl in sorted({r["ttl_s"] for r in promote}):
         rs = [r for r in promote if r["ttl_s"] == ttl]

@@ -123,7 +123,8 @@ async fn bench_client_per_worker_on_mem() {
     assert_eq!(v["clients"], 8, "{v}");
     // Counted over all eight clients: one alone would see about an eighth of this.
     assert!(v["writes_per_worker_round"].as_f64().unwrap() >= 1.5, "{v}");
-    assert!(v["reads_per_worker_round"].as_f64().unwrap() >= 1.5, "{v}");
+    // (Each worker reads the state once; nobody counts the others' keys.)
+    assert!(v["reads_per_worker_round"].as_f64().unwrap() >= 0.75, "{v}");
 }
 
 /// Run ids and node ids follow one rule at every entry point of the binary (flags, the

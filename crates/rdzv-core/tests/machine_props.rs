@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rdzv_core::kv::{DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
+use rdzv_core::kv::{
+    CountedCreate, DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision,
+};
 use rdzv_core::params::RankOrder;
 use rdzv_core::protocol::Joiner;
 use rdzv_core::protocol::RunKeys;
@@ -127,8 +129,9 @@ struct World {
 }
 
 impl World {
-    /// `count_at_revision`: whether the backend of the model counts at a past revision.
-    fn new(n: usize, sizing: Sizing, count_at_revision: bool) -> World {
+    /// `count_at_revision`: whether the backend of the model counts at a past revision;
+    /// `counted_create`: whether it counts creations in a tally.
+    fn new(n: usize, sizing: Sizing, count_at_revision: bool, counted_create: bool) -> World {
         let keys = RunKeys::new("/t", "job");
         let base = Instant::now();
         let mut model = Model { next_lease: 100, ..Model::default() };
@@ -144,6 +147,8 @@ impl World {
                     keys: keys.clone(),
                     sizing,
                     count_at_revision,
+                    counted_create,
+                    retired: Vec::new(),
                     run_id: "job".into(),
                     started: base,
                     leave_first: None,
@@ -221,6 +226,19 @@ impl World {
                 };
                 let outcome = model.put(key, value, *mode, Some(lease));
                 if lose { Input::Failed(lost()) } else { Input::Put(outcome, Some(lease)) }
+            }
+            Action::CreateCounted { key, value, tally, tally_lease } => {
+                let outcome = model.put(key, value, PutMode::Create, Some(w.session));
+                let counted = outcome.is_written().then(|| {
+                    let before = model.keys.get(tally).map_or(0, |kv| kv.version);
+                    model.put(tally, b"", PutMode::Overwrite, *tally_lease);
+                    before as u64 + 1
+                });
+                if lose {
+                    Input::Failed(lost())
+                } else {
+                    Input::Counted(CountedCreate { outcome, tally: counted })
+                }
             }
             Action::CountAtRevision { .. } if self.past_counts_fail => {
                 Input::Failed(RendezvousError::Backend(KvError::Compacted { requested: 1, oldest: 2 }))
@@ -352,6 +370,7 @@ proptest! {
         schedule in proptest::collection::vec(0usize..64, 1..64),
         losses in proptest::collection::vec(proptest::bool::weighted(0.1), 1..32),
         count_at_revision in proptest::bool::ANY,
+        counted_create in proptest::bool::ANY,
     ) {
         let max = min + extra;
         prop_assume!(n >= min);
@@ -362,7 +381,7 @@ proptest! {
             backup: Duration::from_secs(10),
             order: RankOrder::Arrival,
         };
-        let mut world = World::new(n, sizing, count_at_revision);
+        let mut world = World::new(n, sizing, count_at_revision, counted_create);
         run(&mut world, &schedule, &losses);
         let done: Vec<&Completed> =
             world.workers.iter().filter_map(|w| w.outcome.as_ref().and_then(|o| o.as_ref().ok())).collect();
@@ -398,7 +417,7 @@ fn a_failed_count_at_a_past_revision_is_taken_from_the_live_keys() {
         backup: Duration::from_secs(10),
         order: RankOrder::Arrival,
     };
-    let mut world = World::new(3, sizing, true);
+    let mut world = World::new(3, sizing, true, false);
     world.past_counts_fail = true;
     run(&mut world, &[0, 1, 2], &[]);
     let done: Vec<_> = world.workers.iter().filter_map(|w| w.outcome.as_ref()).collect();

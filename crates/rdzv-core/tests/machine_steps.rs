@@ -26,6 +26,10 @@ fn me() -> Participant {
 }
 
 fn machine(leave_first: Option<Leaving>) -> Machine {
+    machine_with_retired(leave_first, Vec::new())
+}
+
+fn machine_with_retired(leave_first: Option<Leaving>, retired: Vec<LeaseId>) -> Machine {
     Machine::new(Call {
         me: me(),
         session: SESSION,
@@ -38,6 +42,8 @@ fn machine(leave_first: Option<Leaving>) -> Machine {
             order: RankOrder::Arrival,
         },
         count_at_revision: false,
+        counted_create: false,
+        retired,
         run_id: "job".into(),
         started: Instant::now(),
         leave_first,
@@ -218,4 +224,46 @@ fn the_round_frozen_with_a_gone_predecessor_is_read_again_however_its_delete_wen
         let next = on(&mut m, answer());
         assert!(matches!(next, Action::ReadState), "row {i}: {next:?}");
     }
+}
+
+/// Issue 25: a join key held by a session this worker gave up (lost to an overloaded server,
+/// whose revoke did not get through) is its own: ended by its revision and written again at
+/// once. A key of any other session is another live process's, waited for as before.
+#[test]
+fn a_join_key_of_a_session_this_worker_gave_up_is_ended_and_written_again() {
+    const GIVEN_UP: LeaseId = 6;
+    let join = keys().join(1, "n0");
+    let joinable =
+        key_value(keys().state(), &State::Joinable { version: 1, previous: None }.to_bytes(), 3, Some(1));
+    let writing = |retired: Vec<LeaseId>| {
+        let mut m = machine_with_retired(None, retired);
+        assert!(matches!(m.start(), Action::ReadState));
+        let seen = Observed::from_kv(Some(joinable.clone()), Some(3)).expect("a state");
+        assert!(matches!(on(&mut m, Input::State(seen)), Action::WatchState { from: 4 }));
+        assert!(matches!(
+            on(&mut m, Input::Ack),
+            Action::Put { mode: PutMode::Create, bind: Bind::Session, .. }
+        ));
+        m
+    };
+    let held = || {
+        let old = key_value(join.clone(), &me().to_bytes(), 2, Some(GIVEN_UP));
+        Input::Put(PutOutcome::Conflict { current: Some(old) }, Some(SESSION))
+    };
+
+    let mut m = writing(vec![GIVEN_UP]);
+    match on(&mut m, held()) {
+        Action::Delete { key, mode: DeleteMode::IfRevision(2) } => assert_eq!(key, join),
+        other => panic!("a key of a retired session must be ended, not waited for: {other:?}"),
+    }
+    assert_eq!(m.doing(), "joining");
+    match on(&mut m, Input::Deleted(DeleteOutcome::Deleted { revision: 5 })) {
+        Action::Put { key, mode: PutMode::Create, bind: Bind::Session, .. } => assert_eq!(key, join),
+        other => panic!("then written again: {other:?}"),
+    }
+    let written = Input::Put(PutOutcome::Written { revision: 6, create_revision: 6 }, Some(SESSION));
+    assert!(matches!(on(&mut m, written), Action::Count { created_up_to: Some(6), .. }));
+
+    let mut m = writing(vec![]);
+    assert!(matches!(on(&mut m, held()), Action::AwaitDelete { after: 2, .. }));
 }

@@ -12,9 +12,9 @@ use etcd_client::{
     SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use rdzv_core::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, LeaseId, PutMode,
-    PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, SizeLimit, WatchScope,
-    WatchStream,
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue,
+    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, SizeLimit,
+    WatchScope, WatchStream,
 };
 use rdzv_core::{Kv, KvError, KvResult};
 
@@ -271,6 +271,26 @@ impl EtcdKv {
         revision(response.header())
     }
 
+    /// Which of a counted create's two leases is gone, after etcd refused the transaction
+    /// for a missing lease without naming it: the tally's, if a look at it says so, else the
+    /// key's.
+    async fn missing_lease(&self, lease: Option<LeaseId>, tally_lease: Option<LeaseId>) -> KvError {
+        let (Some(lease), Some(tally_lease)) = (lease, tally_lease) else {
+            return KvError::LeaseNotFound(lease.or(tally_lease).unwrap_or_default());
+        };
+        let probe = self
+            .call("lease_time_to_live", Some(tally_lease), |c| {
+                let mut leases = c.lease.clone();
+                async move { leases.time_to_live(tally_lease, None).await }
+            })
+            .await;
+        match probe {
+            Ok(answer) if answer.ttl() > 0 => KvError::LeaseNotFound(lease),
+            Ok(_) | Err(KvError::LeaseNotFound(_)) => KvError::LeaseNotFound(tally_lease),
+            Err(other) => other,
+        }
+    }
+
     async fn txn(&self, operation: &str, lease: Option<LeaseId>, txn: Txn) -> KvResult<TxnResponse> {
         self.call(operation, lease, |c| {
             let (mut kv, txn) = (c.kv.clone(), txn.clone());
@@ -312,7 +332,12 @@ impl Kv for EtcdKv {
 
     fn capabilities(&self) -> Capabilities {
         // No native increment: etcd has none (the Store increments with compare-and-swap).
-        Capabilities { min_lease_ttl: MIN_LEASE_TTL, count_at_revision: true, ..Capabilities::default() }
+        Capabilities {
+            min_lease_ttl: MIN_LEASE_TTL,
+            count_at_revision: true,
+            counted_create: true,
+            ..Capabilities::default()
+        }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
@@ -465,6 +490,60 @@ impl Kv for EtcdKv {
             _ => self.read_in_txn(&mut responses, 1).map_or(rev, |kv| kv.create_revision),
         };
         Ok(PutOutcome::Written { revision: rev, create_revision })
+    }
+
+    /// One transaction: the create, and a put of the tally key with its previous value
+    /// returned, whose version (etcd counts a key's puts) before the put plus one is the
+    /// tally.
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        let key = self.key(key)?;
+        let tally = self.key(tally)?;
+        self.check_value(value)?;
+        let bound = |lease: Option<LeaseId>| {
+            let options = etcd_client::PutOptions::new();
+            match lease {
+                Some(lease) => options.with_lease(lease),
+                None => options,
+            }
+        };
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then(vec![
+                TxnOp::put(key.clone(), value, Some(bound(lease))),
+                TxnOp::put(tally, Vec::new(), Some(bound(tally_lease).with_prev_key())),
+            ])
+            .or_else(vec![TxnOp::get(key.clone(), None)]);
+        let response = match self.txn("create_counted", lease.or(tally_lease), txn).await {
+            // etcd does not say which lease is missing: ask about the tally's.
+            Err(KvError::LeaseNotFound(_))
+                if lease.is_some() && tally_lease.is_some() && lease != tally_lease =>
+            {
+                return Err(self.missing_lease(lease, tally_lease).await);
+            }
+            other => other?,
+        };
+        let rev = revision(response.header())?;
+        let mut responses = response.op_responses();
+        if !response.succeeded() {
+            let current = self.read_in_txn(&mut responses, 0);
+            return Ok(CountedCreate { outcome: PutOutcome::Conflict { current }, tally: None });
+        }
+        let before = match responses.get(1) {
+            Some(TxnOpResponse::Put(put)) => put.prev_key().map_or(0, |kv| kv.version()),
+            _ => return Err(KvError::backend(BACKEND, "etcd answered a transaction without its put")),
+        };
+        let tally = u64::try_from(before).unwrap_or(0) + 1;
+        Ok(CountedCreate {
+            outcome: PutOutcome::Written { revision: rev, create_revision: rev },
+            tally: Some(tally),
+        })
     }
 
     async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rdzv_core::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, LeaseId, PutOptions,
-    PutOutcome, RangeOptions, RangeResponse, Revision, SizeLimit, WatchScope, WatchStream,
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, LeaseId,
+    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, SizeLimit, WatchScope, WatchStream,
 };
 use rdzv_core::{Kv, KvError, KvResult};
 use tokio::time::Instant;
@@ -199,7 +199,12 @@ impl Kv for MemKv {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { native_increment: true, min_lease_ttl: MIN_LEASE_TTL, ..Capabilities::default() }
+        Capabilities {
+            native_increment: true,
+            counted_create: true,
+            min_lease_ttl: MIN_LEASE_TTL,
+            ..Capabilities::default()
+        }
     }
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
@@ -214,6 +219,19 @@ impl Kv for MemKv {
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
         self.limits.check(key, value)?;
         self.state().put(key, value, options)
+    }
+
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        self.limits.check(key, value)?;
+        self.limits.check(tally, b"")?;
+        self.state().create_counted(key, value, lease, tally, tally_lease)
     }
 
     async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {

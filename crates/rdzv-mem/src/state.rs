@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use rdzv_core::kv::{
-    DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, LeaseId, PutMode,
-    PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope, prefix_end,
+    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, LeaseId,
+    PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    prefix_end,
 };
 use rdzv_core::{KvError, KvResult};
 use tokio::sync::mpsc::UnboundedSender;
@@ -165,6 +166,33 @@ impl State {
         self.keys.insert(key.to_vec(), kv.clone());
         self.commit(vec![Event { kind: EventKind::Put, kv }]);
         Ok(PutOutcome::Written { revision, create_revision })
+    }
+
+    /// Creates `key` and bumps the tally under `tally` (its version, as etcd's is) under one
+    /// lock: no other write comes between them.
+    pub(crate) fn create_counted(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        if let Some(current) = self.keys.get(key) {
+            return Ok(CountedCreate {
+                outcome: PutOutcome::Conflict { current: Some(current.clone()) },
+                tally: None,
+            });
+        }
+        for lease in [lease, tally_lease].into_iter().flatten() {
+            if !self.leases.contains_key(&lease) {
+                return Err(KvError::LeaseNotFound(lease));
+            }
+        }
+        let outcome = self.put(key, value, PutOptions { mode: PutMode::Create, lease })?;
+        self.put(tally, b"", PutOptions { mode: PutMode::Overwrite, lease: tally_lease })?;
+        let count = self.keys.get(tally).map_or(1, |kv| kv.version);
+        Ok(CountedCreate { outcome, tally: Some(count as u64) })
     }
 
     pub(crate) fn delete(&mut self, key: &[u8], mode: DeleteMode) -> DeleteOutcome {

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rdzv_core::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue, LeaseId, PutMode,
-    PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope, WatchStream,
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, KeyValue,
+    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    WatchStream,
 };
 use rdzv_core::{Kv, KvError, KvResult};
 
@@ -124,6 +125,7 @@ impl Kv for RedisKv {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             native_increment: true,
+            counted_create: true,
             min_lease_ttl: crate::reaper::MIN_LEASE_TTL,
             ..Capabilities::default()
         }
@@ -175,6 +177,37 @@ impl Kv for RedisKv {
             }
             "conflict" => Ok(PutOutcome::Conflict { current: self.saw(r.optional_key_value()?) }),
             "lease_not_found" => Err(KvError::LeaseNotFound(lease)),
+            _ => Err(r.unexpected()),
+        }
+    }
+
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        check_write(key, value)?;
+        check_key(tally)?;
+        let (key_lease, tally_lease) = (lease_arg(lease)?, lease_arg(tally_lease)?);
+        let args = [key, value, &num(key_lease), tally, &num(tally_lease)];
+        let mut r = self.shared.call("create_counted", &args, Retry::Once).await?;
+        match r.tag.as_str() {
+            "ok" => {
+                let revision = r.int()?;
+                let create_revision = r.int()?;
+                let count = r.int()?;
+                self.shared.high.saw_revision(revision + 1);
+                let outcome = PutOutcome::Written { revision, create_revision };
+                Ok(CountedCreate { outcome, tally: Some(u64::try_from(count).unwrap_or(0)) })
+            }
+            "conflict" => {
+                let current = self.saw(r.optional_key_value()?);
+                Ok(CountedCreate { outcome: PutOutcome::Conflict { current }, tally: None })
+            }
+            "lease_not_found" => Err(KvError::LeaseNotFound(r.int()?)),
             _ => Err(r.unexpected()),
         }
     }

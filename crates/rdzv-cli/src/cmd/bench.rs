@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdzv::{Rendezvous, RendezvousParams};
 use rdzv_core::Kv;
-use rdzv_core::layer::{CountingKv, OpCounts};
+use rdzv_core::layer::{CountingKv, FaultyKv, OpCounts};
 use serde_json::json;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -45,6 +45,7 @@ run id (the URL's with a unique suffix) unless --run-id is given.
 Examples:
   rdzv bench 'etcd://127.0.0.1:2379/bench' --workers 64 --rounds 5
   rdzv bench 'mem://b/bench' --workers 512 --format json
+  rdzv bench 'etcd://127.0.0.1:2379/bench?keep_alive_ttl=3s' --workers 4096 --rounds 1 --kill-one
   rdzv bench 'etcd://127.0.0.1:2379/bench' --workers 1024 --rounds 1 --client-per-worker";
 
 /// Arguments of `rdzv bench`.
@@ -70,9 +71,27 @@ pub struct BenchArgs {
     /// Record metrics as `rdzv run --metrics-addr` does (with the shared client only).
     #[arg(long, conflicts_with = "client_per_worker")]
     metrics: bool,
+    /// After the rounds, cut one member off (from then on all its backend calls fail, as for
+    /// a node that died: its session lease ends by the server's clock) while one more worker
+    /// waits as a spare, and measure how long the survivors take to be told
+    /// (`round_broken`) and to form the next round with the spare in its place, re-entering
+    /// as agents do. Uses the shared client.
+    #[arg(long, conflicts_with = "client_per_worker")]
+    kill_one: bool,
     /// How to print the results.
     #[arg(long, value_enum, default_value = "text")]
     format: ReportFormat,
+}
+
+/// What `--kill-one` measured, from the instant the member was cut off.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Failure {
+    /// When the first and the last survivor were told the round was broken.
+    told: [Duration; 2],
+    /// When the last worker of the next round (survivors and the spare) had it.
+    formed: Duration,
+    /// The workers' `keep_alive_ttl`.
+    ttl: Duration,
 }
 
 /// How many workers connect at once while they are created (a burst of thousands of
@@ -96,20 +115,32 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let run_id =
         args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.address.run_id, unique_suffix()));
     let params = target.params(n, n, Some(&run_id))?;
-    let (stats, clients) = if args.client_per_worker {
+    let (stats, clients, failure) = if args.client_per_worker {
         let (stats, counting) = own_clients(&args.url, &params, n, args.rounds).await?;
-        (stats, counting.len())
+        (stats, counting.len(), None)
+    } else if args.kill_one {
+        let (stats, failure) = kill_one(target.kv.clone(), &params, n, args.rounds).await?;
+        (stats, 1, Some(failure))
     } else {
         let metrics = args.metrics.then(rdzv_core::metrics::Metrics::new);
-        (shared_client(target.kv.clone(), &params, n, args.rounds, metrics.as_ref()).await?, 1)
+        (shared_client(target.kv.clone(), &params, n, args.rounds, metrics.as_ref()).await?, 1, None)
     };
-    let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib()).with_clients(clients);
+    let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib())
+        .with_clients(clients)
+        .with_failure(failure);
     let text = match args.format {
         ReportFormat::Json => format!("{}\n", report.json()),
         ReportFormat::Text => report.text(),
     };
     print_flush(&text);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Worker `i`'s parameters.
+fn worker_params(params: &RendezvousParams, i: usize) -> RendezvousParams {
+    let mut params = params.clone();
+    params.node_id = Some(format!("bench-{i}"));
+    params
 }
 
 /// `n` workers on this runtime, all on the one client `kv`, `rounds` rounds.
@@ -127,20 +158,31 @@ async fn shared_client(
     };
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
-        let mut params = params.clone();
-        params.node_id = Some(format!("bench-{i}"));
-        let worker = Rendezvous::new(shared.clone(), params).await?;
+        let worker = Rendezvous::new(shared.clone(), worker_params(params, i)).await?;
         if let Some(metrics) = metrics {
             metrics.attach(&worker);
         }
         workers.push(worker);
     }
+    let stats = rounds_of(&kv, &workers, rounds).await?;
+    for w in &workers {
+        let _ = w.shutdown().await;
+    }
+    Ok(stats)
+}
+
+/// `rounds` rounds of all `workers` together, counted by `kv`.
+async fn rounds_of(
+    kv: &CountingKv,
+    workers: &[Rendezvous],
+    rounds: u32,
+) -> Result<Vec<RoundStats>, CliError> {
     let mut stats = Vec::new();
     for _ in 0..rounds {
         let before = kv.snapshot();
         let started = Instant::now();
         let mut set = JoinSet::new();
-        for w in &workers {
+        for w in workers {
             let w = w.clone();
             set.spawn(async move { w.next_rendezvous().await.map(|r| r.info.world_size) });
         }
@@ -149,10 +191,64 @@ async fn shared_client(
         }
         stats.push(RoundStats { latency: started.elapsed(), ops: kv.snapshot() - before });
     }
-    for w in &workers {
+    Ok(stats)
+}
+
+/// `--kill-one`: `rounds` rounds of `n` workers on the one client `kv` (the last of them
+/// through a link that can be cut), then one more worker as a spare, then the cut.
+async fn kill_one(
+    kv: Arc<dyn Kv>,
+    params: &RendezvousParams,
+    n: usize,
+    rounds: u32,
+) -> Result<(Vec<RoundStats>, Failure), CliError> {
+    if n < 2 {
+        return Err(CliError::other("--kill-one needs at least 2 workers (one dies, the others survive)"));
+    }
+    let kv = CountingKv::new(kv);
+    let shared: Arc<dyn Kv> = kv.clone();
+    let link = FaultyKv::new(shared.clone(), 0);
+    let mut workers = Vec::with_capacity(n);
+    for i in 0..n {
+        let through = if i + 1 == n { link.clone() as Arc<dyn Kv> } else { shared.clone() };
+        workers.push(Rendezvous::new(through, worker_params(params, i)).await?);
+    }
+    let stats = rounds_of(&kv, &workers, rounds).await?;
+    let spare = Rendezvous::new(shared.clone(), worker_params(params, n)).await?;
+    let waits = {
+        let spare = spare.clone();
+        tokio::spawn(async move { spare.next_rendezvous().await.map(|_| Instant::now()) })
+    };
+    let registered = Instant::now() + params.timeout;
+    while workers[0].waiting().await?.waiters.is_empty() {
+        if Instant::now() > registered {
+            return Err(CliError::other("the spare did not register as waiting within the timeout"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cut = Instant::now();
+    link.set_failure_probability(1.0);
+    let mut survivors = JoinSet::new();
+    for w in &workers[..n - 1] {
+        let w = w.clone();
+        survivors.spawn(async move {
+            w.round_broken().await;
+            let told = cut.elapsed();
+            w.next_rendezvous().await?;
+            Ok::<_, CliError>((told, cut.elapsed()))
+        });
+    }
+    let (mut first, mut last, mut formed) = (Duration::MAX, Duration::ZERO, Duration::ZERO);
+    while let Some(done) = survivors.join_next().await {
+        let (told, joined) = done.map_err(|e| CliError::other(format!("a bench worker failed: {e}")))??;
+        (first, last, formed) = (first.min(told), last.max(told), formed.max(joined));
+    }
+    let spare_joined = waits.await.map_err(|e| CliError::other(format!("the spare failed: {e}")))??;
+    formed = formed.max(spare_joined - cut);
+    for w in workers[..n - 1].iter().chain([&spare]) {
         let _ = w.shutdown().await;
     }
-    Ok(stats)
+    Ok((stats, Failure { told: [first, last], formed, ttl: params.keep_alive_ttl }))
 }
 
 /// `n` workers, each on a thread and runtime of its own with its own client connected from
@@ -223,9 +319,8 @@ async fn drive(
     while counting.len() < n {
         counting.push(ready.recv().await.ok_or_else(ended)??);
     }
-    let snapshot = |counting: &[Arc<CountingKv>]| {
-        counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()))
-    };
+    let snapshot =
+        |counting: &[Arc<CountingKv>]| counting.iter().fold(OpCounts::default(), |acc, c| acc + c.snapshot());
     let mut stats = Vec::new();
     for round in 1..=rounds {
         let before = snapshot(&counting);
@@ -317,16 +412,19 @@ struct Report {
     latency_ms: [f64; 3],
     writes_per_worker_round: f64,
     reads_per_worker_round: f64,
+    keys_visited_per_worker_round: f64,
     peak_memory_kib: Option<u64>,
     /// How many backend clients the workers used (1: shared; `workers`: one each).
     clients: usize,
+    /// What `--kill-one` measured.
+    failure: Option<Failure>,
 }
 
 impl Report {
     fn new(stats: &[RoundStats], workers: usize, backend: &str, run_id: &str, peak: Option<u64>) -> Report {
         let mut latencies: Vec<f64> = stats.iter().map(|s| s.latency.as_secs_f64() * 1000.0).collect();
         latencies.sort_by(f64::total_cmp);
-        let total = stats.iter().fold(OpCounts::default(), |acc, s| add(acc, s.ops));
+        let total = stats.iter().fold(OpCounts::default(), |acc, s| acc + s.ops);
         let per = (workers * stats.len()).max(1) as f64;
         Report {
             backend: backend.to_string(),
@@ -340,13 +438,19 @@ impl Report {
             ],
             writes_per_worker_round: total.writes() as f64 / per,
             reads_per_worker_round: total.reads() as f64 / per,
+            keys_visited_per_worker_round: total.keys_visited as f64 / per,
             peak_memory_kib: peak,
             clients: 1,
+            failure: None,
         }
     }
 
     fn with_clients(self, clients: usize) -> Report {
         Report { clients, ..self }
+    }
+
+    fn with_failure(self, failure: Option<Failure>) -> Report {
+        Report { failure, ..self }
     }
 
     fn json(&self) -> serde_json::Value {
@@ -358,8 +462,15 @@ impl Report {
             "latency_ms": { "p50": self.latency_ms[0], "p95": self.latency_ms[1], "max": self.latency_ms[2] },
             "writes_per_worker_round": self.writes_per_worker_round,
             "reads_per_worker_round": self.reads_per_worker_round,
+            "keys_visited_per_worker_round": self.keys_visited_per_worker_round,
             "peak_memory_kib": self.peak_memory_kib,
             "clients": self.clients,
+            "failure": self.failure.map(|f| json!({
+                "told_first_s": f.told[0].as_secs_f64(),
+                "told_last_s": f.told[1].as_secs_f64(),
+                "formed_s": f.formed.as_secs_f64(),
+                "keep_alive_ttl_s": f.ttl.as_secs_f64(),
+            })),
         })
     }
 
@@ -367,6 +478,16 @@ impl Report {
         let ms = |v: f64| seconds(Duration::from_secs_f64(v / 1000.0));
         let memory =
             self.peak_memory_kib.map_or("unknown".to_string(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
+        let failure = self.failure.map_or(String::new(), |f| {
+            format!(
+                "one member cut off (keep_alive_ttl {}): survivors told after {} to {}, next round (the spare in \
+                 its place) formed after {}\n",
+                seconds(f.ttl),
+                seconds(f.told[0]),
+                seconds(f.told[1]),
+                seconds(f.formed)
+            )
+        });
         let clients = if self.clients == 1 {
             "one shared client".to_string()
         } else {
@@ -375,8 +496,8 @@ impl Report {
         format!(
             "{} workers on {} ({clients}; run {}), {} rounds\n\
              round latency: p50 {}, p95 {}, max {}\n\
-             backend per worker per round: {:.2} writes, {:.2} reads (lease keep-alives excluded)\n\
-             peak memory: {memory}\n",
+             backend per worker per round: {:.2} writes, {:.2} reads, {:.1} keys visited by reads (lease keep-alives excluded)\n\
+             peak memory: {memory}\n{failure}",
             self.workers,
             self.backend,
             self.run_id,
@@ -386,23 +507,8 @@ impl Report {
             ms(self.latency_ms[2]),
             self.writes_per_worker_round,
             self.reads_per_worker_round,
+            self.keys_visited_per_worker_round,
         )
-    }
-}
-
-fn add(a: OpCounts, b: OpCounts) -> OpCounts {
-    OpCounts {
-        gets: a.gets + b.gets,
-        ranges: a.ranges + b.ranges,
-        puts: a.puts + b.puts,
-        deletes: a.deletes + b.deletes,
-        delete_prefixes: a.delete_prefixes + b.delete_prefixes,
-        lease_grants: a.lease_grants + b.lease_grants,
-        lease_keep_alives: a.lease_keep_alives + b.lease_keep_alives,
-        lease_revokes: a.lease_revokes + b.lease_revokes,
-        watches: a.watches + b.watches,
-        compactions: a.compactions + b.compactions,
-        increments: a.increments + b.increments,
     }
 }
 
@@ -459,6 +565,22 @@ mod tests {
         assert!(r.text().contains("2.0 MiB"), "{}", r.text());
     }
 
+    /// `--kill-one`: the survivors are told within the TTL (the cut member's lease ends by
+    /// the server's clock), and the next round, with the spare in its place, forms after that.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kill_one_times_the_survivors_and_the_next_round() {
+        let target =
+            RunTarget::connect("mem://bench-kill/b?keep_alive_ttl=2s").await.expect("a mem:// backend");
+        let params = target.params(4, 4, Some("kill")).expect("parameters");
+        let (stats, failure) =
+            kill_one(target.kv.clone(), &params, 4, 1).await.expect("a round, a death, a round");
+        assert_eq!(stats.len(), 1);
+        let Failure { told: [first, last], formed, ttl } = failure;
+        assert_eq!(ttl, Duration::from_secs(2));
+        assert!(first <= last && last <= ttl, "{failure:?}");
+        assert!(formed >= last && formed < ttl + Duration::from_secs(2), "{failure:?}");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_client_per_worker_each_counted_and_summed() {
         let url = "mem://bench-clients/b";
@@ -474,8 +596,8 @@ mod tests {
                 assert!(!Arc::ptr_eq(c, other), "two workers share a client");
             }
         }
-        let total = counting.iter().fold(OpCounts::default(), |acc, c| add(acc, c.snapshot()));
-        let rounds = add(stats[0].ops, stats[1].ops);
+        let total = counting.iter().fold(OpCounts::default(), |acc, c| acc + c.snapshot());
+        let rounds = stats[0].ops + stats[1].ops;
         assert!(rounds.writes() >= 2 * 4, "{rounds:?}");
         assert!(rounds.writes() <= total.writes(), "{rounds:?} {total:?}");
     }

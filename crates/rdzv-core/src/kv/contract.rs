@@ -10,8 +10,8 @@ use futures::Stream;
 use crate::error::KvError;
 
 use super::types::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, LeaseId, PutOptions,
-    PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope,
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse,
+    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope,
 };
 
 /// Result of a backend operation.
@@ -114,6 +114,29 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         let _ = (prefix, revision);
         Err(KvError::Unsupported { backend: self.name(), what: "counting at a past revision" })
+    }
+
+    /// Creates `key` with `value` bound to `lease` if it is absent (as a put with
+    /// [`PutMode::Create`]) and, in the same atomic step, counts that creation in the tally
+    /// kept under `tally` (a key of its own, bound to `tally_lease`, whose value is the
+    /// backend's business): the answer's `tally` is the number of creations counted there so
+    /// far, this one included, so that in a burst of creations each gets a distinct number, in
+    /// the order of their revisions. A key already there is `Conflict` with that key, and the
+    /// tally is not touched. The tally counts creations, not live keys: keys that were deleted
+    /// still count. A lease that does not exist is [`KvError::LeaseNotFound`] naming that lease
+    /// (`lease` or `tally_lease`), and nothing is written. For a backend whose
+    /// [`Capabilities::counted_create`] is set; [`KvError::Unsupported`] (the default) on any
+    /// other.
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        let _ = (key, value, lease, tally, tally_lease);
+        Err(KvError::Unsupported { backend: self.name(), what: "counted creates" })
     }
 
     /// Atomically adds `delta` to the decimal integer stored at `key` (missing = 0) and

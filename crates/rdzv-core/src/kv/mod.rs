@@ -18,8 +18,9 @@ pub use contract::WatchStream;
 pub use limit::SizeLimit;
 pub use prefix::prefix_end;
 pub use types::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, GetResponse, KeyValue,
-    LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind,
+    GetResponse, KeyValue, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse,
+    Revision, WatchScope,
 };
 
 pub use crate::ext::{Watch, show_key};

@@ -123,6 +123,17 @@ impl PutOutcome {
     }
 }
 
+/// What a [`Kv::create_counted`](crate::Kv::create_counted) did: the create's outcome, and,
+/// when it created the key, the tally after this creation (1 for the first creation the
+/// tally saw).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountedCreate {
+    /// The create's outcome: `Written`, or `Conflict` with the key that was already there.
+    pub outcome: PutOutcome,
+    /// The tally's count including this creation; `None` when nothing was created.
+    pub tally: Option<u64>,
+}
+
 /// What a [`Kv::delete`](crate::Kv::delete) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeleteOutcome {
@@ -248,10 +259,16 @@ pub struct Capabilities {
     /// that method is [`KvError::Unsupported`](crate::KvError::Unsupported) and callers
     /// count with [`Kv::range`](crate::Kv::range)'s creation-revision filter instead.
     pub count_at_revision: bool,
+    /// The backend creates a key and counts the creation in a tally in one atomic step
+    /// ([`Kv::create_counted`](crate::Kv::create_counted)): a worker learns its place in a
+    /// burst of arrivals without counting the others' keys. Without it, that method is
+    /// [`KvError::Unsupported`](crate::KvError::Unsupported).
+    pub counted_create: bool,
 }
 
 impl Default for Capabilities {
-    /// History and compaction, no native increment, leases of 1 s and more.
+    /// History and compaction, no native increment, no count at a past revision, no counted
+    /// create, leases of 1 s and more.
     fn default() -> Self {
         Capabilities {
             watch_history: true,
@@ -259,6 +276,7 @@ impl Default for Capabilities {
             native_increment: false,
             min_lease_ttl: Duration::from_secs(1),
             count_at_revision: false,
+            counted_create: false,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! [`CountingKv`]: a wrapper that counts the operations a caller makes, so that tests can
 //! assert how many reads and writes a protocol step costs.
 
-use std::ops::Sub;
+use std::ops::{Add, Sub};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -10,8 +10,8 @@ use async_trait::async_trait;
 
 use super::Layer;
 use crate::kv::{
-    DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId, PutOptions,
-    PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId,
+    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// Counts of the operations made through a [`CountingKv`], by kind. Every call counts,
@@ -42,12 +42,21 @@ pub struct OpCounts {
     pub compactions: u64,
     /// Native [`Kv::increment`]s (calls that returned `Ok(Some(_))`).
     pub increments: u64,
+    /// [`Kv::create_counted`] calls (where supported).
+    pub counted_creates: u64,
+    /// Keys the server had to visit to answer the reads: one per key a get found, the
+    /// matches of a range (before its limit, as a count-only range visits them too), the
+    /// keys a count at a past revision counted. The server's share of the work that grows
+    /// with N, where the number of calls does not.
+    pub keys_visited: u64,
 }
 
 impl OpCounts {
-    /// Writes: puts, deletes, prefix deletes, lease grants and revokes, native increments.
+    /// Writes: puts, deletes, prefix deletes, lease grants and revokes, native increments,
+    /// counted creates.
     pub fn writes(&self) -> u64 {
         self.puts
+            + self.counted_creates
             + self.deletes
             + self.delete_prefixes
             + self.lease_grants
@@ -63,6 +72,29 @@ impl OpCounts {
     /// Every counted operation.
     pub fn total(&self) -> u64 {
         self.writes() + self.reads() + self.lease_keep_alives + self.watches + self.compactions
+    }
+}
+
+impl Add for OpCounts {
+    type Output = OpCounts;
+
+    /// The operations of two counts together (of several clients, say).
+    fn add(self, rhs: OpCounts) -> OpCounts {
+        OpCounts {
+            gets: self.gets + rhs.gets,
+            ranges: self.ranges + rhs.ranges,
+            puts: self.puts + rhs.puts,
+            deletes: self.deletes + rhs.deletes,
+            delete_prefixes: self.delete_prefixes + rhs.delete_prefixes,
+            lease_grants: self.lease_grants + rhs.lease_grants,
+            lease_keep_alives: self.lease_keep_alives + rhs.lease_keep_alives,
+            lease_revokes: self.lease_revokes + rhs.lease_revokes,
+            watches: self.watches + rhs.watches,
+            compactions: self.compactions + rhs.compactions,
+            increments: self.increments + rhs.increments,
+            counted_creates: self.counted_creates + rhs.counted_creates,
+            keys_visited: self.keys_visited + rhs.keys_visited,
+        }
     }
 }
 
@@ -83,6 +115,8 @@ impl Sub for OpCounts {
             watches: self.watches.saturating_sub(rhs.watches),
             compactions: self.compactions.saturating_sub(rhs.compactions),
             increments: self.increments.saturating_sub(rhs.increments),
+            counted_creates: self.counted_creates.saturating_sub(rhs.counted_creates),
+            keys_visited: self.keys_visited.saturating_sub(rhs.keys_visited),
         }
     }
 }
@@ -100,6 +134,8 @@ struct Counters {
     watches: AtomicU64,
     compactions: AtomicU64,
     increments: AtomicU64,
+    counted_creates: AtomicU64,
+    keys_visited: AtomicU64,
 }
 
 /// Wraps any backend and counts every operation by kind; otherwise transparent.
@@ -154,6 +190,8 @@ impl CountingKv {
             watches: read(&c.watches),
             compactions: read(&c.compactions),
             increments: read(&c.increments),
+            counted_creates: read(&c.counted_creates),
+            keys_visited: read(&c.keys_visited),
         }
     }
 
@@ -172,6 +210,8 @@ impl CountingKv {
             &c.watches,
             &c.compactions,
             &c.increments,
+            &c.counted_creates,
+            &c.keys_visited,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
@@ -186,12 +226,20 @@ impl Layer for CountingKv {
 
     async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
         bump(&self.counters.gets);
-        self.inner.get(key).await
+        let result = self.inner.get(key).await;
+        if let Ok(GetResponse { kv: Some(_), .. }) = &result {
+            bump(&self.counters.keys_visited);
+        }
+        result
     }
 
     async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
         bump(&self.counters.ranges);
-        self.inner.range(prefix, options).await
+        let result = self.inner.range(prefix, options).await;
+        if let Ok(response) = &result {
+            self.counters.keys_visited.fetch_add(response.count, Ordering::Relaxed);
+        }
+        result
     }
 
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
@@ -245,6 +293,25 @@ impl Layer for CountingKv {
         let result = self.inner.count_at_revision(prefix, revision).await;
         if !matches!(result, Err(crate::KvError::Unsupported { .. })) {
             bump(&self.counters.ranges);
+        }
+        if let Ok(count) = &result {
+            self.counters.keys_visited.fetch_add(*count, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Counted when supported.
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        let result = self.inner.create_counted(key, value, lease, tally, tally_lease).await;
+        if !matches!(result, Err(crate::KvError::Unsupported { .. })) {
+            bump(&self.counters.counted_creates);
         }
         result
     }
@@ -302,6 +369,8 @@ mod tests {
                 watches: 1,
                 compactions: 1,
                 increments: 0,
+                counted_creates: 0,
+                keys_visited: 0,
             }
         );
         assert_eq!(diff.reads(), 3);

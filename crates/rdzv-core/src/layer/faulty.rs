@@ -15,8 +15,8 @@ use rand::{Rng, SeedableRng};
 use super::Layer;
 use crate::error::KvError;
 use crate::kv::{
-    DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvResult, LeaseId, PutOptions,
-    PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvResult,
+    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// Latency added before each call reaches the wrapped backend.
@@ -111,7 +111,7 @@ impl FaultyKv {
     /// Makes the next call of `operation` fail with `Unavailable`, once. Operations are named
     /// after the [`Kv`] methods: `"get"`, `"range"`, `"put"`, `"delete"`, `"delete_prefix"`,
     /// `"lease_grant"`, `"lease_keep_alive"`, `"lease_keep_alive_many"`, `"lease_revoke"`,
-    /// `"watch"`, `"compact"`, `"count_at_revision"`, `"increment"`; any other name never
+    /// `"watch"`, `"compact"`, `"count_at_revision"`, `"create_counted"`, `"increment"`; any other name never
     /// matches.
     ///
     /// ```
@@ -296,6 +296,17 @@ impl Layer for FaultyKv {
 
     async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         self.call("count_at_revision", self.inner.count_at_revision(prefix, revision)).await
+    }
+
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        self.call("create_counted", self.inner.create_counted(key, value, lease, tally, tally_lease)).await
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {

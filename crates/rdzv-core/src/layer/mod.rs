@@ -64,8 +64,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::kv::{
-    Capabilities, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId,
-    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
+    Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult,
+    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
 };
 
 /// A decorator of a [`Kv`]: every method defaults to calling the same method of
@@ -151,6 +151,18 @@ pub trait Layer: Send + Sync + std::fmt::Debug + 'static {
         self.inner().count_at_revision(prefix, revision).await
     }
 
+    /// [`Kv::create_counted`].
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        self.inner().create_counted(key, value, lease, tally, tally_lease).await
+    }
+
     /// [`Kv::increment`].
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
         self.inner().increment(key, delta).await
@@ -213,6 +225,17 @@ impl<L: Layer> Kv for L {
 
     async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
         Layer::count_at_revision(self, prefix, revision).await
+    }
+
+    async fn create_counted(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: Option<LeaseId>,
+        tally: &[u8],
+        tally_lease: Option<LeaseId>,
+    ) -> KvResult<CountedCreate> {
+        Layer::create_counted(self, key, value, lease, tally, tally_lease).await
     }
 
     async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {

@@ -288,6 +288,11 @@ pub fn freeze(
         if missing > 0 {
             return FreezeAction::AwaitSurvivors { missing };
         }
+        // The position that said "full" counted a joiner that is gone since (positions are
+        // counts of creations): not full, so the last call decides.
+        if (count as usize) < sizing.max {
+            return FreezeAction::AwaitJoiners { count };
+        }
     }
     let round = survivor_round(&candidates, previous);
     let (mut survivors, mut newcomers): (Vec<Candidate>, Vec<Candidate>) =
@@ -356,17 +361,25 @@ pub enum Owned {
     Mine(Revision),
     /// Held by another live process (with this node id): never overwritten.
     Taken(KeyValue),
+    /// Held by an earlier session of this worker, one it gave up (lost, or abandoned) but that
+    /// may still live on the server: end it (delete it by its revision) and write it again,
+    /// rather than wait up to a TTL for it to go.
+    Stale(KeyValue),
     /// Deleted between the attempt and the answer: try again from the start.
     Vanished,
 }
 
 /// Who owns a key after a create-if-absent of it under `session`: written now, or already
-/// there under our own session (an earlier step wrote it and lost the answer), is ours.
-pub fn own_key(outcome: PutOutcome, session: LeaseId) -> Owned {
+/// there under our own session (an earlier step wrote it and lost the answer), is ours; one
+/// under a session this worker gave up (`retired`) is stale.
+pub fn own_key(outcome: PutOutcome, session: LeaseId, retired: &[LeaseId]) -> Owned {
     match outcome {
         PutOutcome::Written { create_revision, .. } => Owned::Mine(create_revision),
         PutOutcome::Conflict { current: Some(kv) } if kv.lease == Some(session) => {
             Owned::Mine(kv.create_revision)
+        }
+        PutOutcome::Conflict { current: Some(kv) } if kv.lease.is_some_and(|l| retired.contains(&l)) => {
+            Owned::Stale(kv)
         }
         PutOutcome::Conflict { current: Some(kv) } => Owned::Taken(kv),
         PutOutcome::Conflict { current: None } => Owned::Vanished,
@@ -819,12 +832,17 @@ mod tests {
         assert_eq!(holds(Some(&kv(Some(7))), 7), Some(5));
         assert_eq!(holds(Some(&kv(Some(8))), 7), None);
         assert_eq!(holds(None, 7), None);
-        assert_eq!(own_key(PutOutcome::Conflict { current: Some(kv(Some(7))) }, 7), Owned::Mine(5));
+        assert_eq!(own_key(PutOutcome::Conflict { current: Some(kv(Some(7))) }, 7, &[]), Owned::Mine(5));
+        // Under a session this worker gave up: stale, to be ended and written again.
         assert_eq!(
-            own_key(PutOutcome::Conflict { current: Some(kv(Some(8))) }, 7),
+            own_key(PutOutcome::Conflict { current: Some(kv(Some(6))) }, 7, &[6]),
+            Owned::Stale(kv(Some(6)))
+        );
+        assert_eq!(
+            own_key(PutOutcome::Conflict { current: Some(kv(Some(8))) }, 7, &[6]),
             Owned::Taken(kv(Some(8)))
         );
-        assert_eq!(own_key(PutOutcome::Conflict { current: None }, 7), Owned::Vanished);
+        assert_eq!(own_key(PutOutcome::Conflict { current: None }, 7, &[]), Owned::Vanished);
         let fin = State::Final {
             version: 2,
             participants: vec![p("a")].into(),

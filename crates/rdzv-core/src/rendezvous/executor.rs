@@ -77,7 +77,7 @@ impl<'a> Attempt<'a> {
         started: Instant,
         leaving: Option<u64>,
         leave: Option<&Completed>,
-        history: (Option<LastRound>, Option<Revision>),
+        history: (Option<LastRound>, Option<Revision>, Vec<LeaseId>),
     ) -> Self {
         let me = Participant { port: free_port().ok(), ..ctx.me.clone() };
         let leave_first = leave.map(|round| Leaving {
@@ -85,13 +85,15 @@ impl<'a> Attempt<'a> {
             rank: round.rank,
             final_revision: round.final_revision,
         });
-        let (last, since) = history;
+        let (last, since, retired) = history;
         let machine = Machine::new(Call {
             me,
             session,
             keys: ctx.keys.clone(),
             sizing: ctx.sizing,
             count_at_revision: ctx.kv.capabilities().count_at_revision,
+            counted_create: ctx.kv.capabilities().counted_create,
+            retired,
             run_id: ctx.params.run_id.clone(),
             started,
             leave_first,
@@ -260,6 +262,9 @@ impl<'a> Attempt<'a> {
                 };
                 Input::Put(outcome, lease)
             }
+            Action::CreateCounted { key, value, tally, tally_lease } => Input::Counted(
+                kv.create_counted(&key, &value, Some(self.session), &tally, tally_lease).await?,
+            ),
             Action::CountAtRevision { prefix, revision } => {
                 Input::Count(kv.count_at_revision(&prefix, revision).await?)
             }

@@ -98,6 +98,23 @@ struct Worker {
     /// When it first arrived in the run (the create revision of its first join or waiting
     /// key): newcomers are admitted in this order.
     since: Option<crate::kv::Revision>,
+    /// The last few sessions this worker gave up, newest last: their keys are its own.
+    retired: Vec<LeaseId>,
+}
+
+impl Worker {
+    /// Gives up the current session (it is revoked in the background, best effort), and
+    /// remembers its lease: should the revoke not get through, the keys it still holds on the
+    /// server are known to be this worker's own.
+    fn retire_session(&mut self) {
+        const REMEMBERED: usize = 8;
+        if let Some(session) = self.session.take() {
+            if self.retired.len() == REMEMBERED {
+                self.retired.remove(0);
+            }
+            self.retired.push(session.lease());
+        }
+    }
 }
 
 impl RendezvousHandler {
@@ -179,7 +196,7 @@ impl RendezvousHandler {
         let round = loop {
             let last =
                 worker.last.as_ref().map(|(version, rank, _)| LastRound { version: *version, rank: *rank });
-            let history = (last, worker.since);
+            let history = (last, worker.since, worker.retired.clone());
             let session = tokio::select! {
                 session = tokio::time::timeout_at(deadline, self.live_session(&mut worker)) => match session {
                     Ok(Ok(session)) => session,
@@ -210,14 +227,14 @@ impl RendezvousHandler {
                 Err(RendezvousError::LeaseLost) => {
                     tracing::info!(run_id = %ctx.params.run_id, "session lease lost while not in a round; starting a new one");
                     attempt.disarm();
-                    worker.session = None;
+                    worker.retire_session();
                 }
                 Err(e) => {
                     if !clean(attempt.take_leftovers(), &*ctx.kv).await {
                         // Something of this call may remain (a `setup` every other worker
                         // waits on): give up the session, so that it goes within its TTL.
                         tracing::debug!("could not withdraw this call's keys; abandoning the session");
-                        worker.session = None;
+                        worker.retire_session();
                     }
                     return Err(e);
                 }
@@ -279,7 +296,7 @@ impl RendezvousHandler {
     async fn live_session<'w>(&self, worker: &'w mut Worker) -> Result<&'w Session> {
         let ctx = &self.inner.ctx;
         if worker.session.as_ref().is_none_or(Session::is_lost) {
-            worker.session = None;
+            worker.retire_session();
             let mut delays = super::executor::backoff();
             let told = refresh_failures(&self.inner.events);
             let session = loop {

@@ -57,6 +57,13 @@ impl RunKeys {
         format!("{}rank_{rank}", self.round(version)).into_bytes()
     }
 
+    /// The tally `what` of round `version`: a key whose version counts the creations of
+    /// that round's join keys (`joins`) or keep-alive keys (`confirms`), on backends that
+    /// count them as they are created.
+    pub fn tally(&self, version: u64, what: &str) -> Vec<u8> {
+        format!("{}tally/{what}", self.round(version)).into_bytes()
+    }
+
     /// Prefix of the keys of workers waiting for the round after `version`.
     pub fn waiting(&self, version: u64) -> Vec<u8> {
         format!("{}waiting/", self.round(version)).into_bytes()

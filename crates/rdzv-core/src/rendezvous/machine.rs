@@ -14,7 +14,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{KvError, RendezvousError};
-use crate::kv::{DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
+use crate::kv::{
+    CountedCreate, DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision,
+};
 
 use super::decide::{
     self, Candidate, ConfirmAction, FreezeAction, InitAction, JoinRole, JoinedAction, Sizing, Trigger,
@@ -59,6 +61,11 @@ impl Observed {
         Observed { state: None, mod_revision: 0, seen, lease: None }
     }
 }
+
+/// The tally of a round's join keys (see [`Action::CreateCounted`]).
+const TALLY_JOINS: &str = "joins";
+/// The tally of a round's keep-alive keys.
+const TALLY_CONFIRMS: &str = "confirms";
 
 /// Which lease a write is bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +115,20 @@ pub enum Action {
         mode: PutMode,
         /// The lease to bind it to.
         bind: Bind,
+    },
+    /// Create `key` (this worker's descriptor `value`, bound to its session) and count the
+    /// creation in the tally under `tally`, bound to `tally_lease`
+    /// ([`Kv::create_counted`](crate::Kv::create_counted), asked only of a backend with that
+    /// capability) → [`Input::Counted`].
+    CreateCounted {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// The tally's key.
+        tally: Vec<u8>,
+        /// The tally's lease.
+        tally_lease: Option<LeaseId>,
     },
     /// Count the keys under `prefix` as they were at `revision`
     /// ([`Kv::count_at_revision`](crate::Kv::count_at_revision), asked only of a backend with
@@ -195,6 +216,8 @@ pub enum Input {
     Put(PutOutcome, Option<LeaseId>),
     /// A count.
     Count(u64),
+    /// A counted create's outcome and tally.
+    Counted(CountedCreate),
     /// Every joiner of the round, and the read's revision.
     Joiners(Vec<Candidate>, Revision),
     /// The members of a round whose keep-alive keys exist.
@@ -369,6 +392,8 @@ struct Joining {
     previous: Option<u64>,
     /// The revision of its `joinable` value.
     state_revision: Revision,
+    /// The lease of its `joinable` value (the run lease), which the join tally is bound to.
+    lease: Option<LeaseId>,
     /// Whether the round is full but waits for survivors of the round before it.
     awaiting_survivors: bool,
 }
@@ -396,6 +421,8 @@ enum JoinStep {
     Watching,
     /// Creating the join key.
     Writing,
+    /// Ending my join key held by a session I gave up, to write it again.
+    Reclaiming,
     /// Counting my position: the join keys created up to mine, at its revision if
     /// `at_revision`.
     Counting { mine: Revision, at_revision: bool },
@@ -448,6 +475,8 @@ enum ConfirmStep {
     Watching,
     /// Creating the keep-alive key.
     Writing,
+    /// Ending my keep-alive key held by a session I gave up, to write it again.
+    Reclaiming,
     /// Counting the keep-alive keys created up to mine, at its revision if `at_revision`.
     Counting { mine: Revision, at_revision: bool },
     /// The last to confirm: swapping `frozen` → `final`.
@@ -490,6 +519,13 @@ pub struct Call {
     /// Whether the backend counts keys as they were at a past revision
     /// ([`Capabilities::count_at_revision`](crate::kv::Capabilities::count_at_revision)).
     pub count_at_revision: bool,
+    /// Whether the backend creates a key and counts it in a tally in one step
+    /// ([`Capabilities::counted_create`](crate::Capabilities::counted_create)): then a
+    /// worker's position is its tally, and nobody counts the others' keys.
+    pub counted_create: bool,
+    /// The sessions this worker gave up (lost, or abandoned), which may still hold its keys
+    /// on the server: such a key is ended and written again, not waited for.
+    pub retired: Vec<LeaseId>,
     /// The run id (for errors).
     pub run_id: String,
     /// When the call started (the round's timings count from here).
@@ -515,6 +551,10 @@ pub struct Machine {
     sizing: Sizing,
     /// See [`Call::count_at_revision`].
     count_at_revision: bool,
+    /// See [`Call::counted_create`].
+    counted_create: bool,
+    /// See [`Call::retired`].
+    retired: Vec<LeaseId>,
     run_id: String,
     /// The round to leave first, until that is tried.
     leave_first: Option<Leaving>,
@@ -544,6 +584,8 @@ impl Machine {
             keys,
             sizing,
             count_at_revision,
+            counted_create,
+            retired,
             run_id,
             started,
             leave_first,
@@ -559,6 +601,8 @@ impl Machine {
             keys,
             sizing,
             count_at_revision,
+            counted_create,
+            retired,
             run_id,
             leaving: leave_first.as_ref().map(|l| l.version).or(leaving),
             leave_first,
@@ -618,9 +662,11 @@ impl Machine {
                 }
             }
             Phase::Join { round, step } => match step {
-                JoinStep::Forgetting | JoinStep::Watching | JoinStep::Writing | JoinStep::Counting { .. } => {
-                    "joining"
-                }
+                JoinStep::Forgetting
+                | JoinStep::Watching
+                | JoinStep::Writing
+                | JoinStep::Reclaiming
+                | JoinStep::Counting { .. } => "joining",
                 _ if round.awaiting_survivors => "waiting for the members of the previous round to join",
                 _ => "waiting for enough workers to join",
             },
@@ -746,7 +792,7 @@ impl Machine {
                 }
             },
             Phase::Open { version, previous, purpose: _ } => match input {
-                Input::Put(PutOutcome::Written { revision, .. }, _) => {
+                Input::Put(PutOutcome::Written { revision, .. }, lease) => {
                     self.leftovers.remove(&self.keys.state());
                     tracing::debug!(version, ?previous, "created a round");
                     // The creator deletes the rounds nobody can be in any more (see
@@ -754,12 +800,13 @@ impl Machine {
                     // joins.
                     let versions = decide::rounds_to_forget(version, previous);
                     if versions.is_empty() {
-                        self.join(version, previous, revision, revision)
+                        self.join(version, previous, revision, lease, revision)
                     } else {
                         let round = Joining {
                             version,
                             previous,
                             state_revision: revision,
+                            lease,
                             awaiting_survivors: false,
                         };
                         self.phase = Phase::Join { round, step: JoinStep::Forgetting };
@@ -872,7 +919,7 @@ impl Machine {
             }
             InitAction::CreateRound => self.claim(Purpose::Create, PutMode::Create, None),
             InitAction::Join { version, previous } => {
-                self.join(version, previous, observed.mod_revision, observed.seen)
+                self.join(version, previous, observed.mod_revision, observed.lease, observed.seen)
             }
             InitAction::AwaitNextRound { version, world_size } => self.late(version, world_size, observed),
             InitAction::ResumeConfirm { version, rank } => {
@@ -951,20 +998,21 @@ impl Machine {
         version: u64,
         previous: Option<u64>,
         state_revision: Revision,
+        lease: Option<LeaseId>,
         seen: Revision,
     ) -> Action {
-        let round = Joining { version, previous, state_revision, awaiting_survivors: false };
+        let round = Joining { version, previous, state_revision, lease, awaiting_survivors: false };
         self.phase = Phase::Join { round, step: JoinStep::Watching };
         Action::WatchState { from: seen + 1 }
     }
 
     fn on_join(&mut self, round: Joining, step: JoinStep, input: Input, now: Instant) -> Action {
-        let Joining { version, previous, state_revision, .. } = round;
+        let Joining { version, previous, state_revision, lease, .. } = round;
         let join_key = self.keys.join(version, &self.me.node);
         let stay = |step| Phase::Join { round, step };
         match (step, input) {
             (JoinStep::Forgetting, Input::Ack) => {
-                self.join(version, previous, state_revision, state_revision)
+                self.join(version, previous, state_revision, lease, state_revision)
             }
             (JoinStep::Watching, Input::Ack) => {
                 // Registered before the write: if its answer is lost, the key may exist all
@@ -972,32 +1020,22 @@ impl Machine {
                 self.leftovers.add(&join_key);
                 self.phase = stay(JoinStep::Writing);
                 let value = self.me.joiner(self.last, self.since).to_bytes();
-                Action::Put { key: join_key, value, mode: PutMode::Create, bind: Bind::Session }
-            }
-            (JoinStep::Writing, Input::Put(outcome, _)) => match decide::own_key(outcome, self.session) {
-                decide::Owned::Mine(mine) => {
-                    self.since.get_or_insert(mine);
-                    self.timings.joined = now - self.started;
-                    let (count, at_revision) = self.count_up_to(self.keys.joins(version), mine);
-                    self.phase = stay(JoinStep::Counting { mine, at_revision });
-                    count
+                if self.counted_create {
+                    // The tally is my position: nobody counts the others' keys.
+                    let tally = self.keys.tally(version, TALLY_JOINS);
+                    Action::CreateCounted { key: join_key, value, tally, tally_lease: lease }
+                } else {
+                    Action::Put { key: join_key, value, mode: PutMode::Create, bind: Bind::Session }
                 }
-                decide::Owned::Taken(holder) => {
-                    self.leftovers.remove(&join_key);
-                    self.await_release(join_key, holder)
-                }
-                decide::Owned::Vanished => self.failed(vanished()),
-            },
-            (JoinStep::Counting { .. }, Input::Count(position)) => {
-                tracing::debug!(position, "joined");
-                let freeze_at = match decide::join_role(position, &self.sizing) {
-                    JoinRole::FreezeIfFull => Some((now, Trigger::Full)),
-                    JoinRole::FreezeAfter(delay) => Some((now + delay, Trigger::Timer)),
-                    JoinRole::Wait => None,
-                };
-                self.phase = stay(JoinStep::Waiting { freeze_at, joiners: None });
-                Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
             }
+            (JoinStep::Writing, Input::Put(outcome, _)) => self.joined(round, outcome, None, now),
+            (JoinStep::Reclaiming, Input::Deleted(_)) => {
+                self.on_join(round, JoinStep::Watching, Input::Ack, now)
+            }
+            (JoinStep::Writing, Input::Counted(CountedCreate { outcome, tally })) => {
+                self.joined(round, outcome, tally, now)
+            }
+            (JoinStep::Counting { .. }, Input::Count(position)) => self.take_role(round, position, now),
             (JoinStep::Waiting { freeze_at, joiners }, Input::State(seen)) => {
                 match decide::on_state_while_joined(seen.state.as_ref(), version, &self.me) {
                     JoinedAction::KeepWaiting => {
@@ -1013,9 +1051,7 @@ impl Machine {
                         self.timings.frozen = now - self.started;
                         let frozen =
                             Frozen { version, rank, participants, frozen_revision: seen.mod_revision };
-                        let key = self.keys.rank(version, rank);
-                        self.phase = Phase::Confirm { round: frozen, step: ConfirmStep::Writing };
-                        self.put_own(key)
+                        self.confirm(frozen)
                     }
                     JoinedAction::Restart => {
                         self.leftovers.remove(&join_key);
@@ -1062,8 +1098,12 @@ impl Machine {
                 self.freeze(round, candidates, &alive, Trigger::Full, revision, now)
             }
             (JoinStep::WatchingJoiners { count }, Input::Ack) => {
-                self.phase = stay(JoinStep::Waiting { freeze_at: None, joiners: Some(count) });
-                Action::Await { until: None, prefix: true }
+                // Enough for a round but not full (a position of `max` counted a joiner
+                // that is gone since): the last call runs from now.
+                let freeze_at =
+                    decide::retry_delay(count, &self.sizing).map(|(delay, trigger)| (now + delay, trigger));
+                self.phase = stay(JoinStep::Waiting { freeze_at, joiners: Some(count) });
+                Action::Await { until: freeze_at.map(|(at, _)| at), prefix: true }
             }
             (JoinStep::Freezing, Input::Put(outcome, _)) => {
                 // Won or lost, the state watch tells what the round became.
@@ -1076,6 +1116,52 @@ impl Machine {
                 self.unexpected(other)
             }
         }
+    }
+
+    /// Phase 2, my join key written (`outcome`, with its `tally` if the create counted it):
+    /// my position is the tally, or else a count of the join keys up to mine.
+    fn joined(&mut self, round: Joining, outcome: PutOutcome, tally: Option<u64>, now: Instant) -> Action {
+        let join_key = self.keys.join(round.version, &self.me.node);
+        match decide::own_key(outcome, self.session, &self.retired) {
+            decide::Owned::Stale(old) => {
+                tracing::debug!("my join key is held by a session I gave up; ending it");
+                self.phase = Phase::Join { round, step: JoinStep::Reclaiming };
+                Action::Delete { key: join_key, mode: DeleteMode::IfRevision(old.mod_revision) }
+            }
+            decide::Owned::Mine(mine) => {
+                self.since.get_or_insert(mine);
+                self.timings.joined = now - self.started;
+                match tally {
+                    Some(position) => self.take_role(round, position, now),
+                    // Found already mine (an earlier answer was lost): count.
+                    None => {
+                        let (count, at_revision) = self.count_up_to(self.keys.joins(round.version), mine);
+                        self.phase = Phase::Join { round, step: JoinStep::Counting { mine, at_revision } };
+                        count
+                    }
+                }
+            }
+            decide::Owned::Taken(holder) => {
+                self.leftovers.remove(&join_key);
+                self.await_release(join_key, holder)
+            }
+            decide::Owned::Vanished => {
+                self.phase = Phase::Join { round, step: JoinStep::Writing };
+                self.failed(vanished())
+            }
+        }
+    }
+
+    /// Phase 2: the role my position gives me ([`decide::join_role`]).
+    fn take_role(&mut self, round: Joining, position: u64, now: Instant) -> Action {
+        tracing::debug!(position, "joined");
+        let freeze_at = match decide::join_role(position, &self.sizing) {
+            JoinRole::FreezeIfFull => Some((now, Trigger::Full)),
+            JoinRole::FreezeAfter(delay) => Some((now + delay, Trigger::Timer)),
+            JoinRole::Wait => None,
+        };
+        self.phase = Phase::Join { round, step: JoinStep::Waiting { freeze_at, joiners: None } };
+        Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
     }
 
     /// Phase 2, freeze: what [`decide::freeze`] says of the candidates read at `revision`.
@@ -1124,30 +1210,50 @@ impl Machine {
     /// swaps `frozen` → `final`.
     fn on_confirm(&mut self, round: Frozen, step: ConfirmStep, input: Input, now: Instant) -> Action {
         match (step, input) {
-            (ConfirmStep::Watching, Input::Ack) => {
-                let key = self.keys.rank(round.version, round.rank);
-                self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
-                self.put_own(key)
+            (ConfirmStep::Watching, Input::Ack) => self.confirm(round),
+            (ConfirmStep::Writing, Input::Counted(CountedCreate { outcome, tally })) => {
+                match (decide::own_key(outcome.clone(), self.session, &self.retired), tally) {
+                    // Not the last to confirm by the tally: no count needed.
+                    (decide::Owned::Mine(mine), Some(tally))
+                        if !decide::completes_round(tally, round.participants.len()) =>
+                    {
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Waiting { mine } };
+                        Action::Await { until: None, prefix: false }
+                    }
+                    // The last by the tally (or the tally unknown): the count of the live
+                    // keep-alive keys decides, so that one whose member died is not final.
+                    _ => self.on_confirm(round, ConfirmStep::Writing, Input::Put(outcome, None), now),
+                }
             }
-            (ConfirmStep::Writing, Input::Put(outcome, _)) => match decide::own_key(outcome, self.session) {
-                decide::Owned::Mine(mine) => {
-                    // Counting only the keys created up to ours, exactly one member (the last
-                    // to confirm) sees them all: one swap attempt per round, not a storm.
-                    let (count, at_revision) = self.count_up_to(self.keys.ranks(round.version), mine);
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision } };
-                    count
+            (ConfirmStep::Reclaiming, Input::Deleted(_)) => self.confirm(round),
+            (ConfirmStep::Writing, Input::Put(outcome, _)) => {
+                match decide::own_key(outcome, self.session, &self.retired) {
+                    decide::Owned::Stale(old) => {
+                        tracing::debug!("my keep-alive key is held by a session I gave up; ending it");
+                        let key = self.keys.rank(round.version, round.rank);
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Reclaiming };
+                        Action::Delete { key, mode: DeleteMode::IfRevision(old.mod_revision) }
+                    }
+                    decide::Owned::Mine(mine) => {
+                        // Counting only the keys created up to ours, exactly one member (the last
+                        // to confirm) sees them all: one swap attempt per round, not a storm.
+                        let (count, at_revision) = self.count_up_to(self.keys.ranks(round.version), mine);
+                        self.phase =
+                            Phase::Confirm { round, step: ConfirmStep::Counting { mine, at_revision } };
+                        count
+                    }
+                    // Another live process with this node id confirmed this rank: the round is
+                    // not ours to take. Wait for it to end.
+                    decide::Owned::Taken(_) => {
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Taken };
+                        Action::Await { until: None, prefix: false }
+                    }
+                    decide::Owned::Vanished => {
+                        self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+                        self.failed(vanished())
+                    }
                 }
-                // Another live process with this node id confirmed this rank: the round is
-                // not ours to take. Wait for it to end.
-                decide::Owned::Taken(_) => {
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Taken };
-                    Action::Await { until: None, prefix: false }
-                }
-                decide::Owned::Vanished => {
-                    self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
-                    self.failed(vanished())
-                }
-            },
+            }
             (ConfirmStep::Counting { mine, .. }, Input::Count(confirmed)) => {
                 if decide::completes_round(confirmed, round.participants.len()) {
                     // Ours is the last keep-alive key: every member was alive at its revision.
@@ -1316,6 +1422,22 @@ impl Machine {
         } else {
             (Action::Count { prefix, created_up_to: Some(mine) }, false)
         }
+    }
+
+    /// Phase 3: creates my keep-alive key, counted in the round's confirmation tally where
+    /// the backend can. The tally is bound to the session of whoever counted last: should
+    /// that member die, its keep-alive key goes too and the round can never be final anyway
+    /// (the frozen lease ends it), and once final it goes with the member.
+    fn confirm(&mut self, round: Frozen) -> Action {
+        let key = self.keys.rank(round.version, round.rank);
+        let action = if self.counted_create {
+            let tally = self.keys.tally(round.version, TALLY_CONFIRMS);
+            Action::CreateCounted { key, value: self.me.to_bytes(), tally, tally_lease: Some(self.session) }
+        } else {
+            self.put_own(key)
+        };
+        self.phase = Phase::Confirm { round, step: ConfirmStep::Writing };
+        action
     }
 
     /// Creates `key` (this worker's descriptor, under its session), or finds it already ours

@@ -2,7 +2,8 @@
 //! the owner when the round is over (instead of leaving it to find out by a hung
 //! collective).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -12,6 +13,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::error::KvError;
 use crate::ext::KvExt;
 use crate::kv::{Event, EventKind, Kv, KvResult, Revision, WatchScope};
+use crate::per_process::PerProcess;
 use crate::wait::{Reading, Start, Wait};
 
 use super::broken::RoundBroken;
@@ -32,6 +34,7 @@ pub(crate) struct Monitor {
     _stop: DropGuard,
 }
 
+#[derive(Clone)]
 pub(crate) struct Watched {
     pub(crate) kv: Arc<dyn Kv>,
     pub(crate) keys: RunKeys,
@@ -55,12 +58,26 @@ impl Monitor {
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         let version = round.version;
+        let shared = SharedWatch::of(round);
         tokio::spawn(async move {
+            let mut reported = shared.reason.clone();
+            let shared_reason = async {
+                reported.wait_for(Option::is_some).await.ok().map(|r| r.clone().unwrap_or(RoundBroken::Ended))
+            };
             let reason = tokio::select! {
                 _ = stopped.cancelled() => return,
                 _ = lease_lost.cancelled() => RoundBroken::LeaseLost,
-                reason = watch_round(&round) => reason,
+                reason = shared_reason => match reason {
+                    Some(reason) => reason,
+                    // The shared watch ran in a runtime that is gone: watch alone.
+                    None => tokio::select! {
+                        _ = stopped.cancelled() => return,
+                        _ = lease_lost.cancelled() => RoundBroken::LeaseLost,
+                        reason = watch_round(&shared.round) => reason,
+                    },
+                },
             };
+            drop(shared);
             tracing::info!(version, ?reason, "round broken");
             let current = status.borrow().clone();
             if current.version == Some(version) && current.broken.is_none() {
@@ -76,6 +93,60 @@ impl Monitor {
             });
         });
         Monitor { _stop: stop.drop_guard() }
+    }
+}
+
+/// The watch of one running round, shared by every member of it in this process that
+/// watches it through the same backend client: N in-process workers would otherwise hold N
+/// watches of the same keys, and as the members leave, each of them would be sent every
+/// member's leaving — N² events queued, gigabytes at 8,192 workers. It runs while any of its
+/// members' monitors holds it.
+struct SharedWatch {
+    round: Watched,
+    reason: watch::Receiver<Option<RoundBroken>>,
+    _stop: DropGuard,
+}
+
+/// A round as its watch sees it: the backend client (by address), the state key, the
+/// version, and the revisions the watch starts from.
+type RoundId = (usize, Vec<u8>, u64, Revision, Revision);
+
+/// The shared watches alive in this process (a fresh table in a forked child).
+static SHARED: PerProcess<Mutex<HashMap<RoundId, Weak<SharedWatch>>>> =
+    PerProcess::new(|| Mutex::new(HashMap::new()));
+
+impl SharedWatch {
+    /// The shared watch of `round`, started if none runs.
+    fn of(round: Watched) -> Arc<SharedWatch> {
+        let id = (
+            Arc::as_ptr(&round.kv).cast::<()>() as usize,
+            round.keys.state(),
+            round.version,
+            round.final_revision,
+            round.members_from,
+        );
+        let mut table = SHARED.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(shared) = table.get(&id).and_then(Weak::upgrade) {
+            return shared;
+        }
+        table.retain(|_, shared| shared.strong_count() > 0);
+        let (tell, reason) = watch::channel(None);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let watched = round.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stopped.cancelled() => {}
+                reason = watch_round(&watched) => {
+                    tell.send_replace(Some(reason));
+                    // Keep telling until the last member lets go.
+                    stopped.cancelled().await;
+                }
+            }
+        });
+        let shared = Arc::new(SharedWatch { round, reason, _stop: stop.drop_guard() });
+        table.insert(id, Arc::downgrade(&shared));
+        shared
     }
 }
 

@@ -39,7 +39,7 @@
 //!
 //! Reads ([`reads`]): metadata, revisions, prefix ranges with count, limit, ordering,
 //! creation-revision filter and keys-only. Preconditions ([`preconditions`]): create-if-absent
-//! (and its race), swap on a stale revision, conditional deletes. Writes ([`writes`]): prefix
+//! (and its race), swap on a stale revision, conditional deletes, the counted create. Writes ([`writes`]): prefix
 //! delete as one write, re-creation, 1 MiB and binary data, the native increment. Leases
 //! ([`leases`]): expiry with delete events, keep-alive (of one lease, and batched with each
 //! lease answered alone), revoke, dead leases, unbinding.
@@ -236,6 +236,7 @@ macro_rules! conformance_suite {
                 range_keys_only_drops_values;
             preconditions: create_if_absent_conflict_returns_current,
                 create_if_absent_race_has_one_winner,
+                create_counted_tallies_each_creation,
                 swap_on_stale_revision_returns_winner,
                 update_of_missing_key_conflicts_with_none,
                 delete_of_missing_key_is_missing,

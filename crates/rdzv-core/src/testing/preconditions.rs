@@ -138,3 +138,96 @@ pub async fn delete_on_revision_of_missing_key_conflicts_with_none(kv: Arc<dyn K
         within("conditional delete", kv.delete(&k, DeleteMode::IfRevision(r))).await.expect("delete");
     assert_eq!(outcome, DeleteOutcome::Conflict { current: None });
 }
+
+/// `create_counted`, where the backend's capabilities say it can: a burst of creations each
+/// gets a distinct tally, `1..=n` in the order of their revisions; a create that conflicts
+/// returns the key that is there and leaves the tally alone; the key is bound to its lease and
+/// the tally to its own; a missing lease (the key's or the tally's) is `LeaseNotFound` naming
+/// it, and nothing is written; the tally ends with its lease and then counts from 1 again.
+/// Where the capabilities say it cannot, it fails with `Unsupported`.
+pub async fn create_counted_tallies_each_creation(kv: Arc<dyn Kv>, ns: Vec<u8>) {
+    let tally = key(&ns, "tally");
+    let ttl = super::lease_ttl(&*kv) * 30;
+    let session = within("granting a lease", kv.lease_grant(ttl)).await.expect("grant");
+    let tally_lease = within("granting a lease", kv.lease_grant(ttl)).await.expect("grant");
+    if !kv.capabilities().counted_create {
+        let refused = kv.create_counted(&key(&ns, "k"), b"", Some(session), &tally, Some(tally_lease)).await;
+        assert!(matches!(refused, Err(crate::KvError::Unsupported { .. })), "{refused:?}");
+        return;
+    }
+    let n = 20;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (kv, k, tally) = (kv.clone(), key(&ns, &format!("k{i:02}")), tally.clone());
+            tokio::spawn(async move {
+                within(
+                    "counted create",
+                    kv.create_counted(&k, b"me", Some(session), &tally, Some(tally_lease)),
+                )
+                .await
+                .expect("counted create")
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    for task in tasks {
+        let counted = task.await.expect("task");
+        let PutOutcome::Written { create_revision, .. } = counted.outcome else {
+            panic!("a create of a new key must write: {counted:?}");
+        };
+        created.push((create_revision, counted.tally.expect("a create that wrote has a tally")));
+    }
+    created.sort_unstable();
+    let tallies: Vec<u64> = created.iter().map(|&(_, tally)| tally).collect();
+    assert_eq!(tallies, (1..=n).collect::<Vec<_>>(), "tallies in revision order: {created:?}");
+
+    let again = within(
+        "counted create of an existing key",
+        kv.create_counted(&key(&ns, "k00"), b"other", Some(session), &tally, Some(tally_lease)),
+    )
+    .await
+    .expect("counted create");
+    let PutOutcome::Conflict { current: Some(current) } = &again.outcome else {
+        panic!("a create of an existing key must conflict with it: {again:?}");
+    };
+    assert_eq!((current.value.to_vec(), again.tally), (b"me".to_vec(), None));
+    let next = within(
+        "counted create",
+        kv.create_counted(&key(&ns, "next"), b"", Some(session), &tally, Some(tally_lease)),
+    )
+    .await
+    .expect("counted create");
+    assert_eq!(next.tally, Some(n + 1), "a conflict must not count");
+    let bound = |k: Vec<u8>| {
+        let kv = kv.clone();
+        async move { within("get", kv.get(&k)).await.expect("get").kv.and_then(|kv| kv.lease) }
+    };
+    assert_eq!(bound(key(&ns, "next")).await, Some(session));
+    assert_eq!(bound(tally.clone()).await, Some(tally_lease));
+
+    let dead = within("granting a lease", kv.lease_grant(ttl)).await.expect("grant");
+    within("revoking", kv.lease_revoke(dead)).await.expect("revoke");
+    for (lease, tally_of) in [(dead, tally_lease), (session, dead)] {
+        let refused = within(
+            "counted create with a dead lease",
+            kv.create_counted(&key(&ns, "never"), b"", Some(lease), &tally, Some(tally_of)),
+        )
+        .await;
+        assert!(matches!(refused, Err(crate::KvError::LeaseNotFound(l)) if l == dead), "{refused:?}");
+        assert!(
+            within("get", kv.get(&key(&ns, "never"))).await.expect("get").kv.is_none(),
+            "nothing written"
+        );
+    }
+    within("revoking", kv.lease_revoke(tally_lease)).await.expect("revoke");
+    let fresh = within("granting a lease", kv.lease_grant(ttl)).await.expect("grant");
+    let first = within(
+        "counted create",
+        kv.create_counted(&key(&ns, "anew"), b"", Some(session), &tally, Some(fresh)),
+    )
+    .await
+    .expect("counted create");
+    assert_eq!(first.tally, Some(1), "the tally ended with its lease");
+    let _ = within("revoking", kv.lease_revoke(session)).await;
+    let _ = within("revoking", kv.lease_revoke(fresh)).await;
+}

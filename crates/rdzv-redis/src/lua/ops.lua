@@ -157,6 +157,33 @@ local function op_put()
   return { 'ok', rev, c }
 end
 
+-- ARGV: key, value, lease (0 = none), tally key, tally lease (0 = none). Creates key if
+-- absent and puts the tally key (empty value), whose version is then the number of
+-- creations it counted. Reply: 'ok', revision, create revision, tally; 'conflict' with the
+-- current key; 'lease_not_found', the missing lease.
+local function op_create_counted()
+  prologue()
+  local k, v, lease = ARGV[8], ARGV[9], tonumber(ARGV[10])
+  local t, tally_lease = ARGV[11], tonumber(ARGV[12])
+  local cur = load(k, true)
+  if cur then
+    return conflict(k, cur)
+  end
+  for _, l in ipairs({ lease, tally_lease }) do
+    if l ~= 0 and not lease_alive(l) then
+      return { 'lease_not_found', l }
+    end
+  end
+  local rev, c = write(k, v, nil, lease)
+  local tcur = load(t, true)
+  write(t, '', tcur, tally_lease)
+  local count = 1
+  if tcur then
+    count = tcur.n + 1
+  end
+  return { 'ok', rev, c, count }
+end
+
 -- ARGV: key, delta. Adds delta to the decimal integer at key (missing = 0), written like
 -- an unconditional put without lease. Reply: 'ok', new value; 'not_integer'; 'fallback'
 -- when the numbers leave the range Lua's doubles hold exactly (the client then uses
@@ -314,6 +341,7 @@ local ops = {
   get = op_get,
   range = op_range,
   put = op_put,
+  create_counted = op_create_counted,
   incr = op_incr,
   delete = op_delete,
   delete_prefix = op_delete_prefix,
