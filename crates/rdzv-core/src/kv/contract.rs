@@ -117,7 +117,7 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     }
 
     /// Creates `key` with `value` bound to `lease` if it is absent (as a put with
-    /// [`PutMode::Create`]) and, in the same atomic step, counts that creation in the tally
+    /// [`PutMode::Create`](crate::kv::PutMode::Create)) and, in the same atomic step, counts that creation in the tally
     /// kept under `tally` (a key of its own, bound to `tally_lease`, whose value is the
     /// backend's business): the answer's `tally` is the number of creations counted there so
     /// far, this one included, so that in a burst of creations each gets a distinct number, in

@@ -520,7 +520,7 @@ pub struct Call {
     /// ([`Capabilities::count_at_revision`](crate::kv::Capabilities::count_at_revision)).
     pub count_at_revision: bool,
     /// Whether the backend creates a key and counts it in a tally in one step
-    /// ([`Capabilities::counted_create`](crate::Capabilities::counted_create)): then a
+    /// ([`Capabilities::counted_create`](crate::kv::Capabilities::counted_create)): then a
     /// worker's position is its tally, and nobody counts the others' keys.
     pub counted_create: bool,
     /// The sessions this worker gave up (lost, or abandoned), which may still hold its keys
