@@ -11,7 +11,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # use std::sync::Arc;
-//! # use rdzv_core::{GetResponse, Kv, KvResult};
+//! # use rdzv_core::kv::GetResponse;
+//! # use rdzv_core::{Kv, KvResult};
 //! use rdzv_core::metrics::Metrics;
 //!
 //! let metrics = Metrics::new();
@@ -21,14 +22,14 @@
 //! # impl Kv for Nothing {
 //! #     fn name(&self) -> &'static str { "nothing" }
 //! #     async fn get(&self, _: &[u8]) -> KvResult<GetResponse> { Ok(GetResponse { kv: None, revision: 1 }) }
-//! #     async fn range(&self, _: &[u8], _: rdzv_core::RangeOptions) -> KvResult<rdzv_core::RangeResponse> { unimplemented!() }
-//! #     async fn put(&self, _: &[u8], _: &[u8], _: rdzv_core::PutOptions) -> KvResult<rdzv_core::PutOutcome> { unimplemented!() }
-//! #     async fn delete(&self, _: &[u8], _: rdzv_core::DeleteMode) -> KvResult<rdzv_core::DeleteOutcome> { unimplemented!() }
-//! #     async fn delete_prefix(&self, _: &[u8]) -> KvResult<rdzv_core::DeletePrefixResponse> { unimplemented!() }
-//! #     async fn lease_grant(&self, _: std::time::Duration) -> KvResult<rdzv_core::LeaseId> { unimplemented!() }
-//! #     async fn lease_keep_alive(&self, _: rdzv_core::LeaseId) -> KvResult<std::time::Duration> { unimplemented!() }
-//! #     async fn lease_revoke(&self, _: rdzv_core::LeaseId) -> KvResult<()> { unimplemented!() }
-//! #     async fn watch(&self, _: &[u8], _: rdzv_core::WatchScope, _: rdzv_core::Revision) -> KvResult<rdzv_core::WatchStream> { unimplemented!() }
+//! #     async fn range(&self, _: &[u8], _: rdzv_core::kv::RangeOptions) -> KvResult<rdzv_core::kv::RangeResponse> { unimplemented!() }
+//! #     async fn put(&self, _: &[u8], _: &[u8], _: rdzv_core::kv::PutOptions) -> KvResult<rdzv_core::kv::PutOutcome> { unimplemented!() }
+//! #     async fn delete(&self, _: &[u8], _: rdzv_core::kv::DeleteMode) -> KvResult<rdzv_core::kv::DeleteOutcome> { unimplemented!() }
+//! #     async fn delete_prefix(&self, _: &[u8]) -> KvResult<rdzv_core::kv::DeletePrefixResponse> { unimplemented!() }
+//! #     async fn lease_grant(&self, _: std::time::Duration) -> KvResult<rdzv_core::kv::LeaseId> { unimplemented!() }
+//! #     async fn lease_keep_alive(&self, _: rdzv_core::kv::LeaseId) -> KvResult<std::time::Duration> { unimplemented!() }
+//! #     async fn lease_revoke(&self, _: rdzv_core::kv::LeaseId) -> KvResult<()> { unimplemented!() }
+//! #     async fn watch(&self, _: &[u8], _: rdzv_core::kv::WatchScope, _: rdzv_core::kv::Revision) -> KvResult<rdzv_core::kv::WatchStream> { unimplemented!() }
 //! # }
 //! // Give the handler the instrumented backend (`RendezvousHandler::new(kv, params)`), and
 //! // count its events with `metrics.attach(&handler)`.
