@@ -81,3 +81,33 @@ async fn monitors_that_lost_their_watches_together_back_off_apart() {
         told.elapsed()
     );
 }
+
+/// Item 2: a client whose connection was just reset fails its next request once with
+/// `Unavailable` (then it reconnects): `RendezvousHandler::new` right after the cut must use
+/// the reconnection, not fail. It used to fail at once.
+#[tokio::test(start_paused = true)]
+async fn a_handler_is_made_after_one_unavailable_lease_grant() {
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 2);
+    let kv: Arc<dyn Kv> = faulty.clone();
+    faulty.fail_next("lease_grant");
+    let started = Instant::now();
+    let handler = RendezvousHandler::new(kv.clone(), params("reset", 1, "w0")).await;
+    assert!(handler.is_ok(), "{:?}", handler.err());
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    let round = handler.unwrap().next_rendezvous().await.unwrap();
+    assert_eq!(round.world_size, 1);
+}
+
+/// Item 2, the other side: a server that cannot be reached at all still fails `new` fast —
+/// a few tries within about a second, not the rendezvous `timeout` (60 s here).
+#[tokio::test(start_paused = true)]
+async fn a_handler_on_an_unreachable_backend_still_fails_fast() {
+    let faulty = FaultyKv::new(Arc::new(MemKv::new()), 3);
+    let kv: Arc<dyn Kv> = faulty.clone();
+    faulty.set_failure_probability(1.0);
+    let started = Instant::now();
+    let e = RendezvousHandler::new(kv, params("down", 1, "w0")).await.unwrap_err();
+    assert!(matches!(e, rdzv_core::RendezvousError::Unavailable(_)), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(faulty.calls(), 3, "one try and two more");
+}
