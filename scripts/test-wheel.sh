@@ -12,8 +12,8 @@
 #     rdzv is replaced by the wheel (`rdzv[torch]` resolved against the pinned torch with no
 #     index), then torchrun with `--rdzv-backend=rdzv` (2 agents x 2 workers) and `rdzv run`
 #     (2 nodes x 2 workers) on a real etcd: the tests of crates/rdzv-py/tests that need
-#     nothing but the wheel. The python step's `maturin develop` puts the checkout's build
-#     back the next time it runs.
+#     nothing but the wheel. The python step's `pip install ./crates/rdzv-py` puts the
+#     checkout's build back the next time it runs.
 #
 # Records the wheel's name, tags and size, and fails if the wheel is larger than 11 MiB (see
 # max_wheel_bytes). Fails loudly when something is missing.
