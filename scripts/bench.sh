@@ -11,7 +11,7 @@
 #
 # Environment: CARGO_TARGET_DIR (default target); MP_RUNS (multi-process runs per size,
 # default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
-# default 16,64,128,256); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
+# default 16,64,128,256,512); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
 # COST_SIZES (default 16,64,128,512,1024,4096,8192; memory also COST_MEM_EXTRA, default 16384);
 # CLIENTS_WORKERS (default 1024); KILL_WORKERS (default 4096) and KILL_TTL (default 3) for a member
 # cut off among in-process workers; CEILING_SIZES (default 8192,16384,24576,32768) for the largest

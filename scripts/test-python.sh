@@ -2,8 +2,9 @@
 # The Python package (crates/rdzv-py) and the torchrun backend, tested with real torch, etcd
 # and Redis. Creates or reuses the virtualenv .venv-py/ (git-ignored), installs the pinned
 # tools and torch into it only when they are missing (pip's normal cache keeps the wheels,
-# so a fresh clone reinstalls without downloading again), builds the package into it, and
-# runs pytest. Fails loudly when something is missing; never skips.
+# so a fresh clone reinstalls without downloading again), installs the package into it as a
+# contributor does (`pip install ./crates/rdzv-py`, below), and runs pytest. Fails loudly
+# when something is missing; never skips.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -46,9 +47,17 @@ fi
 
 export VIRTUAL_ENV=$PWD/$venv
 export PATH=$PWD/$venv/bin:$PATH
-# Two cores: keep the Rust build inside maturin at two jobs.
+# Two cores: keep the Rust build inside pip's build at two jobs.
 export CARGO_BUILD_JOBS=2
-maturin develop --quiet -m crates/rdzv-py/Cargo.toml
+# The package, installed the way a contributor does from a checkout: `pip install
+# ./crates/rdzv-py` (a regular, non-editable install; pip builds it in place with maturin's
+# PEP 517 backend, which it installs into an isolated build environment from the index,
+# pinned to requirements-test.txt's maturin by PIP_CONSTRAINT). Built in the dev profile
+# (maturin's PEP 517 backend reads MATURIN_PEP517_ARGS; its default is a release build, a
+# second full build of every dependency) into the workspace's target directory, so it
+# reuses what the Rust tests built.
+PIP_CONSTRAINT=$PWD/$requirements MATURIN_PEP517_ARGS="--profile dev" \
+    "$py" -m pip install --quiet --disable-pip-version-check ./crates/rdzv-py
 # The `rdzv` binary, for the test of `rdzv run` driving torch, and `rdzv-netfault`, the
 # partition harness (conftest.py's `Link`); both already built by the Rust tests.
 cargo build --quiet -p rdzv-cli -p rdzv-netfault

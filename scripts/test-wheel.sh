@@ -12,10 +12,11 @@
 #     rdzv is replaced by the wheel (`rdzv[torch]` resolved against the pinned torch with no
 #     index), then torchrun with `--rdzv-backend=rdzv` (2 agents x 2 workers) and `rdzv run`
 #     (2 nodes x 2 workers) on a real etcd: the tests of crates/rdzv-py/tests that need
-#     nothing but the wheel. The python step's `maturin develop` puts the checkout's build
-#     back the next time it runs.
+#     nothing but the wheel. The python step's `pip install ./crates/rdzv-py` puts the
+#     checkout's build back the next time it runs.
 #
-# Records the wheel's name, tags and size. Fails loudly when something is missing.
+# Records the wheel's name, tags and size, and fails if the wheel is larger than 11 MiB (see
+# max_wheel_bytes). Fails loudly when something is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -40,6 +41,16 @@ built=$SECONDS
 wheels=("$out"/rdzv-*.whl)
 [[ ${#wheels[@]} -eq 1 && -f ${wheels[0]} ]] || die "expected one wheel in $out: ${wheels[*]}"
 wheel=$PWD/${wheels[0]}
+
+# The size bound: 11 MiB, 1.5 times the 7,571,154 bytes docs/TESTING.md records ("The
+# wheel"), rounded up. The headroom takes the growth of ordinary work (new features, updated
+# dependencies); what crosses it is a mistake to look at, not to wave through by raising the
+# bound: debug info or symbols left in a release binary, a second copy of a binary, a
+# dependency pulled in by accident. Checked before the slow steps, so it fails early.
+max_wheel_bytes=$((11 * 1024 * 1024))
+wheel_bytes=$(stat -c %s "$wheel")
+((wheel_bytes <= max_wheel_bytes)) ||
+    die "$(basename "$wheel") is $wheel_bytes bytes, over the bound of $max_wheel_bytes (11 MiB); see the comment above max_wheel_bytes"
 
 # What the installed package must say, from the workspace (read here, where cargo is).
 IFS=$'\t' read -r version license repository < <(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
@@ -119,4 +130,4 @@ set -e
 ((code != 5)) || die "pytest collected no test"
 ((code == 0)) || die "the torch tests failed with the installed wheel (pytest exited $code)"
 
-log "$(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB; built in $((built - start)) s, checked in $((SECONDS - built)) s"
+log "$(basename "$wheel"): $wheel_bytes bytes ($((wheel_bytes / 1024)) KiB, bound $((max_wheel_bytes / 1024)) KiB); built in $((built - start)) s, checked in $((SECONDS - built)) s"

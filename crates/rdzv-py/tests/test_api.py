@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -193,3 +194,56 @@ def test_a_forked_child_keeps_its_own_session_alive(endpoint: str, run_id: str) 
     _, status = os.waitpid(pid, 0)
     parent.shutdown()
     assert os.waitstatus_to_exitcode(status) == 0, "the child's session was not kept alive"
+
+
+def test_a_round_tells_what_changed_since_the_previous_one(run_id: str) -> None:
+    # Round 1: three members (max_workers), a fourth waits as a spare. Round 2: the member at
+    # rank 1 leaves, the spare takes its rank. Round 3: that one leaves too, nobody replaces
+    # it, the world shrinks to 2 and only the rank beyond it moves down.
+    url = f"mem://changes/{run_id}?min_workers=2&max_workers=3&last_call_timeout=2s&timeout=30s"
+    pool = ThreadPoolExecutor(4)
+
+    def next_rounds(*workers: rdzv.Rendezvous) -> list[Future[rdzv.Round]]:
+        return [pool.submit(w.next_rendezvous) for w in workers]
+
+    first = [rdzv.connect(url) for _ in range(3)]
+    rounds1 = [f.result(30) for f in next_rounds(*first)]
+    assert {r.world_size for r in rounds1} == {3} and len({r.version for r in rounds1}) == 1
+    for r in rounds1:  # a first round compares with nothing
+        assert (r.previous_version, r.previous_rank, r.left, r.joined) == (None, None, [], [])
+    by_rank = dict(zip((r.rank for r in rounds1), first))
+    r0, r1, r2 = by_rank[0], by_rank[1], by_rank[2]
+    v1 = rounds1[0].version
+
+    spare = rdzv.connect(url)
+    spare_round = next_rounds(spare)[0]
+    time.sleep(1)  # the spare waits on the running round 1
+    assert not spare_round.done()
+    assert r0.num_nodes_waiting() == 0  # a spare is not a waiting worker a full round admits
+
+    r1.shutdown()
+    assert r0.round_broken(timeout=10) in ("member_gone", "ended")
+    a, b = (f.result(30) for f in next_rounds(r0, r2))
+    s = spare_round.result(30)
+    assert a.version == b.version == s.version > v1
+    # The survivors keep their ranks, the newcomer takes the hole at rank 1.
+    assert (a.rank, b.rank, s.rank) == (0, 2, 1)
+    assert (a.previous_version, b.previous_version, s.previous_version) == (v1, v1, v1)
+    assert (a.previous_rank, b.previous_rank, s.previous_rank) == (0, 2, None)
+    for r in (a, b, s):
+        assert (r.left, r.joined) == ([1], [1])
+    v2 = a.version
+
+    spare.shutdown()
+    assert r0.round_broken(timeout=10) in ("member_gone", "ended")
+    a, b = (f.result(30) for f in next_rounds(r0, r2))
+    assert a.version == b.version > v2 and a.world_size == 2
+    # Rank 2 is beyond the new world: its member moves down to the free rank 1.
+    assert (a.rank, b.rank) == (0, 1)
+    assert (a.previous_version, b.previous_version) == (v2, v2)
+    assert (a.previous_rank, b.previous_rank) == (0, 2)
+    for r in (a, b):
+        assert (r.left, r.joined) == ([1], [])
+    r0.shutdown()
+    r2.shutdown()
+    pool.shutdown()

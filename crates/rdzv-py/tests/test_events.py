@@ -45,6 +45,9 @@ def test_callbacks_get_every_event_in_order(run_id: str, caplog: pytest.LogCaptu
     t.start()
     ra = a.next_rendezvous()
     t.join(30)
+    # The callback runs on a thread of its own, some time after the round formed: the run
+    # is closed only after it made its call (else what the call sees depends on timing).
+    wait_for("a's callback's blocking call", lambda: closed_then)
     b.shutdown()
     assert a.round_broken(timeout=10) in ("member_gone", "ended")
     a.set_closed("succeeded")

@@ -40,9 +40,10 @@ def agent(
     log: Path,
     script: str = TRAIN,
     ttl: int = TTL,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """Starts one agent (its etcd at `etcd`, `host:port`) running `script` in a session of its
-    own (so that it dies with its workers)."""
+    own (so that it dies with its workers); `extra_env` goes to the agent and its workers."""
     env = dict(
         os.environ,
         OUT_DIR=str(out),
@@ -51,6 +52,7 @@ def agent(
         AGENT_NAME=name,
         GLOO_SOCKET_IFNAME="lo",
         LOGLEVEL="INFO",
+        **(extra_env or {}),
     )
     lo, _, hi = nnodes.partition(":")
     if launcher == "torchrun":

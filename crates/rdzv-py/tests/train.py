@@ -6,10 +6,16 @@ the agents re-form it (a peer dies: the collective fails and the worker exits no
 With HOLD_FILE set, the workers keep reducing while that file exists, whatever the world.
 With AGENT_NAME set (in the agent's environment), each worker appends a line to
 OUT_DIR/starts.jsonl when it starts: which agent, its group rank and rank, the world size,
-and the master address (one per world)."""
+the master address (one per world), its pid and the agent's restart count.
+
+With STEPS set, each world trains that many steps whatever its size, appends what it saw to
+OUT_DIR/steps.jsonl, then runs no collective while HOLD_FILE exists and exits 0: its peers
+can then be stopped by their agents (a world re-forming) without failing it, so that only
+its own agent stops it (the fencing tests)."""
 
 import json
 import os
+import sys
 import time
 
 import torch
@@ -27,9 +33,29 @@ if "AGENT_NAME" in os.environ:
         "world": world,
         "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
         "previous_group_rank": os.environ.get("RDZV_PREVIOUS_GROUP_RANK"),
+        "pid": os.getpid(),
+        "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
     }
     with open(os.path.join(os.environ["OUT_DIR"], "starts.jsonl"), "a") as f:
         f.write(json.dumps(start) + "\n")
+if "STEPS" in os.environ:
+    for _ in range(int(os.environ["STEPS"])):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        time.sleep(0.05)
+    done = {
+        "agent": os.environ.get("AGENT_NAME"),
+        "rank": rank,
+        "world": world,
+        "sum": t.item(),
+        "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+    }
+    with open(os.path.join(os.environ["OUT_DIR"], "steps.jsonl"), "a") as f:
+        f.write(json.dumps(done) + "\n")
+    while hold and os.path.exists(hold):
+        time.sleep(0.1)
+    dist.destroy_process_group()
+    sys.exit(0)
 while True:
     t = torch.tensor([float(rank + 1)])
     dist.all_reduce(t)

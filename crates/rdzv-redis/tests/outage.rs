@@ -5,12 +5,13 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use rdzv_core::KvError;
 use rdzv_core::kv::{PutOptions, PutOutcome, RangeOptions, WatchScope};
 use rdzv_core::url::{Endpoint, Secret};
+use rdzv_core::{Kv, KvError};
 use rdzv_redis::testing::RedisServer;
 use rdzv_redis::{RedisConfig, RedisKv};
 
@@ -63,17 +64,22 @@ async fn watch_resumes_after_its_connection_is_killed() {
     }
 }
 
+/// A client of `server` (namespace `namespace`) whose connections go through a `Link`.
+async fn through_link(server: &RedisServer, namespace: &str) -> (rdzv_netfault::Link, Arc<dyn Kv>) {
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    let mut config = server.config(namespace);
+    config.endpoint = Endpoint { host: "127.0.0.1".into(), port: link.endpoints()[0].port() };
+    (link, connect(config).await)
+}
+
 /// Every connection of a client reset (a middlebox dropped them, the server was fine): the
 /// first request after it must not fail — not a read, not a write, not a lease grant (what
 /// `RendezvousHandler::new` starts with). They used to fail once with a broken pipe.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_requests_after_every_connection_was_reset_succeed() {
     let server = RedisServer::start().expect("redis-server");
-    let link =
-        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
-    let mut config = server.config("reset");
-    config.endpoint = Endpoint { host: "127.0.0.1".into(), port: link.endpoints()[0].port() };
-    let kv = connect(config).await;
+    let (link, kv) = through_link(&server, "reset").await;
     put(&*kv, b"/r/0", b"v", PutOptions::OVERWRITE).await;
     let lease = within("grant", kv.lease_grant(Duration::from_secs(30))).await.unwrap();
     within("keep-alive", kv.lease_keep_alive(lease)).await.unwrap();
@@ -101,6 +107,29 @@ async fn the_first_requests_after_every_connection_was_reset_succeed() {
         params.node_id = Some(format!("n{round}"));
         let handler = within("new", rdzv_core::RendezvousHandler::new(kv.clone(), params)).await;
         handler.unwrap_or_else(|e| panic!("RendezvousHandler::new after reset {round}: {e}"));
+    }
+}
+
+/// Every connection of a client reset, and `RendezvousHandler::new` called at once, with no
+/// pause for the resets to reach the client (issue 23, item 2): the first request may then
+/// fail once with `Unavailable` while the client reconnects, and `new` must ask again on the
+/// new connection rather than fail. It used to fail at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_is_made_right_after_every_connection_was_reset() {
+    let server = RedisServer::start().expect("redis-server");
+    let (link, kv) = through_link(&server, "reset-now").await;
+    put(&*kv, b"/r/0", b"v", PutOptions::OVERWRITE).await;
+    let mut handlers = Vec::new();
+    for round in 0..10 {
+        assert!(link.cut() > 0, "no connection to reset");
+        let mut params = rdzv_core::RendezvousParams::new("reset-now", 1, 1).unwrap();
+        params.node_id = Some(format!("n{round}"));
+        let started = std::time::Instant::now();
+        let handler = within("new", rdzv_core::RendezvousHandler::new(kv.clone(), params)).await;
+        handlers.push(
+            handler.unwrap_or_else(|e| panic!("RendezvousHandler::new right after reset {round}: {e}")),
+        );
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     }
 }
 

@@ -64,7 +64,9 @@ impl Store {
         .await
     }
 
-    /// Deletes `key`; returns whether it existed.
+    /// Deletes `key`; returns whether it existed. Safe to call again after a retryable error:
+    /// if the first delete took effect and its answer was lost, the second finds the key gone
+    /// and returns `false`.
     pub async fn delete_key(&self, key: impl AsRef<[u8]>) -> Result<bool, StoreError> {
         let key = key.as_ref();
         let full = self.user_key(key);

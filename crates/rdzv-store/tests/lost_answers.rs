@@ -12,7 +12,7 @@ use rdzv_core::Kv;
 use rdzv_core::kv::LeaseId;
 use rdzv_core::layer::{FaultyKv, Latency};
 use rdzv_mem::MemKv;
-use rdzv_store::{Store, StoreError};
+use rdzv_store::{CompareSet, Store, StoreError};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -80,6 +80,58 @@ async fn a_lost_answer_to_a_set_or_compare_set_is_retryable_and_calling_again_is
     // The first swap took effect: the second finds `desired` and writes nothing.
     assert_eq!(store.compare_set("c", "", "first").await.unwrap(), b"first");
     assert_eq!(store.get("c").await.unwrap(), b"first");
+}
+
+/// The rest of the first row: `multi_set`, `delete_key` and `compare_set_checked` whose
+/// write took effect and lost its answer fail retryably, and calling them again is safe (the
+/// same effect once more; a second `delete_key` finds the key gone and says `false`, a second
+/// `compare_set_checked` says `swapped: false`).
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_a_multi_set_delete_or_checked_swap_is_retryable_and_calling_again_is_safe() {
+    let (store, _) = losing_next("put");
+    let items = [("a", "1"), ("b", "2"), ("c", "3")];
+    let e = store.multi_set(items).await.unwrap_err();
+    assert!(e.is_retryable() && !e.is_timeout(), "{e}");
+    store.multi_set(items).await.unwrap();
+    assert_eq!(store.multi_get(["a", "b", "c"]).await.unwrap(), [b"1", b"2", b"3"]);
+    assert_eq!(store.num_keys().await.unwrap(), 3);
+
+    let (store, faulty) = losing_next("delete");
+    faulty.clear();
+    store.set("d", "v").await.unwrap();
+    faulty.set_fail_after_applying(true);
+    faulty.fail_next("delete");
+    let e = store.delete_key("d").await.unwrap_err();
+    assert!(e.is_retryable() && !e.is_timeout(), "{e}");
+    assert!(!store.delete_key("d").await.unwrap(), "the first delete took effect: the second finds nothing");
+    assert!(!store.check(["d"]).await.unwrap());
+
+    let (store, _) = losing_next("put");
+    let e = store.compare_set_checked("s", "", "first").await.unwrap_err();
+    assert!(e.is_retryable() && !e.is_timeout(), "{e}");
+    let again = store.compare_set_checked("s", "", "first").await.unwrap();
+    assert_eq!(again, CompareSet { swapped: false, value: Some(b"first".to_vec()) });
+}
+
+/// The barrier row: a barrier whose count took effect and lost its answer reports
+/// `OutcomeUnknown` (not retryable, not the Store's `Timeout`), at once; the count was made,
+/// so the other rank's arrival completes the generation.
+#[tokio::test(start_paused = true)]
+async fn a_barrier_whose_count_lost_its_answer_is_an_unknown_outcome() {
+    // Native increment (memory without a lease), then the compare-and-swap count (leased).
+    for (operation, leased_store) in [("increment", false), ("put", true)] {
+        let (store, faulty) = losing_next(operation);
+        let store = if leased_store { store.with_lease(Some(leased(&faulty).await)) } else { store };
+        let started = tokio::time::Instant::now();
+        let e = store.barrier("b", 2, T).await.unwrap_err();
+        assert!(!e.is_timeout() && started.elapsed() < T, "{operation}: {e}");
+        assert_unknown(Err::<(), _>(e), "barrier");
+        // Counted once: the second rank is the generation's last, and passes at once.
+        tokio::time::timeout(Duration::from_secs(1), store.barrier("b", 2, T))
+            .await
+            .unwrap_or_else(|_| panic!("{operation}: the lost count was not made"))
+            .unwrap();
+    }
 }
 
 #[tokio::test(start_paused = true)]

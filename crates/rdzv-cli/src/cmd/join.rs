@@ -24,6 +24,14 @@ too: one line (json) or block (env, text) per round. If the run is closed while 
 leaves and exits 4, as when it is closed while waiting. Without --hold and with stdin closed
 or /dev/null, it leaves as soon as it printed the first round.
 
+What each round tells (json fields; env names in brackets): run_id [RDZV_RUN_ID], version
+[RDZV_VERSION], rank [RANK], world_size [WORLD_SIZE], participants in rank order
+[RDZV_PARTICIPANTS: their node ids, comma-separated], master_addr [MASTER_ADDR], master_port [MASTER_PORT], elapsed_ms
+[RDZV_ELAPSED_MS], and what changed since the last round this worker was in:
+previous_version [RDZV_PREVIOUS_VERSION], previous_rank [RDZV_PREVIOUS_RANK] (null / empty
+for a newcomer), left and joined, the ranks of that round that are gone and the ranks of
+this round that are new [RDZV_LEFT_RANKS, RDZV_JOINED_RANKS: comma-separated].
+
 Examples:
   rdzv join 'etcd://10.0.0.5:2379/job42?min_workers=4' --hold 1h
   eval \"$(rdzv join \"$URL\" --format env --hold 0s)\"   # sets RANK, WORLD_SIZE, MASTER_ADDR…

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use rdzv::{Rendezvous, Round, Store, StoreError};
+use rdzv_core::retry::retry_delays;
 use tokio::process::Command;
 use tokio::time::Instant;
 
@@ -535,14 +536,44 @@ async fn peer_failure(store: Store) -> String {
     String::from_utf8_lossy(&key_appears(store, FAILED_KEY).await).into_owned()
 }
 
-/// Resolves with the value of `key` in `store` once it exists (never, if the store fails).
+/// The pauses of [`key_appears`] after a retryable Store error: from the first, growing to
+/// the longest, each with jitter ([`retry_delays`]).
+const KEY_RETRY_FIRST: Duration = Duration::from_millis(100);
+const KEY_RETRY_LONGEST: Duration = Duration::from_secs(2);
+
+/// Resolves with the value of `key` in `store` once it exists. A retryable error
+/// ([`StoreError::is_retryable`]: a leader election's `Busy`, a dropped connection's
+/// `Unavailable`, an ended watch) is retried after a jittered pause of [`KEY_RETRY_FIRST`]
+/// growing to [`KEY_RETRY_LONGEST`], so that a peer's failure published after an election is
+/// still seen; only an error that retrying cannot fix stops the watch (logged), and then this
+/// never resolves.
 async fn key_appears(store: Store, key: &str) -> Vec<u8> {
+    let mut pauses = retry_delays(KEY_RETRY_FIRST, KEY_RETRY_LONGEST);
+    let mut failing = false;
     loop {
+        let started = Instant::now();
         match store.get(key).await {
             Ok(v) => return v,
-            Err(e) if e.is_timeout() => continue,
+            // The Store's own timeout: the backend answered, nobody wrote the key yet.
+            Err(e) if e.is_timeout() => {
+                pauses = retry_delays(KEY_RETRY_FIRST, KEY_RETRY_LONGEST);
+                failing = false;
+            }
+            Err(e) if e.is_retryable() => {
+                // A wait that lasted longer than the longest pause starts the pauses anew.
+                if started.elapsed() > KEY_RETRY_LONGEST {
+                    pauses = retry_delays(KEY_RETRY_FIRST, KEY_RETRY_LONGEST);
+                    failing = false;
+                }
+                if std::mem::replace(&mut failing, true) {
+                    tracing::debug!("watching the round's Store for `{key}`: {e}; retrying");
+                } else {
+                    tracing::warn!("watching the round's Store for `{key}`: {e}; retrying");
+                }
+                tokio::time::sleep(pauses.next().unwrap_or(KEY_RETRY_LONGEST)).await;
+            }
             Err(e) => {
-                tracing::warn!("watching the round's Store for `{key}`: {e}");
+                tracing::warn!("watching the round's Store for `{key}` stopped: {e}");
                 return std::future::pending().await;
             }
         }
@@ -586,7 +617,35 @@ fn finished(done: Result<(), StoreError>) -> Event {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use rdzv_core::Kv;
+    use rdzv_core::layer::FaultyKv;
+
     use super::*;
+
+    /// Issue 23, item 1: a read of the round's Store that fails retryably (a leader election,
+    /// a dropped connection) used to stop the watch for good, so the agent never saw a peer's
+    /// failure published afterwards. Every call fails for 10 s (paused clock), then the key is
+    /// set: it must be returned, after retries with pauses (neither one try nor a busy loop).
+    #[tokio::test(start_paused = true)]
+    async fn a_key_set_after_retryable_failures_still_appears() {
+        let faulty = FaultyKv::new(Arc::new(rdzv::mem::MemKv::new()), 23);
+        let store = Store::new(faulty.clone() as Arc<dyn Kv>, "s/").with_timeout(Duration::from_secs(30));
+        faulty.set_failure_probability(1.0);
+        let waiting = tokio::spawn(key_appears(store.clone(), FAILED_KEY));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let tries = faulty.calls();
+        // Pauses of 100 ms growing to 2 s (up to twice that with jitter): about 10 tries.
+        assert!((3..=100).contains(&tries), "{tries} reads in 10 s of failures");
+        faulty.clear();
+        store.set(FAILED_KEY, "node b: exit 1").await.expect("set");
+        let found = tokio::time::timeout(2 * 2 * KEY_RETRY_LONGEST, waiting)
+            .await
+            .expect("the key was not seen after the failures ended")
+            .expect("joined");
+        assert_eq!(found, b"node b: exit 1");
+    }
 
     #[test]
     fn the_command_line_needs_a_command() {

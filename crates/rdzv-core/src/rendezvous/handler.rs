@@ -119,9 +119,14 @@ impl Worker {
 
 impl RendezvousHandler {
     /// A handler for `params.run_id` on `kv`. Starts this worker's session lease, so an
-    /// unreachable backend fails here with [`RendezvousError::Unavailable`]; a server that
-    /// answers it cannot serve now ([`KvError::Busy`]: no leader yet, overloaded) is asked
-    /// again until the `timeout` parameter has passed.
+    /// unreachable backend fails here with [`RendezvousError::Unavailable`]. The lease grant
+    /// is asked again ([`retry_first_contact`](crate::retry::retry_first_contact)): after a
+    /// server's answer that it cannot serve now ([`KvError::Busy`]: no leader yet,
+    /// overloaded), until the `timeout` parameter has passed; after
+    /// [`KvError::Unavailable`], at most twice more, within about a second and never past
+    /// `timeout`, so that a client whose connection was just reset (it fails the next
+    /// request once, then reconnects) gets its session, while a server that cannot be
+    /// reached at all still fails within about a second.
     pub async fn new(kv: Arc<dyn Kv>, params: RendezvousParams) -> Result<Self> {
         params.validate()?;
         let keys = RunKeys::new(&params.prefix, &params.run_id);
@@ -131,9 +136,10 @@ impl RendezvousHandler {
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
         let events = Arc::new(Subscribers::new(&params.run_id, &me.node));
         // A server that answers it cannot serve yet (a leader election) is retried within
-        // the rendezvous deadline; one that cannot be reached fails here at once.
+        // the rendezvous deadline; one that cannot be reached, a bounded number of times
+        // (a reset connection's client reconnects), then fails here.
         let deadline = Instant::now() + params.timeout;
-        let session = crate::retry::retry_while_busy(deadline, || {
+        let session = crate::retry::retry_first_contact(deadline, || {
             Session::start_observed(kv.clone(), params.keep_alive_ttl, Some(refresh_failures(&events)))
         })
         .await?;
