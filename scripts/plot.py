@@ -33,6 +33,22 @@ MEMORY_TARGETS = {1024: 128, 4096: 512, 8192: 512, 16384: 1024}
 CLI_TIME_TARGETS = {128: "≤ 0.8 s", 256: "≤ 1.5 s", 512: "–"}
 
 
+def ceiling_cause(failed):
+    """The limit a failed ceiling run met, in one table cell: which limit (as far as the
+    failure's own words tell), then the failure's last line."""
+    lines = [l.strip() for l in failed.replace("|", "/").splitlines() if l.strip()]
+    last = lines[-1] if lines else failed
+    if "session lease expired" in failed or "not refreshed within its TTL" in failed:
+        limit = "sessions lost (their keep-alives fell behind their TTL: the rate of lease refreshes one client and one etcd sustain here)"
+    elif "too large" in failed.lower() or "request is too large" in failed:
+        limit = "a request over etcd's size limit"
+    elif "too many requests" in failed:
+        limit = "etcd's 'too many requests' (its apply fell behind its commits)"
+    else:
+        limit = "see benches/results/ceiling.jsonl"
+    return f"{limit}; {last[:200]}"
+
+
 def load(dirname, name):
     path = os.path.join(dirname, name)
     if not os.path.exists(path):
@@ -434,7 +450,7 @@ def main():
         done = [r for r in ceiling if not r.get("failed")]
         stop = [r for r in ceiling if r.get("failed")]
         largest = max((r["workers"] for r in done), default=None)
-        why = f"; {stop[0]['workers']} failed: {stop[0]['failed'][:160]}" if stop else "; every size tried completed"
+        why = f"; {stop[0]['workers']} failed: {ceiling_cause(stop[0]['failed'])}" if stop else "; every size tried completed"
         rows.append([f"the ceiling: the largest round of in-process workers on one etcd with its default limits{why}",
                      str(largest) if largest else "–", "–", "written down"])
         for r in done:
