@@ -13,7 +13,8 @@
 # default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
 # default 16,64,128,256,512); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
 # COST_SIZES (default 16,64,128,512,1024,4096,8192; memory also COST_MEM_EXTRA, default 16384);
-# CLIENTS_WORKERS (default 1024); KILL_WORKERS (default 4096) and KILL_TTL (default 3) for a member
+# CLIENTS_WORKERS (default 1024); KILL_WORKERS (default 4096) and KILL_TTL (default 10, the default keep_alive_ttl; at 3 s,
+# 4,096 sessions on one client lose their leases on this machine) for a member
 # cut off among in-process workers; CEILING_SIZES (default 8192,16384,24576,32768) for the largest
 # round on one etcd;
 # DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); C10D_SIZES (default 32,64) and
@@ -127,7 +128,7 @@ if [ -x "$cli" ]; then
         --out "$results/clients.jsonl" || echo "bench: the client-per-worker runs failed"
 
     echo "== failure at scale: in-process workers on etcd, one member cut off, a spare in its place"
-    python3 scripts/etcd_figures.py killone --rdzv "$cli" --workers "${KILL_WORKERS:-4096}" --ttl "${KILL_TTL:-3}" --runs 3 \
+    python3 scripts/etcd_figures.py killone --rdzv "$cli" --workers "${KILL_WORKERS:-4096}" --ttl "${KILL_TTL:-10}" --runs 3 \
         --out "$results/killone.jsonl" || echo "bench: the failure-at-scale runs failed"
 
     echo "== the ceiling: the largest round of in-process workers on one etcd with its default limits"

@@ -433,14 +433,15 @@ def main():
                 rows.append([f"8192 in-process workers, {b}: {label} per worker per round (max of rounds 1 and 2)",
                              fmt_n(max(v)), "–", "≤ 4" if key == "proposals" else "–"])
     kill = load(res, "killone.jsonl")
-    ok = [r for r in kill if not r.get("failed") and r.get("failure")]
-    if kill:
-        n, ttl = kill[0]["workers"], kill[0]["ttl_s"]
+    for ttl in sorted({r["ttl_s"] for r in kill}):
+        runs = [r for r in kill if r["ttl_s"] == ttl]
+        ok = [r for r in runs if not r.get("failed") and r.get("failure")]
+        n = runs[0]["workers"]
         told = [r["failure"]["told_last_s"] for r in ok]
         formed = [r["failure"]["formed_s"] - r["failure"]["told_last_s"] for r in ok]
         rounds = [r["seconds"] for r in ok]
         rows.append([f"{n} in-process workers on etcd, one cut off (keep_alive_ttl {ttl:g} s): the last survivor told "
-                     f"({len(ok)} of {len(kill)} runs completed)", fmt_spread(told), "–", f"≤ TTL = {ttl:g} s"])
+                     f"({len(ok)} of {len(runs)} runs completed)", fmt_spread(told) if told else "–", "–", f"≤ TTL = {ttl:g} s"])
         if rounds:
             rows.append([f"… then the next round, a spare in the dead member's place (from the last told; "
                          f"the {n} round took {fmt_s(statistics.median(rounds))})", fmt_spread(formed), "–",
