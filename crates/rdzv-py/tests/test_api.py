@@ -148,6 +148,20 @@ def test_ctrl_c_interrupts_a_blocking_call(etcd: str, run_id: str) -> None:
     w.shutdown()
 
 
+def wait_child(pid: int, timeout: float = 60) -> int:
+    """The exit code of forked child `pid`; a child still running after `timeout` seconds (a
+    deadlock after the fork) is killed and fails the test instead of hanging the suite."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child did not exit within {timeout} s")
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
 def test_fork_child_makes_its_own_handles(redis: str, run_id: str) -> None:
     url = f"redis://{redis}/{run_id}?min_workers=1"
@@ -168,8 +182,7 @@ def test_fork_child_makes_its_own_handles(redis: str, run_id: str) -> None:
                 code = 0
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert wait_child(pid) == 0
     assert store.get("child") == b"ok"
     assert parent.next_rendezvous().world_size == 1
     parent.shutdown()
@@ -191,9 +204,9 @@ def test_a_forked_child_keeps_its_own_session_alive(endpoint: str, run_id: str) 
             child.shutdown()
         finally:
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    code = wait_child(pid)
     parent.shutdown()
-    assert os.waitstatus_to_exitcode(status) == 0, "the child's session was not kept alive"
+    assert code == 0, "the child's session was not kept alive"
 
 
 def test_a_round_tells_what_changed_since_the_previous_one(run_id: str) -> None:
