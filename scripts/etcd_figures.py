@@ -80,43 +80,11 @@ def clients(a):
     try:
         with open(a.out, "a") as out:
             for run in range(a.runs):
-                run_id = f"clients-{os.getpid()}-{run}-{time.time_ns()}"
-                url = f"etcd://{etcd.hosts}/{run_id}?timeout={a.timeout:.0f}s"
-                before = etcd.counters()
-                started = time.monotonic()
-                try:
-                    p = subprocess.run(
-                        [a.rdzv, "bench", url, "--workers", str(a.workers), "--rounds", "1",
-                         "--client-per-worker", "--format", "json"],
-                        capture_output=True, text=True, timeout=a.timeout + 60)
-                    code, stdout, stderr = p.returncode, p.stdout, p.stderr
-                except subprocess.TimeoutExpired as e:
-                    code, stdout, stderr = None, "", f"timed out after {a.timeout + 60:.0f} s: {e.stderr or ''}"
-                wall = time.monotonic() - started
-                after = etcd.counters()
-                r = {"workers": a.workers, "run": run, "clients": None, "wall_seconds": wall,
-                     "proposals_per_worker": delta(before, after, "proposals", a.workers),
-                     "ranges_per_worker": delta(before, after, "ranges", a.workers),
-                     "server_cpu_s": delta(before, after, "cpu_s", 1),
-                     "server_cpu_s_per_1000": delta(before, after, "cpu_s", a.workers, 1000.0),
-                     "etcd_version": etcd.version(), "open_files": open_files}
-                report = None
-                if code == 0:
-                    try:
-                        report = json.loads(stdout.strip().splitlines()[-1])
-                    except (json.JSONDecodeError, IndexError):
-                        report = None
-                if report is None:
-                    tail = stderr.strip()[-400:] if isinstance(stderr, str) else str(stderr)[-400:]
-                    r["failed"] = f"exit {code}: {tail or stdout.strip()[-400:]}"
-                else:
-                    r.update({"clients": report.get("clients"), "seconds": report["latency_ms"]["max"] / 1000.0,
-                              "writes_per_worker_round": report["writes_per_worker_round"],
-                              "reads_per_worker_round": report["reads_per_worker_round"],
-                              "peak_memory_kib": report.get("peak_memory_kib")})
+                r = bench_once(etcd, a, a.workers, "", ["--client-per-worker"])
+                r.update({"run": run, "open_files": open_files})
                 print(f"clients N={a.workers} run {run}: "
                       + (f"round {r['seconds']:.3f}s, " if "seconds" in r else f"FAILED ({r['failed'][:200]}), ")
-                      + f"whole command {wall:.1f}s, {show(r['proposals_per_worker'])} proposals/worker, "
+                      + f"whole command {r['wall_seconds']:.1f}s, {show(r['proposals_per_worker'])} proposals/worker, "
                       f"{show(r['ranges_per_worker'])} ranges/worker, etcd CPU {show(r['server_cpu_s'])} s", flush=True)
                 out.write(json.dumps(r) + "\n")
                 out.flush()
@@ -141,6 +109,7 @@ def bench_once(etcd, a, n, query, extra):
     r = {"workers": n, "wall_seconds": wall,
          "proposals_per_worker": delta(before, after, "proposals", n),
          "ranges_per_worker": delta(before, after, "ranges", n),
+         "server_cpu_s": delta(before, after, "cpu_s", 1),
          "server_cpu_s_per_1000": delta(before, after, "cpu_s", n, 1000.0),
          "proposals_per_1000": delta(before, after, "proposals", n, 1000.0),
          "db_bytes": after.get("db_bytes"), "etcd_version": etcd.version()}
@@ -154,7 +123,8 @@ def bench_once(etcd, a, n, query, extra):
         tail = stderr.strip()[-400:] if isinstance(stderr, str) else str(stderr)[-400:]
         r["failed"] = f"exit {code}: {tail or stdout.strip()[-400:]}"
     else:
-        r.update({"seconds": report["latency_ms"]["max"] / 1000.0, "peak_memory_kib": report.get("peak_memory_kib"),
+        r.update({"clients": report.get("clients"),
+                  "seconds": report["latency_ms"]["max"] / 1000.0, "peak_memory_kib": report.get("peak_memory_kib"),
                   "writes_per_worker_round": report["writes_per_worker_round"],
                   "reads_per_worker_round": report["reads_per_worker_round"],
                   "keys_visited_per_worker_round": report.get("keys_visited_per_worker_round"),
