@@ -52,6 +52,7 @@ pub use rendezvous::{
 /// can use them directly.
 pub mod protocol {
     pub use crate::rendezvous::decide;
+    pub use crate::rendezvous::forget;
     /// (Public, in this module, because the facade's bootstrap uses it too: rank 0 picks a
     /// `MASTER_PORT` with it when it offered none; so would another executor filling a
     /// worker's descriptor.)

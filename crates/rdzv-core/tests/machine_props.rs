@@ -18,6 +18,7 @@ use rdzv_core::protocol::Joiner;
 use rdzv_core::protocol::RunKeys;
 use rdzv_core::protocol::decide::Candidate;
 use rdzv_core::protocol::decide::Sizing;
+use rdzv_core::protocol::forget::{Forgotten, record_after, rounds_to_forget};
 use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
 use rdzv_core::{KvError, Participant, RendezvousError};
 use tokio::time::Instant;
@@ -281,14 +282,19 @@ impl World {
                 }
                 Input::Ack
             }
-            Action::ForgetRounds { versions } => {
-                for version in versions {
-                    let prefix = self.keys.round(*version).into_bytes();
+            Action::ForgetRounds { version, previous, .. } => {
+                // What `forget.rs` does in the background, done at once.
+                let record_key = self.keys.forgotten();
+                let record = model.keys.get(&record_key).and_then(|kv| Forgotten::parse(&kv.value));
+                for old in rounds_to_forget(*version, Some(*previous), record) {
+                    let prefix = self.keys.round(old).into_bytes();
                     let doomed: Vec<Vec<u8>> = model.under(&prefix).map(|kv| kv.key.clone()).collect();
                     for key in doomed {
                         model.delete(&key, DeleteMode::Any);
                     }
                 }
+                let record = record_after(*version, *previous).to_bytes();
+                model.put(&record_key, &record, PutMode::Overwrite, None);
                 Input::Ack
             }
             Action::Backoff => Input::Timer,

@@ -244,22 +244,6 @@ pub fn survivor_round(candidates: &[Candidate], previous: Option<u64>) -> Option
     candidates.iter().filter_map(|c| c.joiner.last.map(|l| l.version)).chain(previous).max()
 }
 
-/// Phase 1, creating round `version` after `previous` (the round that was final before it,
-/// if known): the rounds whose keys its creator deletes, since nobody can be in them any more.
-/// The round before `previous`, and a round opened after it that never became final (each
-/// creator deletes the one just before its own; the survivors of `previous` still need its
-/// keep-alive keys). Without `previous`, the round two before `version`.
-pub fn rounds_to_forget(version: u64, previous: Option<u64>) -> Vec<u64> {
-    match previous.filter(|p| *p < version) {
-        Some(previous) => {
-            let before = previous.checked_sub(1).filter(|v| *v > 0);
-            let failed = version.checked_sub(1).filter(|v| *v > previous);
-            before.into_iter().chain(failed).collect()
-        }
-        None => version.checked_sub(2).filter(|v| *v > 0).into_iter().collect(),
-    }
-}
-
 /// Phase 2, freeze (docs/PROTOCOL.md "Who is in, and their ranks"). Who is in: every
 /// candidate that was a member of the round before (`previous`, see [`survivor_round`]),
 /// then the newcomers in order of arrival, up to `max`; at least `min`, else wait. `alive`
@@ -776,18 +760,6 @@ mod tests {
             at("n1", "h1", 3),
         ];
         assert_eq!(nodes(freeze(mixed, Some(1), &[], Trigger::Timer, &sizing)), ["s", "n1", "n2"]);
-    }
-
-    #[test]
-    fn the_creator_forgets_rounds_nobody_is_in_and_keeps_the_previous_one() {
-        assert_eq!(rounds_to_forget(1, None), Vec::<u64>::new());
-        assert_eq!(rounds_to_forget(2, Some(1)), Vec::<u64>::new());
-        assert_eq!(rounds_to_forget(5, Some(4)), [3]);
-        assert_eq!(rounds_to_forget(5, None), [3]);
-        // Round 5 never became final: round 6 keeps 4's members' keys, deletes 3 and 5.
-        assert_eq!(rounds_to_forget(6, Some(4)), [3, 5]);
-        // A creator that knew of no later final round than one before the counter skipped.
-        assert_eq!(rounds_to_forget(9, Some(9)), [7]);
     }
 
     #[test]

@@ -16,14 +16,11 @@ use crate::kv::{
 use crate::params::RendezvousParams;
 
 use super::decide::{Candidate, Sizing};
+use super::forget::forget_old_rounds;
 use super::keys::RunKeys;
 use super::machine::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed};
 use super::run_lease::{RunLease, put_with_run_lease};
 use super::state::{Joiner, LastRound, Participant};
-
-/// How long the creator of a round keeps trying to delete the round before the previous
-/// one, when the backend fails it.
-pub(crate) const FORGET_RETRY_FOR: Duration = Duration::from_secs(60);
 
 /// What is shared by every call of one handler.
 #[derive(Debug)]
@@ -300,10 +297,8 @@ impl<'a> Attempt<'a> {
                 kv.wait_for_delete(&key, after, Instant::now() + ctx.params.timeout).await?;
                 Input::Ack
             }
-            Action::ForgetRounds { versions } => {
-                for version in versions {
-                    forget_round(ctx, version);
-                }
+            Action::ForgetRounds { version, previous, run_lease } => {
+                forget_old_rounds(ctx.kv.clone(), &ctx.keys, version, Some(previous), run_lease);
                 Input::Ack
             }
             Action::Backoff => {
@@ -355,35 +350,6 @@ pub(crate) async fn clean(leftovers: Leftovers, kv: &dyn Kv) -> bool {
         clean &= matches!(tokio::time::timeout(BOUND, undo).await, Ok(Ok(())));
     }
     clean
-}
-
-/// Deletes what is left of round `old` (its join, keep-alive and waiting keys, extra data
-/// and Store): no worker can be in it any more, since a later round was opened after it
-/// ended. One write per round keeps the number of keys under a run bounded however many
-/// rounds pass. In the background, off the round's critical path (on etcd a range delete
-/// takes tens of milliseconds), retried with a backoff for up to [`FORGET_RETRY_FOR`] (no
-/// later round deletes this one); if that is not enough, or this worker dies first, the keys
-/// go with their workers' sessions and the run lease.
-fn forget_round(ctx: &Context, old: u64) {
-    let prefix = ctx.keys.round(old).into_bytes();
-    let kv = ctx.kv.clone();
-    let give_up = Instant::now() + FORGET_RETRY_FOR;
-    tokio::spawn(async move {
-        let mut delays = backoff();
-        loop {
-            match kv.delete_prefix(&prefix).await {
-                Ok(_) => return,
-                Err(e) if Instant::now() < give_up => {
-                    tracing::debug!(error = %e, old, "could not delete an old round's keys yet");
-                    tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(2))).await;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, old, "gave up deleting an old round's keys");
-                    return;
-                }
-            }
-        }
-    });
 }
 
 /// Whether process `pid` runs on this machine, as Linux's `/proc` tells; `true` wherever that

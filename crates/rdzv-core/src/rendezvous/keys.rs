@@ -27,6 +27,11 @@ impl RunKeys {
         format!("{}rdzv/version_counter", self.root).into_bytes()
     }
 
+    /// How far the deletes of old rounds got (see `forget.rs`).
+    pub fn forgotten(&self) -> Vec<u8> {
+        format!("{}rdzv/forgotten", self.root).into_bytes()
+    }
+
     /// The id of the run lease.
     pub fn run_lease(&self) -> Vec<u8> {
         format!("{}lease", self.root).into_bytes()

@@ -184,11 +184,16 @@ pub enum Action {
         /// The revision it was last seen at.
         after: Revision,
     },
-    /// In the background, delete everything of these rounds (retried a while, never
-    /// awaited) → [`Input::Ack`] at once.
+    /// In the background, delete everything of the rounds nobody can be in any more now
+    /// that round `version` is open after `previous` (see [`crate::rendezvous::forget`];
+    /// retried a while, never awaited) → [`Input::Ack`] at once.
     ForgetRounds {
-        /// The rounds whose keys go.
-        versions: Vec<u64>,
+        /// The round just opened.
+        version: u64,
+        /// The round that was final before it: kept.
+        previous: u64,
+        /// The run lease the record of the deletes is bound to.
+        run_lease: Option<LeaseId>,
     },
     /// Sleep a backoff delay before starting over → [`Input::Timer`].
     Backoff,
@@ -795,13 +800,13 @@ impl Machine {
                 Input::Put(PutOutcome::Written { revision, .. }, lease) => {
                     self.leftovers.remove(&self.keys.state());
                     tracing::debug!(version, ?previous, "created a round");
-                    // The creator deletes the rounds nobody can be in any more (see
-                    // `forget_round` in the executor, which runs it in the background), then
-                    // joins.
-                    let versions = decide::rounds_to_forget(version, previous);
-                    if versions.is_empty() {
-                        self.join(version, previous, revision, lease, revision)
-                    } else {
+                    // The creator deletes the rounds nobody can be in any more (`forget.rs`,
+                    // in the background), then joins. Not knowing the round before, it
+                    // cannot tell which of the old rounds the survivors come from.
+                    let Some(kept) = previous.filter(|p| *p < version) else {
+                        return self.join(version, previous, revision, lease, revision);
+                    };
+                    {
                         let round = Joining {
                             version,
                             previous,
@@ -810,7 +815,7 @@ impl Machine {
                             awaiting_survivors: false,
                         };
                         self.phase = Phase::Join { round, step: JoinStep::Forgetting };
-                        Action::ForgetRounds { versions }
+                        Action::ForgetRounds { version, previous: kept, run_lease: lease }
                     }
                 }
                 Input::Put(PutOutcome::Conflict { current }, _) => {

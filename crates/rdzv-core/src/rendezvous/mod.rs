@@ -9,6 +9,7 @@
 //!   is over.
 //! - `handler.rs`: the public [`RendezvousHandler`].
 //! - `state.rs`, `keys.rs`: the state value and the key layout.
+//! - `forget.rs`: deleting the rounds nobody can be in any more.
 //! - `changes.rs`: what changed for a member between two rounds.
 //! - `waiting.rs`: who waits for the next round, and how many of them it could admit.
 
@@ -16,6 +17,7 @@ mod broken;
 mod changes;
 pub mod decide;
 mod executor;
+pub mod forget;
 mod handler;
 mod keys;
 pub mod machine;
