@@ -2,8 +2,8 @@
 //! (like etcd's Go `concurrency.Session`).
 //!
 //! Sessions do not run a task each. Every session on one client (one `Arc<dyn Kv>`) is kept
-//! alive by one *driver*, which refreshes the leases that are due together in one
-//! [`Kv::lease_keep_alive_many`] call, and a lease held by several sessions (the run lease
+//! alive by one *driver*, which refreshes the leases that are due together in
+//! [`Kv::lease_keep_alive_many`] calls of at most [`MAX_REFRESH_BATCH`] leases, and a lease held by several sessions (the run lease
 //! every handler of a run keeps alive) once. In a multi-thread runtime the driver runs on a
 //! thread of its own: a task of a runtime busy with thousands of rendezvous tasks waits
 //! behind every runnable task each time it wakes, and thousands of such waits used to add up
@@ -320,9 +320,7 @@ async fn drive(kv: Arc<dyn Kv>, mut commands: mpsc::UnboundedReceiver<Add>) {
                     e.holders.retain(|h| !h.is_gone());
                     !e.holders.is_empty()
                 });
-                if let Some(refresh) = send_due(&kv, &mut leases) {
-                    refreshes.push(refresh);
-                }
+                refreshes.extend(send_due(&kv, &mut leases));
             }
         }
     }
@@ -345,12 +343,18 @@ fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) {
     }
 }
 
-/// Starts one refresh of every lease that is due (or nearly: a lease due within an eighth
-/// of its period goes along, so that leases granted together stay in one call).
-fn send_due(kv: &Arc<dyn Kv>, leases: &mut HashMap<LeaseId, Entry>) -> Option<BoxFuture<'static, Refresh>> {
+/// At most this many leases go in one [`Kv::lease_keep_alive_many`] call. Each call has the
+/// deadline of its earliest expiry, and a call that misses it tells nothing of any of its
+/// leases: in one call of thousands, the one lease that was nearly expired used to take the
+/// answers of all the others with it, and every one of them was then lost.
+pub const MAX_REFRESH_BATCH: usize = 256;
+
+/// Starts the refresh of every lease that is due (or nearly: a lease due within an eighth
+/// of its period goes along, so that leases granted together stay in one call), in calls of
+/// at most [`MAX_REFRESH_BATCH`] leases, the earliest-expiring first.
+fn send_due(kv: &Arc<dyn Kv>, leases: &mut HashMap<LeaseId, Entry>) -> Vec<BoxFuture<'static, Refresh>> {
     let now = Instant::now();
-    let mut batch = Vec::new();
-    let mut deadline: Option<Instant> = None;
+    let mut due = Vec::new();
     leases.retain(|&lease, entry| {
         if entry.in_flight || entry.next > now + entry.period() / 8 {
             return true;
@@ -360,16 +364,21 @@ fn send_due(kv: &Arc<dyn Kv>, leases: &mut HashMap<LeaseId, Entry>) -> Option<Bo
             return false;
         }
         entry.in_flight = true;
-        batch.push(lease);
-        deadline = Some(deadline.map_or(entry.expires, |d| d.min(entry.expires)));
+        due.push((entry.expires, lease));
         true
     });
-    let deadline = deadline?;
-    let kv = kv.clone();
-    Some(Box::pin(async move {
-        let result = tokio::time::timeout_at(deadline, kv.lease_keep_alive_many(&batch)).await;
-        (batch, now, result)
-    }))
+    due.sort_unstable();
+    due.chunks(MAX_REFRESH_BATCH)
+        .map(|chunk| {
+            let deadline = chunk[0].0;
+            let batch: Vec<LeaseId> = chunk.iter().map(|(_, lease)| *lease).collect();
+            let kv = kv.clone();
+            Box::pin(async move {
+                let result = tokio::time::timeout_at(deadline, kv.lease_keep_alive_many(&batch)).await;
+                (batch, now, result)
+            }) as BoxFuture<'static, Refresh>
+        })
+        .collect()
 }
 
 /// Applies the answers of one refresh.
@@ -449,6 +458,23 @@ mod tests {
             assert_eq!((batch.len(), distinct.len()), (101, 101), "each lease once per call");
         }
         assert!(sessions.iter().chain(&attached).chain([&run]).all(|s| !s.is_lost()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn thousands_of_leases_are_refreshed_in_bounded_calls() {
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
+        let mut sessions = Vec::new();
+        for _ in 0..(2 * MAX_REFRESH_BATCH + 10) {
+            sessions.push(Session::start(kv.clone(), TTL).await.unwrap());
+        }
+        tokio::time::sleep(TTL / 3 + Duration::from_millis(500)).await;
+        let calls: Vec<Vec<LeaseId>> = stub.refreshes().iter().map(|r| r.leases()).collect();
+        let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [MAX_REFRESH_BATCH, MAX_REFRESH_BATCH, 10], "calls of at most the bound");
+        let refreshed: HashSet<_> = calls.iter().flatten().collect();
+        assert_eq!(refreshed.len(), sessions.len(), "every lease once");
+        assert!(sessions.iter().all(|s| !s.is_lost()));
     }
 
     #[tokio::test(start_paused = true)]

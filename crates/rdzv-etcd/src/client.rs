@@ -75,7 +75,7 @@ struct Member {
 pub(crate) struct Shared {
     members: Vec<Member>,
     /// How to connect a member (`None`: the members came connected).
-    connect: Option<ConnectOptions>,
+    connect: Option<Connect>,
     preferred: AtomicUsize,
     /// `http(s)://host:port,…`, for errors; never credentials.
     pub endpoints: String,
@@ -87,6 +87,10 @@ pub(crate) struct Shared {
     pub watches: crate::watch::Mux,
     /// The connection batched lease refreshes use (see [`Shared::keeper`]).
     keeper: std::sync::OnceLock<Box<Shared>>,
+    /// Slots of the requests in flight on this connection (see [`REQUESTS_IN_FLIGHT`]).
+    pub requests: tokio::sync::Semaphore,
+    /// The keep-alive streams open on this connection, by lease.
+    pub keep_alives: crate::keep_alive::Streams,
     /// The runtime this client was made in, where its connections' tasks run.
     runtime: Option<tokio::runtime::Id>,
 }
@@ -106,11 +110,13 @@ impl Shared {
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
             keeper: std::sync::OnceLock::new(),
+            keep_alives: crate::keep_alive::Streams::default(),
+            requests: tokio::sync::Semaphore::new(REQUESTS_IN_FLIGHT),
             runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
     }
 
-    fn new(urls: Vec<String>, connect: ConnectOptions, username: Option<String>) -> Shared {
+    fn new(urls: Vec<String>, connect: Connect, username: Option<String>) -> Shared {
         let first = std::process::id() as usize % urls.len().max(1);
         Shared {
             endpoints: urls.join(","),
@@ -121,6 +127,8 @@ impl Shared {
             lease_ttls: Mutex::new(HashMap::new()),
             watches: crate::watch::Mux::default(),
             keeper: std::sync::OnceLock::new(),
+            keep_alives: crate::keep_alive::Streams::default(),
+            requests: tokio::sync::Semaphore::new(REQUESTS_IN_FLIGHT),
             runtime: tokio::runtime::Handle::try_current().ok().map(|h| h.id()),
         }
     }
@@ -153,7 +161,19 @@ impl Shared {
         member
             .clients
             .get_or_try_init(|| async {
-                let client = Client::connect([member.url.as_str()], self.connect.clone()).await;
+                let client = match &self.connect {
+                    Some(connect) => match endpoint(&member.url, connect) {
+                        Ok(endpoint) => {
+                            let channel = tonic::transport::Channel::balance_list(std::iter::once(endpoint));
+                            let channel = etcd_client::Channel::Tonic(channel);
+                            Client::from_channel(channel, Some(connect.options.clone())).await
+                        }
+                        Err(e) => Err(e),
+                    },
+                    None => {
+                        Err(etcd_client::Error::InvalidArgs("no way to connect to etcd given".to_string()))
+                    }
+                };
                 // With credentials, connecting logs in, and the login is the only request
                 // it makes: a final answer to it means the credentials were refused.
                 let client = match client {
@@ -308,6 +328,54 @@ pub(crate) fn cached_clients() -> usize {
     cache.values().filter(|e| e.runtime_alive.strong_count() > 0 && e.cell.initialized()).count()
 }
 
+/// How this client's connections are made: etcd-client's options (credentials,
+/// `require_leader`) and what [`endpoint`] needs.
+#[derive(Clone)]
+pub(crate) struct Connect {
+    options: ConnectOptions,
+    tls: Option<TlsOptions>,
+    connect_timeout: Duration,
+}
+
+/// At most this many requests (lease refreshes aside) are in flight on one connection; more
+/// wait for a slot. etcd applies the writes it commits one after another, and a lease
+/// refresh fails ("waiting for the applied index took too long") once applying lags a
+/// second behind: thousands of workers of one client writing at once made it lag seconds,
+/// and their sessions were lost. Waiting here keeps the lag short; the server is no slower.
+const REQUESTS_IN_FLIGHT: usize = 256;
+
+/// How many streams this side reset that a connection remembers, for [`RESET_STREAM_MEMORY`]
+/// each. A frame the server sent before it saw the reset is ignored on a remembered stream;
+/// on a forgotten one it is an error that HTTP/2 answers with a reset of its own, and after
+/// 1,024 of those (hyper's default: it remembers 10) the connection closes itself with
+/// `GOAWAY(ENHANCE_YOUR_CALM, "too_many_internal_resets")`. Thousands of workers on one
+/// client cancel that many requests (deadlines, ended watches) within seconds: at 8,192
+/// in-process workers the connection closed itself about every ten seconds, and every
+/// session on it was lost.
+const RESET_STREAMS_REMEMBERED: usize = 1 << 16;
+/// See [`RESET_STREAMS_REMEMBERED`] (h2's default).
+const RESET_STREAM_MEMORY: Duration = Duration::from_secs(30);
+
+/// The HTTP/2 endpoint of one member, as etcd-client makes it (TLS, keep-alive, connect
+/// timeout), and also remembering every stream reset recently (see
+/// [`RESET_STREAMS_REMEMBERED`]) and never closing itself over resets the server caused: the
+/// server is the cluster the user named, not an adversary.
+fn endpoint(url: &str, connect: &Connect) -> Result<tonic::transport::Endpoint, etcd_client::Error> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?;
+    if let Some(tls) = &connect.tls {
+        endpoint = endpoint.tls_config(tls.clone())?;
+    }
+    Ok(endpoint
+        .connect_timeout(connect.connect_timeout)
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(false)
+        .tcp_keepalive(Some(KEEP_ALIVE_INTERVAL))
+        .http2_max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
+        .http2_reset_stream_duration(RESET_STREAM_MEMORY)
+        .http2_max_local_error_reset_streams(None))
+}
+
 /// Connects a new client and checks that the cluster answers within the connect timeout.
 async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     if options.endpoints.is_empty() {
@@ -316,23 +384,17 @@ async fn connect(options: &EtcdOptions) -> Result<Arc<Shared>, ConnectError> {
     let endpoint_list = options.endpoint_list();
     let scheme = if options.tls.is_some() { "https" } else { "http" };
     let urls: Vec<String> = options.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect();
-    let mut connect_options = ConnectOptions::new()
-        .with_connect_timeout(options.connect_timeout)
-        .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
-        .with_keep_alive_while_idle(false)
-        // A member cut off from its cluster refuses requests and ends watches ("no leader")
-        // instead of serving stale reads or a watch that never delivers; both then move on
-        // to another member.
-        .with_require_leader(true)
-        .with_tcp_keepalive(KEEP_ALIVE_INTERVAL);
+    // A member cut off from its cluster refuses requests and ends watches ("no leader")
+    // instead of serving stale reads or a watch that never delivers; both then move on to
+    // another member.
+    let mut connect_options = ConnectOptions::new().with_require_leader(true);
     if let Some(user) = &options.username {
         let password = options.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default();
         // Simple tokens expire (5 min by default); re-authenticate instead of failing.
         connect_options = connect_options.with_user(user.clone(), password).with_auto_token_refresh(true);
     }
-    if let Some(tls) = &options.tls {
-        connect_options = connect_options.with_tls(tls_options(tls)?);
-    }
+    let tls = options.tls.as_ref().map(tls_options).transpose()?;
+    let connect_options = Connect { options: connect_options, tls, connect_timeout: options.connect_timeout };
     let operation = "connect";
     let classify = |e: etcd_client::Error| {
         let ctx = Context { endpoints: &endpoint_list, lease: None, timeout: options.connect_timeout };

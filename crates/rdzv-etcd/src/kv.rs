@@ -24,6 +24,7 @@ use crate::config::{
     REQUEST_RESERVE_BYTES,
 };
 use crate::error::{self, BACKEND};
+use crate::keep_alive::OpenStream;
 use crate::keys::Namespace;
 use crate::watch;
 
@@ -194,6 +195,8 @@ impl EtcdKv {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let ctx = self.shared.context(self.request_timeout, lease);
+        // Waiting for a slot is not the request's time: the server is busy with the others.
+        let _slot = if operation == "lease_keep_alive" { None } else { shared.requests.acquire().await.ok() };
         let run = shared.run(request);
         match tokio::time::timeout(self.request_timeout, run).await {
             Ok(Ok(value)) => Ok(value),
@@ -202,8 +205,30 @@ impl EtcdKv {
         }
     }
 
-    /// One refresh of `id` through `shared` (this client's connection or its keeper).
+    /// One refresh of `id` through `shared` (this client's connection or its keeper), on the
+    /// stream the last refresh of `id` there left open (`keep_alive.rs`), else on a new one,
+    /// which is then kept.
     async fn keep_alive_on(&self, shared: &Shared, id: LeaseId) -> KvResult<Duration> {
+        if let Some(mut open) = shared.keep_alives.take(id) {
+            match tokio::time::timeout(self.request_timeout, open.refresh()).await {
+                Ok(Ok(ttl)) if ttl > 0 => {
+                    shared.keep_alives.give_back(id, open);
+                    return Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)));
+                }
+                Ok(Ok(_)) => {
+                    self.shared.forget_ttl(id);
+                    return Err(KvError::LeaseNotFound(id));
+                }
+                Err(_) => {
+                    let ctx = self.shared.context(self.request_timeout, Some(id));
+                    return Err(error::timeout("lease_keep_alive", ctx));
+                }
+                // The stream broke (its connection was lost): a new one, on the member that answers.
+                Ok(Err(e)) => {
+                    tracing::debug!(lease = id, error = %e, "keep-alive stream broken; opening another")
+                }
+            }
+        }
         let known_ttl = self.shared.known_ttl(id);
         let result = self
             .call_on(shared, "lease_keep_alive", Some(id), |c| {
@@ -213,30 +238,28 @@ impl EtcdKv {
                     // etcd-client reports as "lease not found").
                     // etcd-client's only `LeaseKeepAliveError` here is its own answer to TTL
                     // 0 (the request channel it sends on cannot be closed yet).
-                    let (mut keeper, mut responses) = match lease.keep_alive(id).await {
+                    let (keeper, responses) = match lease.keep_alive(id).await {
                         Err(etcd_client::Error::LeaseKeepAliveError(_)) => Err(error::lease_not_found()),
                         other => other,
                     }?;
+                    let mut open = OpenStream::new(keeper, responses);
                     if let Some(ttl) = known_ttl {
-                        return Ok(ttl);
+                        return Ok((ttl, open));
                     }
                     // Granted elsewhere: a second refresh on the same stream tells the TTL.
-                    keeper.keep_alive().await?;
-                    match responses.message().await? {
-                        Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-                        Some(_) => Err(error::lease_not_found()),
-                        None => Err(etcd_client::Error::LeaseKeepAliveError(
-                            "keep-alive stream closed".to_string(),
-                        )),
+                    match open.refresh().await? {
+                        ttl if ttl > 0 => Ok((ttl, open)),
+                        _ => Err(error::lease_not_found()),
                     }
                 }
             })
             .await;
         match result {
-            Ok(ttl) => {
+            Ok((ttl, open)) => {
                 if known_ttl.is_none() {
                     self.shared.remember_ttl(id, ttl);
                 }
+                shared.keep_alives.give_back(id, open);
                 Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)))
             }
             Err(e) => {
@@ -640,6 +663,8 @@ impl Kv for EtcdKv {
                 async move { lease.revoke(id).await }
             })
             .await;
+        self.shared.keep_alives.close(id);
+        self.shared.keeper().keep_alives.close(id);
         if matches!(result, Ok(_) | Err(KvError::LeaseNotFound(_))) {
             self.shared.forget_ttl(id);
         }

@@ -131,6 +131,7 @@ mod client;
 mod config;
 mod error;
 mod factory;
+mod keep_alive;
 mod keys;
 mod kv;
 mod watch;

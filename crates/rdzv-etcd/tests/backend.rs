@@ -12,8 +12,8 @@ use etcd_client::GetOptions;
 use futures::StreamExt;
 use rdzv_core::kv::{EventKind, PutMode, PutOptions, PutOutcome, RangeOptions, WatchScope};
 use rdzv_core::{Kv, KvError};
-use rdzv_etcd::EtcdKv;
 use rdzv_etcd::testing::{EtcdServer, shared};
+use rdzv_etcd::{EtcdKv, MIN_LEASE_TTL};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -124,6 +124,30 @@ async fn keep_alive_of_a_lease_granted_by_another_client_reports_its_ttl() {
     other.lease_revoke(lease).await.unwrap();
     let err = granter.lease_keep_alive(lease).await.unwrap_err();
     assert!(matches!(err, KvError::LeaseNotFound(_)), "{err:?}");
+}
+
+/// A refresh reuses the keep-alive stream the last one left open (`keep_alive.rs`): each
+/// answer on it is its own refresh's, and a lease gone meanwhile — revoked by another client,
+/// or expired — is reported as not found on that stream too.
+#[tokio::test]
+async fn refreshes_on_a_kept_stream_answer_each_refresh_and_see_a_lease_go() {
+    let server = shared().await.unwrap();
+    let kv = server.try_kv().await.unwrap();
+    let client = etcd_client::Client::connect([server.client_url()], None).await.unwrap();
+    let other = EtcdKv::from_client(client, server.client_url());
+    let revoked = kv.lease_grant(Duration::from_secs(7)).await.unwrap();
+    let expiring = kv.lease_grant(MIN_LEASE_TTL).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(kv.lease_keep_alive(revoked).await.unwrap(), Duration::from_secs(7));
+        let both = kv.lease_keep_alive_many(&[revoked, expiring]).await;
+        assert!(both.iter().all(Result::is_ok), "{both:?}");
+    }
+    other.lease_revoke(revoked).await.unwrap();
+    let err = kv.lease_keep_alive(revoked).await.unwrap_err();
+    assert!(matches!(err, KvError::LeaseNotFound(l) if l == revoked), "{err:?}");
+    tokio::time::sleep(MIN_LEASE_TTL + Duration::from_secs(1)).await;
+    let err = kv.lease_keep_alive(expiring).await.unwrap_err();
+    assert!(matches!(err, KvError::LeaseNotFound(l) if l == expiring), "{err:?}");
 }
 
 #[tokio::test]

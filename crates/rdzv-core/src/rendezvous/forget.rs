@@ -25,6 +25,21 @@ pub(crate) const FORGET_RETRY_FOR: Duration = Duration::from_secs(60);
 /// run ever had.
 pub const MAX_ROUNDS_FORGOTTEN_AT_ONCE: u64 = 64;
 
+/// A delete of at least this many keys is followed by [`PAUSE_AFTER_LARGE_DELETE`].
+pub const LARGE_DELETE: u64 = 1024;
+/// How long the deletes pause after a large one. etcd applies a delete of thousands of keys
+/// (each detached from its lease) for seconds, and meanwhile fails every lease refresh
+/// ("waiting for the applied index took too long"): one delete of a whole 8,192-worker
+/// round (about 25,000 keys) stalled it for six seconds and lost the sessions of the round
+/// being formed. In pieces, with pauses, the refreshes get through in between.
+pub const PAUSE_AFTER_LARGE_DELETE: Duration = Duration::from_secs(2);
+
+/// The pieces round `old` is deleted in: its join, keep-alive and waiting keys (a few per
+/// worker each), then whatever is left of it (tallies, extra data, Store).
+fn pieces(keys: &RunKeys, old: u64) -> [Vec<u8>; 4] {
+    [keys.joins(old), keys.ranks(old), keys.waiting(old), keys.round(old).into_bytes()]
+}
+
 /// The record `rdzv/forgotten`: every round below `below` is deleted, except `kept` (the
 /// round whose members were the survivors when it was written: its keep-alive keys tell
 /// which of them are alive).
@@ -72,7 +87,8 @@ pub fn record_after(version: u64, previous: u64) -> Forgotten {
 
 /// In the background, off the round's critical path (on etcd a range delete takes tens of
 /// milliseconds): the creator of round `version` deletes the rounds nobody can be in any more
-/// (their join, keep-alive and waiting keys, extra data and Store; one write per round), then
+/// (their join, keep-alive and waiting keys, extra data and Store; four deletes per round, see
+/// [`PAUSE_AFTER_LARGE_DELETE`]), then
 /// advances the record, bound to the run lease `run_lease`. Each delete is retried with a
 /// backoff for up to [`FORGET_RETRY_FOR`]; if one still fails, the record stays where it was
 /// and the next creator deletes those rounds.
@@ -97,9 +113,14 @@ pub(crate) fn forget_old_rounds(
         let existing = read.kv;
         let record = existing.as_ref().and_then(|kv| Forgotten::parse(&kv.value));
         for old in rounds_to_forget(version, Some(previous), record) {
-            let prefix = keys.round(old).into_bytes();
-            if keep_trying(give_up, &mut delays, old, || kv.delete_prefix(&prefix)).await.is_none() {
-                return;
+            for piece in pieces(&keys, old) {
+                let Some(deleted) = keep_trying(give_up, &mut delays, old, || kv.delete_prefix(&piece)).await
+                else {
+                    return;
+                };
+                if deleted.deleted >= LARGE_DELETE {
+                    tokio::time::sleep(PAUSE_AFTER_LARGE_DELETE).await;
+                }
             }
         }
         // Advanced only if nobody else moved it since the read: a later creator that did has
