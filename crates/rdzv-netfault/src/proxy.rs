@@ -43,14 +43,19 @@ pub(crate) async fn serve(listener: TcpListener, target: SocketAddr, control: Co
             _ = gate.wait_for(|frozen| *frozen) => continue,
         };
         let Ok((inbound, _)) = accepted else { continue };
+        // Counted from the accept, before the connect to the target: once the target has
+        // accepted its side, `cut` counts this connection.
+        control.open.fetch_add(1, Ordering::SeqCst);
         let control = control.clone();
         // Connecting to the target happens in the connection's own task, so that a slow
         // target does not hold up other accepts.
         tokio::spawn(async move {
             let cut = control.current_cut();
-            let Ok(outbound) = TcpStream::connect(target).await else { return };
+            let Ok(outbound) = TcpStream::connect(target).await else {
+                control.open.fetch_sub(1, Ordering::SeqCst);
+                return;
+            };
             let _ = (inbound.set_nodelay(true), outbound.set_nodelay(true));
-            control.open.fetch_add(1, Ordering::SeqCst);
             let (from_client, to_client) = inbound.into_split();
             let (from_server, to_server) = outbound.into_split();
             // Each direction ends on its own: a half-close is passed on as a half-close.
