@@ -12,9 +12,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::kv::{Kv, LeaseId, PutMode, PutOptions};
+use crate::ext::KvExt;
+use crate::kv::{Event, EventKind, KeyValue, Kv, KvResult, LeaseId, PutMode, PutOptions, WatchScope};
+use crate::wait::{Reading, Start, Wait};
 
 use super::keys::RunKeys;
+use super::state::State;
 
 /// How long the creator of a round keeps trying to delete the old rounds when the backend
 /// fails it; after that, the next creator deletes them (the record was not advanced).
@@ -24,6 +27,10 @@ pub(crate) const FORGET_RETRY_FOR: Duration = Duration::from_secs(60);
 /// run started by an older release) costs one bounded burst of deletes, not one per round the
 /// run ever had.
 pub const MAX_ROUNDS_FORGOTTEN_AT_ONCE: u64 = 64;
+
+/// How long the deletes wait for the round just opened to be settled (final, a later round
+/// under way, or the run closed) before they start anyway.
+pub const FORGET_WAIT_FOR: Duration = Duration::from_secs(600);
 
 /// A delete of at least this many keys is followed by [`PAUSE_AFTER_LARGE_DELETE`].
 pub const LARGE_DELETE: u64 = 1024;
@@ -85,8 +92,9 @@ pub fn record_after(version: u64, previous: u64) -> Forgotten {
     Forgotten { below: version, kept: Some(previous) }
 }
 
-/// In the background, off the round's critical path (on etcd a range delete takes tens of
-/// milliseconds): the creator of round `version` deletes the rounds nobody can be in any more
+/// In the background, once round `version` is settled ([`RoundSettled`], at most
+/// [`FORGET_WAIT_FOR`] of waiting: off the round's critical path, and not while its members
+/// join): the creator of round `version` deletes the rounds nobody can be in any more
 /// (their join, keep-alive and waiting keys, extra data and Store; four deletes per round, see
 /// [`PAUSE_AFTER_LARGE_DELETE`]), then
 /// advances the record, bound to the run lease `run_lease`. Each delete is retried with a
@@ -104,6 +112,10 @@ pub(crate) fn forget_old_rounds(
     };
     let keys = keys.clone();
     tokio::spawn(async move {
+        // Off the critical path of the round too: its members are joining now, and on etcd
+        // a delete of thousands of keys stalls every write (and lease refresh) behind it.
+        let settled = RoundSettled { kv: &*kv, key: keys.state(), version };
+        let _ = tokio::time::timeout(FORGET_WAIT_FOR, kv.wait_until(settled, Start::Read)).await;
         let give_up = Instant::now() + FORGET_RETRY_FOR;
         let mut delays = super::executor::backoff();
         let record_key = keys.forgotten();
@@ -135,6 +147,43 @@ pub(crate) fn forget_old_rounds(
             tracing::debug!(error = %e, version, "could not record which rounds are deleted");
         }
     });
+}
+
+/// The wait for round `version` to be settled: final (or a later round under way, or the
+/// run closed or gone), so that its members are no longer joining and confirming.
+struct RoundSettled<'a> {
+    kv: &'a dyn Kv,
+    key: Vec<u8>,
+    version: u64,
+}
+
+impl RoundSettled<'_> {
+    fn settled(&self, found: Option<&KeyValue>) -> bool {
+        let Some(found) = found else { return true };
+        match State::parse(&self.key, &found.value) {
+            Ok(State::Final { version, .. }) => version >= self.version,
+            Ok(State::Closed { .. }) | Err(_) => true,
+            Ok(other) => other.version().is_some_and(|v| v > self.version),
+        }
+    }
+}
+
+impl Wait for RoundSettled<'_> {
+    type Output = ();
+
+    fn watched(&self) -> Vec<(Vec<u8>, WatchScope)> {
+        vec![(self.key.clone(), WatchScope::Key)]
+    }
+
+    async fn read(&mut self) -> KvResult<Reading<()>> {
+        let read = self.kv.get(&self.key).await?;
+        Ok(if self.settled(read.kv.as_ref()) { Reading::Done(()) } else { Reading::Pending(read.revision) })
+    }
+
+    async fn event(&mut self, _: usize, event: Event) -> KvResult<Option<()>> {
+        let found = (event.kind == EventKind::Put).then_some(&event.kv);
+        Ok(self.settled(found).then_some(()))
+    }
 }
 
 /// `op` until it succeeds, after each failure waiting the next of `delays`, until `give_up`;
