@@ -39,8 +39,10 @@ pub(crate) async fn serve(listener: TcpListener, target: SocketAddr, control: Co
             return;
         }
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            // A freeze that came with a connection is seen first.
+            biased;
             _ = gate.wait_for(|frozen| *frozen) => continue,
+            accepted = listener.accept() => accepted,
         };
         let Ok((inbound, _)) = accepted else { continue };
         // Counted from the accept, before the connect to the target: once the target has
@@ -51,6 +53,12 @@ pub(crate) async fn serve(listener: TcpListener, target: SocketAddr, control: Co
         // target does not hold up other accepts.
         tokio::spawn(async move {
             let cut = control.current_cut();
+            // Frozen since the accept: the target sees nothing until the link heals.
+            let mut gate = control.frozen.clone();
+            if gate.wait_for(|frozen| !frozen).await.is_err() {
+                control.open.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
             let Ok(outbound) = TcpStream::connect(target).await else {
                 control.open.fetch_sub(1, Ordering::SeqCst);
                 return;
