@@ -298,7 +298,7 @@ impl<'a> Attempt<'a> {
                 Input::Ack
             }
             Action::ForgetRounds { version, previous, run_lease } => {
-                forget_old_rounds(ctx.kv.clone(), &ctx.keys, version, Some(previous), run_lease);
+                forget_old_rounds(ctx.kv.clone(), &ctx.keys, version, previous, run_lease);
                 Input::Ack
             }
             Action::Backoff => {

@@ -104,12 +104,9 @@ pub(crate) fn forget_old_rounds(
     kv: std::sync::Arc<dyn Kv>,
     keys: &RunKeys,
     version: u64,
-    previous: Option<u64>,
+    previous: u64,
     run_lease: Option<LeaseId>,
 ) {
-    let Some(previous) = previous.filter(|p| *p < version) else {
-        return;
-    };
     let keys = keys.clone();
     tokio::spawn(async move {
         // Off the critical path of the round too: its members are joining now, and on etcd
