@@ -1070,6 +1070,82 @@ mod keys {
         });
     }
 
+    /// Records every prefix delete: the prefix, and the limit (`None`: the whole prefix).
+    #[derive(Debug)]
+    struct DeleteLog {
+        inner: Arc<dyn Kv>,
+        deletes: std::sync::Mutex<Vec<(String, Option<usize>)>>,
+    }
+
+    #[async_trait]
+    impl Layer for DeleteLog {
+        fn inner(&self) -> &dyn Kv {
+            &*self.inner
+        }
+
+        async fn delete_prefix(
+            &self,
+            prefix: &[u8],
+        ) -> rdzv_core::KvResult<rdzv_core::kv::DeletePrefixResponse> {
+            self.deletes.lock().unwrap().push((String::from_utf8_lossy(prefix).into_owned(), None));
+            self.inner.delete_prefix(prefix).await
+        }
+
+        async fn delete_prefix_limited(
+            &self,
+            prefix: &[u8],
+            limit: usize,
+        ) -> rdzv_core::KvResult<rdzv_core::kv::DeletePrefixResponse> {
+            self.deletes.lock().unwrap().push((String::from_utf8_lossy(prefix).into_owned(), Some(limit)));
+            self.inner.delete_prefix_limited(prefix, limit).await
+        }
+    }
+
+    /// Issue 25: an old round is deleted a bounded piece at a time (on etcd one delete of a
+    /// whole 8,192-worker round stalled the server for seconds and lost the next round's
+    /// sessions). 600 workers rendezvous three times; the first round's 600 join keys and 600
+    /// keep-alive keys go in deletes of at most `KEYS_PER_DELETE` keys, none of an old round
+    /// goes in one unbounded delete, and no round before the previous one is left.
+    #[test]
+    fn old_rounds_are_deleted_in_bounded_pieces() {
+        paused(async {
+            const N: usize = 600;
+            let log = Arc::new(DeleteLog { inner: mem(), deletes: Default::default() });
+            let kv: Arc<dyn Kv> = log.clone();
+            let p = params(&run_id("pieces"), N, N);
+            let ws = support::workers(&kv, &p, N).await;
+            let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
+            let mut versions = Vec::new();
+            for _ in 0..3 {
+                let infos: Vec<_> = timeout(Duration::from_secs(60), support::rendezvous_all(&handlers))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect();
+                assert_agreement(&infos, N, N);
+                versions.push(infos[0].version);
+            }
+            // The deletes wait for the third round to be final, then pause between pieces.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            let root = ws[0].handler.keys().root().to_string();
+            assert_no_round_left_before(&kv, &root, versions[1], N as u64).await;
+            let first_round = format!("{root}rdzv/v_{}/", versions[0]);
+            let deletes = log.deletes.lock().unwrap().clone();
+            let of_first: Vec<_> =
+                deletes.iter().filter(|(prefix, _)| prefix.starts_with(&first_round)).collect();
+            assert!(
+                of_first
+                    .iter()
+                    .all(|(_, limit)| *limit == Some(rdzv_core::protocol::forget::KEYS_PER_DELETE)),
+                "an old round deleted without a bound: {of_first:?}"
+            );
+            let joins = format!("{first_round}join/");
+            let pieces = of_first.iter().filter(|(prefix, _)| *prefix == joins).count();
+            assert_eq!(pieces, N.div_ceil(rdzv_core::protocol::forget::KEYS_PER_DELETE), "{of_first:?}");
+        });
+    }
+
     /// Issue 23, defect 6: a key a call writes for itself is registered for clean-up before the
     /// write. When the write takes effect but its answer is lost and the call then ends (here it
     /// is cancelled), nothing of it may stay bound to the still-live session: neither a `setup`

@@ -244,7 +244,16 @@ impl Kv for MemKv {
                 "delete_prefix needs a non-empty prefix; delete keys one by one to clear everything".into(),
             ));
         }
-        Ok(self.state().delete_prefix(prefix))
+        Ok(self.state().delete_prefix(prefix, usize::MAX))
+    }
+
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        if prefix.is_empty() || limit == 0 {
+            return Err(KvError::InvalidArgument(
+                "delete_prefix_limited needs a non-empty prefix and a limit of at least one key".into(),
+            ));
+        }
+        Ok(self.state().delete_prefix(prefix, limit))
     }
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {

@@ -210,11 +210,13 @@ impl State {
         DeleteOutcome::Deleted { revision }
     }
 
-    pub(crate) fn delete_prefix(&mut self, prefix: &[u8]) -> DeletePrefixResponse {
+    /// Deletes the first `limit` keys under `prefix` (all of them with `usize::MAX`).
+    pub(crate) fn delete_prefix(&mut self, prefix: &[u8], limit: usize) -> DeletePrefixResponse {
         let doomed: Vec<Vec<u8>> = self
             .keys
             .range(prefix.to_vec()..)
             .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit)
             .map(|(k, _)| k.clone())
             .collect();
         self.delete_all(doomed)

@@ -94,6 +94,16 @@ impl RedisKv {
         }
         Ok(answers)
     }
+
+    /// Deletes the first `limit` keys under `prefix` in one script call (every key: 0).
+    async fn delete_first(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        let limit = num(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut r = self.shared.call("delete_prefix", &[prefix, &limit], Retry::Once).await?;
+        let deleted = r.int()?;
+        let revision = r.int()?;
+        self.shared.high.saw_revision(revision);
+        Ok(DeletePrefixResponse { deleted: u64::try_from(deleted).unwrap_or(0), revision })
+    }
 }
 
 fn mode_args(mode: PutMode) -> (&'static [u8], Revision) {
@@ -238,11 +248,17 @@ impl Kv for RedisKv {
                 "delete_prefix needs a non-empty prefix (deleting every key is not allowed)".into(),
             ));
         }
-        let mut r = self.shared.call("delete_prefix", &[prefix], Retry::Once).await?;
-        let deleted = r.int()?;
-        let revision = r.int()?;
-        self.shared.high.saw_revision(revision);
-        Ok(DeletePrefixResponse { deleted: u64::try_from(deleted).unwrap_or(0), revision })
+        self.delete_first(prefix, 0).await
+    }
+
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        check_key(prefix)?;
+        if prefix.is_empty() || limit == 0 {
+            return Err(KvError::InvalidArgument(
+                "delete_prefix_limited needs a non-empty prefix and a limit of at least one key".into(),
+            ));
+        }
+        self.delete_first(prefix, limit).await
     }
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {

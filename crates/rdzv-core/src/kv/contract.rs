@@ -61,6 +61,25 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     /// Deletes every key that starts with `prefix` (must not be empty), as one write.
     async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse>;
 
+    /// Deletes one piece of what starts with `prefix` (must not be empty), as one write: the
+    /// first `limit` keys in key order (all of them if fewer), so that a prefix of thousands
+    /// of keys can be deleted a bounded write at a time (on etcd, one delete of thousands of
+    /// keys stalls every request behind it for seconds). Keys written under the prefix while
+    /// the piece is deleted may be deleted with it if they sort before its last key.
+    /// `deleted` says how many went: fewer than `limit` means none was left. A `limit` of 0
+    /// is [`KvError::InvalidArgument`].
+    ///
+    /// The default deletes the whole prefix ([`Kv::delete_prefix`]): for a backend that has
+    /// no cheaper way, and for which one large write costs no more than many small ones.
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        if limit == 0 {
+            return Err(KvError::InvalidArgument(
+                "delete_prefix_limited needs a limit of at least one key".into(),
+            ));
+        }
+        self.delete_prefix(prefix).await
+    }
+
     /// Grants a lease of `ttl` (rounded up to the backend's granularity). Unless kept alive,
     /// it expires `ttl` after the grant by the *server's* clock, deleting its keys.
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId>;

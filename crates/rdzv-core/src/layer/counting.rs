@@ -257,6 +257,12 @@ impl Layer for CountingKv {
         self.inner.delete_prefix(prefix).await
     }
 
+    /// Counted as a prefix delete.
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        bump(&self.counters.delete_prefixes);
+        self.inner.delete_prefix_limited(prefix, limit).await
+    }
+
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
         bump(&self.counters.lease_grants);
         self.inner.lease_grant(ttl).await

@@ -109,8 +109,8 @@ impl FaultyKv {
     }
 
     /// Makes the next call of `operation` fail with `Unavailable`, once. Operations are named
-    /// after the [`Kv`] methods: `"get"`, `"range"`, `"put"`, `"delete"`, `"delete_prefix"`,
-    /// `"lease_grant"`, `"lease_keep_alive"`, `"lease_keep_alive_many"`, `"lease_revoke"`,
+    /// after the [`Kv`] methods: `"get"`, `"range"`, `"put"`, `"delete"`, `"delete_prefix"`
+    /// (which [`Kv::delete_prefix_limited`] counts as too), `"lease_grant"`, `"lease_keep_alive"`, `"lease_keep_alive_many"`, `"lease_revoke"`,
     /// `"watch"`, `"compact"`, `"count_at_revision"`, `"create_counted"`, `"increment"`; any other name never
     /// matches.
     ///
@@ -256,6 +256,11 @@ impl Layer for FaultyKv {
 
     async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
         self.call("delete_prefix", self.inner.delete_prefix(prefix)).await
+    }
+
+    /// Faulted as a `"delete_prefix"`.
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        self.call("delete_prefix", self.inner.delete_prefix_limited(prefix, limit)).await
     }
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {

@@ -78,6 +78,11 @@ impl Layer for MeteredKv {
         self.timed(Op::DeletePrefix, self.inner.delete_prefix(prefix)).await
     }
 
+    /// Timed as a prefix delete.
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        self.timed(Op::DeletePrefix, self.inner.delete_prefix_limited(prefix, limit)).await
+    }
+
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
         self.timed(Op::LeaseGrant, self.inner.lease_grant(ttl)).await
     }

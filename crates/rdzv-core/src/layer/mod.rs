@@ -116,6 +116,11 @@ pub trait Layer: Send + Sync + std::fmt::Debug + 'static {
         self.inner().delete_prefix(prefix).await
     }
 
+    /// [`Kv::delete_prefix_limited`].
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        self.inner().delete_prefix_limited(prefix, limit).await
+    }
+
     /// [`Kv::lease_grant`].
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
         self.inner().lease_grant(ttl).await
@@ -197,6 +202,10 @@ impl<L: Layer> Kv for L {
 
     async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
         Layer::delete_prefix(self, prefix).await
+    }
+
+    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
+        Layer::delete_prefix_limited(self, prefix, limit).await
     }
 
     async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {

@@ -32,16 +32,18 @@ pub const MAX_ROUNDS_FORGOTTEN_AT_ONCE: u64 = 64;
 /// under way, or the run closed) before they start anyway.
 pub const FORGET_WAIT_FOR: Duration = Duration::from_secs(600);
 
-/// A delete of at least this many keys is followed by [`PAUSE_AFTER_LARGE_DELETE`].
-pub const LARGE_DELETE: u64 = 1024;
-/// How long the deletes pause after a large one. etcd applies a delete of thousands of keys
-/// (each detached from its lease) for seconds, and meanwhile fails every lease refresh
-/// ("waiting for the applied index took too long"): one delete of a whole 8,192-worker
-/// round (about 25,000 keys) stalled it for six seconds and lost the sessions of the round
-/// being formed. In pieces, with pauses, the refreshes get through in between.
-pub const PAUSE_AFTER_LARGE_DELETE: Duration = Duration::from_secs(2);
+/// The most keys one delete takes: a round of thousands of workers is deleted a piece of
+/// this many keys at a time ([`Kv::delete_prefix_limited`]). etcd applies one delete of
+/// thousands of keys (each detached from its lease) for seconds, and every request it answers
+/// meanwhile (lease refreshes included) copies the writes not yet committed: one delete of a
+/// whole 8,192-worker round (about 25,000 keys) stalled it for six seconds and lost the
+/// sessions of the round being formed.
+pub const KEYS_PER_DELETE: usize = 256;
+/// How long the deletes pause after a full piece, before the next one: they run beside the
+/// next rounds, and take at most this share of the server (about 2,500 keys a second).
+pub const PAUSE_BETWEEN_DELETES: Duration = Duration::from_millis(100);
 
-/// The pieces round `old` is deleted in: its join, keep-alive and waiting keys (a few per
+/// The prefixes round `old` is deleted by: its join, keep-alive and waiting keys (a few per
 /// worker each), then whatever is left of it (tallies, extra data, Store).
 fn pieces(keys: &RunKeys, old: u64) -> [Vec<u8>; 4] {
     [keys.joins(old), keys.ranks(old), keys.waiting(old), keys.round(old).into_bytes()]
@@ -95,11 +97,11 @@ pub fn record_after(version: u64, previous: u64) -> Forgotten {
 /// In the background, once round `version` is settled ([`RoundSettled`], at most
 /// [`FORGET_WAIT_FOR`] of waiting: off the round's critical path, and not while its members
 /// join): the creator of round `version` deletes the rounds nobody can be in any more
-/// (their join, keep-alive and waiting keys, extra data and Store; four deletes per round, see
-/// [`PAUSE_AFTER_LARGE_DELETE`]), then
-/// advances the record, bound to the run lease `run_lease`. Each delete is retried with a
-/// backoff for up to [`FORGET_RETRY_FOR`]; if one still fails, the record stays where it was
-/// and the next creator deletes those rounds.
+/// (their join, keep-alive and waiting keys, extra data and Store: deletes of at most
+/// [`KEYS_PER_DELETE`] keys, [`PAUSE_BETWEEN_DELETES`] apart), then advances the record,
+/// bound to the run lease `run_lease`. Each delete is retried with a backoff for up to
+/// [`FORGET_RETRY_FOR`]; if one still fails, the record stays where it was and the next
+/// creator deletes those rounds.
 pub(crate) fn forget_old_rounds(
     kv: std::sync::Arc<dyn Kv>,
     keys: &RunKeys,
@@ -113,22 +115,23 @@ pub(crate) fn forget_old_rounds(
         // a delete of thousands of keys stalls every write (and lease refresh) behind it.
         let settled = RoundSettled { kv: &*kv, key: keys.state(), version };
         let _ = tokio::time::timeout(FORGET_WAIT_FOR, kv.wait_until(settled, Start::Read)).await;
-        let give_up = Instant::now() + FORGET_RETRY_FOR;
-        let mut delays = super::executor::backoff();
         let record_key = keys.forgotten();
-        let Some(read) = keep_trying(give_up, &mut delays, version, || kv.get(&record_key)).await else {
+        let Some(read) = keep_trying(version, || kv.get(&record_key)).await else {
             return;
         };
         let existing = read.kv;
         let record = existing.as_ref().and_then(|kv| Forgotten::parse(&kv.value));
         for old in rounds_to_forget(version, Some(previous), record) {
-            for piece in pieces(&keys, old) {
-                let Some(deleted) = keep_trying(give_up, &mut delays, old, || kv.delete_prefix(&piece)).await
-                else {
-                    return;
-                };
-                if deleted.deleted >= LARGE_DELETE {
-                    tokio::time::sleep(PAUSE_AFTER_LARGE_DELETE).await;
+            for prefix in pieces(&keys, old) {
+                loop {
+                    let delete = || kv.delete_prefix_limited(&prefix, KEYS_PER_DELETE);
+                    let Some(piece) = keep_trying(old, delete).await else {
+                        return;
+                    };
+                    if piece.deleted < KEYS_PER_DELETE as u64 {
+                        break;
+                    }
+                    tokio::time::sleep(PAUSE_BETWEEN_DELETES).await;
                 }
             }
         }
@@ -183,18 +186,15 @@ impl Wait for RoundSettled<'_> {
     }
 }
 
-/// `op` until it succeeds, after each failure waiting the next of `delays`, until `give_up`;
+/// `op` until it succeeds, with a backoff between failures, for up to [`FORGET_RETRY_FOR`];
 /// `None` if it never did. `round`: which round the failures are logged under.
-async fn keep_trying<T, F, Fut>(
-    give_up: Instant,
-    delays: &mut impl Iterator<Item = Duration>,
-    round: u64,
-    mut op: F,
-) -> Option<T>
+async fn keep_trying<T, F, Fut>(round: u64, mut op: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = crate::kv::KvResult<T>>,
 {
+    let give_up = Instant::now() + FORGET_RETRY_FOR;
+    let mut delays = super::executor::backoff();
     loop {
         match op().await {
             Ok(done) => return Some(done),

@@ -245,6 +245,7 @@ macro_rules! conformance_suite {
                 delete_on_revision_of_missing_key_conflicts_with_none;
             writes: delete_prefix_is_one_write,
                 delete_prefix_rejects_empty_prefix,
+                delete_prefix_limited_deletes_the_first_keys,
                 recreated_key_starts_a_new_incarnation,
                 large_values_round_trip,
                 binary_keys_and_values_round_trip,

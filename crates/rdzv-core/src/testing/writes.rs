@@ -45,6 +45,45 @@ pub async fn delete_prefix_rejects_empty_prefix(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     assert!(within("get", kv.get(&key(&ns, "k"))).await.expect("get").kv.is_some());
 }
 
+/// `delete_prefix_limited` deletes the first keys under the prefix in key order, at most the
+/// limit, and says how many; fewer than the limit means none was left. A limit of 0 and an
+/// empty prefix are refused.
+pub async fn delete_prefix_limited_deletes_the_first_keys(kv: Arc<dyn Kv>, ns: Vec<u8>) {
+    for i in 0..5 {
+        put(&*kv, &key(&ns, &format!("doomed/{i}")), b"v").await;
+    }
+    put(&*kv, &key(&ns, "doomedish"), b"stays").await;
+    let names = |kvs: &[crate::kv::KeyValue]| kvs.iter().map(|kv| kv.key.clone()).collect::<Vec<_>>();
+    let first = within("delete_prefix_limited", kv.delete_prefix_limited(&key(&ns, "doomed/"), 2))
+        .await
+        .expect("delete_prefix_limited");
+    assert_eq!(first.deleted, 2);
+    let left = within("range", kv.range(&ns, RangeOptions::default())).await.expect("range");
+    let expected: Vec<_> =
+        ["doomed/2", "doomed/3", "doomed/4", "doomedish"].iter().map(|name| key(&ns, name)).collect();
+    assert_eq!(names(&left.kvs), expected, "the first two keys in key order go, and nothing else");
+    let rest = within("delete_prefix_limited", kv.delete_prefix_limited(&key(&ns, "doomed/"), 10))
+        .await
+        .expect("delete_prefix_limited");
+    assert_eq!(rest.deleted, 3, "fewer than the limit: what was left");
+    assert!(rest.revision > first.revision);
+    let none = within("delete_prefix_limited", kv.delete_prefix_limited(&key(&ns, "doomed/"), 10))
+        .await
+        .expect("delete_prefix_limited");
+    assert_eq!(none.deleted, 0);
+    let left = within("range", kv.range(&ns, RangeOptions::default())).await.expect("range");
+    assert_eq!(names(&left.kvs), vec![key(&ns, "doomedish")]);
+    for (prefix, limit) in [(key(&ns, "doomedish"), 0), (Vec::new(), 1)] {
+        match within("delete_prefix_limited", kv.delete_prefix_limited(&prefix, limit)).await {
+            Err(KvError::InvalidArgument(_)) => {}
+            other => {
+                panic!("delete_prefix_limited({prefix:?}, {limit}) must be InvalidArgument, got {other:?}")
+            }
+        }
+    }
+    assert!(within("get", kv.get(&key(&ns, "doomedish"))).await.expect("get").kv.is_some());
+}
+
 /// A key deleted and written again is a new incarnation: new create revision, version 1.
 pub async fn recreated_key_starts_a_new_incarnation(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     let k = key(&ns, "k");

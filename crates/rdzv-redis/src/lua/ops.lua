@@ -226,11 +226,12 @@ local function op_delete()
   return { 'ok', rev }
 end
 
--- ARGV: prefix (not empty). Reply: 'ok', deleted, revision.
+-- ARGV: prefix (not empty), limit (0 = every key; else the first `limit` in key order).
+-- Reply: 'ok', deleted, revision.
 local function op_delete_prefix()
   prologue()
   local recs = {}
-  for _, k in ipairs(keys_with_prefix(ARGV[8])) do
+  for _, k in ipairs(keys_with_prefix(ARGV[8], tonumber(ARGV[9]))) do
     local rec = load(k, false)
     if not rec then
       corrupt(dkey(k), 'indexed key has no record')

@@ -213,11 +213,15 @@ local function lex_upper(p)
 end
 
 -- Every key starting with `p`, in key order.
-local function keys_with_prefix(p)
-  if #p == 0 then
-    return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '-', '+')
+local function keys_with_prefix(p, limit)
+  local lo, hi = '-', '+'
+  if #p > 0 then
+    lo, hi = '[' .. p, lex_upper(p)
   end
-  return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, '[' .. p, lex_upper(p))
+  if limit and limit > 0 then
+    return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, lo, hi, 'LIMIT', 0, limit)
+  end
+  return rcall(K_NAMES, 'ZRANGEBYLEX', K_NAMES, lo, hi)
 end
 
 -- Drops the log's oldest revisions: every one below `keep` and then, while the log counts
