@@ -59,12 +59,15 @@ pub struct RedisConfig {
     /// tag `{rdzv:<namespace>}`; clients in different namespaces never see each other.
     pub namespace: String,
     /// Revisions of watch history kept (`history=`, default 100 000); older ones are
-    /// compacted away.
+    /// compacted away, once the log is over this by a sixteenth (so up to `history`/16
+    /// more are kept in between).
     pub history: u64,
     /// Bytes of events the log keeps (`history_bytes=`, default 64 MiB; suffixes `KiB`,
     /// `MiB`, `GiB` accepted): the oldest revisions are compacted away beyond it, whatever
     /// `history` says. Each event counts its key and value plus 64 bytes; the newest
-    /// revision is always kept, so the log holds at most this plus that revision's events.
+    /// revision is always kept, and trimming waits until the log is over this by a
+    /// sixteenth, so the log holds at most `history_bytes` × 17/16 plus that revision's
+    /// events.
     pub history_bytes: u64,
 }
 

@@ -95,18 +95,32 @@ impl Watch {
         }
         loop {
             match feed.recv().await {
-                Ok(FeedItem::Entry(entry)) => {
-                    if entry.id <= self.cursor {
+                Ok(FeedItem::Entries(batch)) => {
+                    let (first, last) = (batch.entries[0].id, batch.entries[batch.entries.len() - 1].id);
+                    if last <= self.cursor {
                         continue;
                     }
-                    if follows(self.cursor, entry.id) {
-                        self.deliver(entry.id, &entry.event).await?;
-                    } else {
-                        // The feed is ahead of us (we started late or it skipped a hole):
-                        // the log itself says which.
-                        self.catch_up().await?;
-                        if self.cursor < entry.id {
-                            return Err(self.gap(entry.id).await);
+                    if self.scope == WatchScope::Key && batch.contiguous && follows(self.cursor, first) {
+                        // Every entry of the batch is next, and only this key's matter.
+                        for entry in batch.of_key(&self.key) {
+                            self.deliver(entry.id, &entry.event).await?;
+                        }
+                        self.cursor = last;
+                        continue;
+                    }
+                    for entry in batch.entries.iter() {
+                        if entry.id <= self.cursor {
+                            continue;
+                        }
+                        if follows(self.cursor, entry.id) {
+                            self.deliver(entry.id, &entry.event).await?;
+                        } else {
+                            // The feed is ahead of us (we started late or it skipped a hole):
+                            // the log itself says which.
+                            self.catch_up().await?;
+                            if self.cursor < entry.id {
+                                return Err(self.gap(entry.id).await);
+                            }
                         }
                     }
                 }
@@ -240,7 +254,7 @@ impl Watch {
 }
 
 /// Whether entry `next` directly follows `cursor` (`n == u64::MAX`: the end of a revision).
-fn follows(cursor: EntryId, next: EntryId) -> bool {
+pub(crate) fn follows(cursor: EntryId, next: EntryId) -> bool {
     let (rev, n) = cursor;
     (next.0 == rev + 1 && next.1 == 0) || (next.0 == rev && n != u64::MAX && next.1 == n + 1)
 }

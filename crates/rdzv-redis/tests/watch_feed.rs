@@ -42,6 +42,48 @@ async fn history_is_trimmed_to_its_bound_and_detected_exactly() {
     assert_eq!(len, 10, "the log keeps exactly `history` revisions");
 }
 
+/// A log at its bound is trimmed a sixteenth of it at a time, not a revision per write: it
+/// grows to `history` + `history`/16 revisions, then goes back to `history` at once; what
+/// it holds is still told exactly (a watch from below it is `Compacted` naming its oldest).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_trimmed_a_sixteenth_at_a_time() {
+    let server = shared();
+    let mut config = server.config(&RedisServer::fresh_namespace());
+    config.history = 64;
+    let kv = connect(config.clone()).await;
+    let mut conn = raw(server).await;
+    let log_key = format!("{}log", config.key_base());
+    let mut lengths = Vec::new();
+    for i in 0..100 {
+        put(&*kv, b"k", format!("{i}").as_bytes(), PutOptions::OVERWRITE).await;
+        let len: u64 = redis::cmd("XLEN").arg(&log_key).query_async(&mut conn).await.unwrap();
+        lengths.push(len);
+    }
+    assert_eq!(lengths[63], 64, "nothing is trimmed below the bound: {lengths:?}");
+    assert!(
+        lengths[64..].iter().all(|&len| (64..=68).contains(&len)),
+        "the bound and its slack: {lengths:?}"
+    );
+    assert!(lengths.iter().any(|&len| len > 64), "not trimmed by every write: {lengths:?}");
+    for pair in lengths.windows(2) {
+        assert!(
+            pair[1] == pair[0] + 1 || pair[1] == 64,
+            "grows by one, or goes back to the bound: {lengths:?}"
+        );
+    }
+    let len = i64::try_from(lengths[99]).unwrap();
+    let oldest = 100 - len + 1;
+    match kv.watch(b"k", WatchScope::Key, oldest - 1).await {
+        Err(KvError::Compacted { requested, oldest: o }) => assert_eq!((requested, o), (oldest - 1, oldest)),
+        Err(e) => panic!("expected Compacted, got {e}"),
+        Ok(_) => panic!("expected Compacted, got a watch"),
+    }
+    let mut events = within("watch", kv.watch(b"k", WatchScope::Key, oldest)).await.unwrap();
+    for rev in oldest..=100 {
+        assert_eq!(next(&mut events).await.unwrap().revision(), rev);
+    }
+}
+
 /// A hole in the event log that compaction does not explain (entries lost below the kept
 /// history): a watch replaying across it ends as a dropped watch does — retryable, "read
 /// again and watch again" — instead of with a final backend error that ended the call.
@@ -161,8 +203,9 @@ async fn the_event_log_is_bounded_in_bytes_as_well_as_revisions() {
     let entries: redis::streams::StreamRangeReply =
         redis::cmd("XRANGE").arg(&log_key).arg("-").arg("+").query_async(&mut conn).await.unwrap();
     let bytes: usize = entries.ids.len() * (64 + 5 + 10_000);
-    // Within the bound plus the newest revision, and not emptier than it needs to be.
-    assert!(bytes <= 100_000 + 10_069, "the log holds {bytes} bytes of events");
+    // Within the bound (trimming waits until the log is over it by a sixteenth) plus the
+    // newest revision, and not emptier than it needs to be.
+    assert!(bytes <= 100_000 + 100_000 / 16 + 10_069, "the log holds {bytes} bytes of events");
     assert!(bytes > 100_000 - 10_069, "the log holds only {bytes} bytes of events");
     let counted: usize =
         redis::cmd("GET").arg(format!("{{rdzv:{ns}}}:logbytes")).query_async(&mut conn).await.unwrap();

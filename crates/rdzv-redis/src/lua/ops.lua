@@ -323,7 +323,7 @@ local function op_compact()
   if rev > cur then
     return { 'future', cur }
   end
-  trim_log(cur, rev)
+  trim_log(cur, rev, false)
   return { 'ok', math.max(1, compacted()) }
 end
 
