@@ -24,7 +24,9 @@ each have one), and makes them rendezvous R times (after the first round, all re
 next_rendezvous together). Prints the latency of a round (until the last worker returned:
 p50, p95, max over the rounds), the backend writes and reads per worker per round (from a
 counting wrapper; lease keep-alives excluded, the bootstrap exchange through the round's
-Store included), and the peak memory of the process (VmHWM).
+Store included), and the peak memory of the process (VmHWM). With --format json, also
+each round's latency in order (`round_ms`) and every kind of operation per worker per round,
+keep-alives included (`ops_per_worker_round`).
 
 With --client-per-worker, each worker runs as on a host of its own instead: on a thread
 and runtime of its own, with its own backend client and connections (what the server sees
@@ -410,9 +412,13 @@ struct Report {
     workers: usize,
     rounds: usize,
     latency_ms: [f64; 3],
+    /// Each round's latency, in the order they ran.
+    round_ms: Vec<f64>,
     writes_per_worker_round: f64,
     reads_per_worker_round: f64,
     keys_visited_per_worker_round: f64,
+    /// Every kind of operation, per worker per round.
+    ops_per_worker_round: serde_json::Value,
     peak_memory_kib: Option<u64>,
     /// How many backend clients the workers used (1: shared; `workers`: one each).
     clients: usize,
@@ -422,7 +428,8 @@ struct Report {
 
 impl Report {
     fn new(stats: &[RoundStats], workers: usize, backend: &str, run_id: &str, peak: Option<u64>) -> Report {
-        let mut latencies: Vec<f64> = stats.iter().map(|s| s.latency.as_secs_f64() * 1000.0).collect();
+        let round_ms: Vec<f64> = stats.iter().map(|s| s.latency.as_secs_f64() * 1000.0).collect();
+        let mut latencies = round_ms.clone();
         latencies.sort_by(f64::total_cmp);
         let total = stats.iter().fold(OpCounts::default(), |acc, s| acc + s.ops);
         let per = (workers * stats.len()).max(1) as f64;
@@ -436,9 +443,11 @@ impl Report {
                 percentile(&latencies, 0.95),
                 percentile(&latencies, 1.0),
             ],
+            round_ms,
             writes_per_worker_round: total.writes() as f64 / per,
             reads_per_worker_round: total.reads() as f64 / per,
             keys_visited_per_worker_round: total.keys_visited as f64 / per,
+            ops_per_worker_round: per_worker_round(total, per),
             peak_memory_kib: peak,
             clients: 1,
             failure: None,
@@ -460,9 +469,11 @@ impl Report {
             "workers": self.workers,
             "rounds": self.rounds,
             "latency_ms": { "p50": self.latency_ms[0], "p95": self.latency_ms[1], "max": self.latency_ms[2] },
+            "round_ms": self.round_ms,
             "writes_per_worker_round": self.writes_per_worker_round,
             "reads_per_worker_round": self.reads_per_worker_round,
             "keys_visited_per_worker_round": self.keys_visited_per_worker_round,
+            "ops_per_worker_round": self.ops_per_worker_round,
             "peak_memory_kib": self.peak_memory_kib,
             "clients": self.clients,
             "failure": self.failure.map(|f| json!({
@@ -510,6 +521,24 @@ impl Report {
             self.keys_visited_per_worker_round,
         )
     }
+}
+
+/// Each kind of operation in `total`, divided by `per` (workers × rounds).
+fn per_worker_round(total: OpCounts, per: f64) -> serde_json::Value {
+    let kinds = [
+        ("gets", total.gets),
+        ("ranges", total.ranges),
+        ("puts", total.puts),
+        ("counted_creates", total.counted_creates),
+        ("increments", total.increments),
+        ("deletes", total.deletes),
+        ("delete_prefixes", total.delete_prefixes),
+        ("lease_grants", total.lease_grants),
+        ("lease_revokes", total.lease_revokes),
+        ("lease_keep_alives", total.lease_keep_alives),
+        ("watches", total.watches),
+    ];
+    kinds.into_iter().map(|(kind, count)| (kind.to_string(), json!(count as f64 / per))).collect()
 }
 
 /// The nearest-rank percentile `q` (0..=1) of sorted values (0 when empty).
@@ -562,6 +591,9 @@ mod tests {
         assert_eq!(r.reads_per_worker_round, 4.0);
         assert_eq!(r.latency_ms[2], 30.0);
         assert_eq!(r.json()["latency_ms"]["p50"], 10.0);
+        assert_eq!(r.json()["round_ms"], json!([10.0, 30.0]), "in the order the rounds ran");
+        assert_eq!(r.json()["ops_per_worker_round"]["lease_keep_alives"], 50.0);
+        assert_eq!(r.json()["ops_per_worker_round"]["ranges"], 2.0);
         assert!(r.text().contains("2.0 MiB"), "{}", r.text());
     }
 
