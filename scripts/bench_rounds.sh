@@ -1,37 +1,47 @@
 #!/usr/bin/env bash
-# Runs `rdzv bench` of N in-process workers for ROUNDS rounds, RUNS times, each time on a
-# fresh etcd on tmpfs (port 23791), and appends one JSON line per run to OUT: the report,
-# the exit code, the wall time, how many "session lease" warnings were printed, and the load
-# average before. The figures of BENCHMARKS.md's "Sessions at scale" came from it.
+# Runs `rdzv bench` of N in-process workers for ROUNDS rounds back to back, RUNS times, each
+# time on a fresh server (etcd on tmpfs on port 23791, or Redis without persistence on port
+# 16391), and appends one JSON line per run to OUT: the report (each round's latency, the
+# operations per worker per round, the peak memory), the exit code, the wall time, how many
+# "session lease" warnings were printed, and the load average before. scripts/bench.sh runs
+# it for BENCHMARKS.md's "back to back" rows.
 #
 #   scripts/bench_rounds.sh N ROUNDS RUNS OUT
 #
-# Environment: RDZV (the binary, default target/release/rdzv). Needs etcd on PATH and
-# `ulimit -n` of a few times N.
+# Environment: RDZV (the binary, default target/release/rdzv); BACKEND (etcd or redis,
+# default etcd). Needs etcd or redis-server on PATH and `ulimit -n` of a few times N.
 set -u
 n=$1; rounds=$2; runs=$3; out=$4
 bin=${RDZV:-target/release/rdzv}
+backend=${BACKEND:-etcd}
 data=/dev/shm/rdzv-bench-rounds
 for i in $(seq 1 "$runs"); do
     rm -rf "$data"
-    etcd --data-dir "$data" --listen-client-urls http://127.0.0.1:23791 --advertise-client-urls http://127.0.0.1:23791 \
-        --listen-peer-urls http://127.0.0.1:23801 > "$data.log" 2>&1 &
-    etcd_pid=$!
+    case "$backend" in
+        etcd)
+            etcd --data-dir "$data" --listen-client-urls http://127.0.0.1:23791 --advertise-client-urls http://127.0.0.1:23791 \
+                --listen-peer-urls http://127.0.0.1:23801 > "$data.log" 2>&1 &
+            url="etcd://127.0.0.1:23791/s${n}r${i}" ;;
+        redis)
+            redis-server --port 16391 --bind 127.0.0.1 --save '' --appendonly no > "$data.log" 2>&1 &
+            url="redis://127.0.0.1:16391/s${n}r${i}" ;;
+        *) echo "bench_rounds: BACKEND must be etcd or redis, not $backend" >&2; exit 2 ;;
+    esac
+    server_pid=$!
     sleep 2
     load=$(cut -d' ' -f1-3 /proc/loadavg)
     start=$(date +%s.%N)
-    timeout 400 "$bin" bench "etcd://127.0.0.1:23791/s${n}r${i}" --workers "$n" --rounds "$rounds" --format json \
-        > "$data.out" 2> "$data.err"
+    timeout 400 "$bin" bench "$url" --workers "$n" --rounds "$rounds" --format json > "$data.out" 2> "$data.err"
     code=$?
     end=$(date +%s.%N)
     lost=$(grep -c "session lease" "$data.err")
     report=$(tail -1 "$data.out" | grep '^{' || echo null)
     python3 -c 'import json, sys
-n, rounds, run, code, wall, lost, load, report = sys.argv[1:]
-print(json.dumps({"workers": int(n), "rounds": int(rounds), "run": int(run), "exit": int(code),
-                  "wall_s": float(wall), "sessions_lost_warnings": int(lost), "load_before": load,
-                  "report": json.loads(report)}))' "$n" "$rounds" "$i" "$code" "$(echo "$end - $start" | bc)" "$lost" "$load" "$report" >> "$out"
+backend, n, rounds, run, code, start, end, lost, load, report = sys.argv[1:]
+print(json.dumps({"backend": backend, "workers": int(n), "rounds": int(rounds), "run": int(run), "exit": int(code),
+                  "wall_s": float(end) - float(start), "sessions_lost_warnings": int(lost), "load_before": load,
+                  "report": json.loads(report)}))' "$backend" "$n" "$rounds" "$i" "$code" "$start" "$end" "$lost" "$load" "$report" >> "$out"
     tail -1 "$out"
-    kill "$etcd_pid"; wait "$etcd_pid" 2>/dev/null
+    kill "$server_pid"; wait "$server_pid" 2>/dev/null
 done
 rm -rf "$data" "$data.log" "$data.out" "$data.err"

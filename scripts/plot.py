@@ -185,6 +185,40 @@ def svg_chart(path, title, series, xlabel, ylabel, logy=False, hlines=()):
 
 # ---------------------------------------------------------------- tables
 
+def back_to_back_rows(runs):
+    """Target rows from scripts/bench_rounds.sh's records (rounds.jsonl): `rdzv bench` rounds one
+    after another at 1,024 and 8,192 workers on each backend, old rounds deleted beside them."""
+    rows = []
+    def rounds_of(backend, n):
+        return [r for r in runs if r["backend"] == backend and r["workers"] == n]
+    for b in sorted({r["backend"] for r in runs}):
+        medians = {}
+        for n in sorted({r["workers"] for r in runs if r["backend"] == b}):
+            rs = rounds_of(b, n)
+            ok = [r for r in rs if r["exit"] == 0 and r.get("report")]
+            times = [ms / 1000 for r in ok for ms in r["report"].get("round_ms", [])]
+            if times:
+                medians[n] = statistics.median(times)
+            k = rs[0]["rounds"]
+            lost = sum(r["sessions_lost_warnings"] for r in rs)
+            target = ("≤ 5 s, every round completing" if b == "etcd" else "every round completing") if n == 8192 else "–"
+            rows.append([f"{n} in-process workers, {b}, {k} rounds back to back (`rdzv bench`, old rounds deleted "
+                         f"beside the new ones): each round; every round completed in {len(ok)} of {len(rs)} runs, "
+                         f"{lost} session-lost warnings", fmt_spread(times, "rounds"), "–", target])
+            keep_alives = [r["report"]["ops_per_worker_round"]["lease_keep_alives"] for r in ok
+                           if "ops_per_worker_round" in r["report"]]
+            memory = [r["report"]["peak_memory_kib"] / MIB for r in ok if r["report"].get("peak_memory_kib")]
+            if n == 8192 and memory:
+                med, lo, hi = spread(memory)
+                rows.append([f"… peak memory (VmHWM of the whole process); lease refreshes per worker per round "
+                             f"{fmt_n(statistics.median(keep_alives)) if keep_alives else '–'}",
+                             f"{med:.0f} MiB ({lo:.0f}–{hi:.0f}, {len(memory)} runs)", "–", "≤ 512 MiB"])
+        if 1024 in medians and 8192 in medians:
+            rows.append([f"{b}: round time at 8192 / at 1024 workers, rounds back to back (medians over every "
+                         "round of the runs above)", fmt_n(medians[8192] / medians[1024]), "–", "≤ 8 (linear)"])
+    return rows
+
+
 def table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -432,6 +466,7 @@ def main():
             if v:
                 rows.append([f"8192 in-process workers, {b}: {label} per worker per round (max of rounds 1 and 2)",
                              fmt_n(max(v)), "–", "≤ 4" if key == "proposals" else "–"])
+    rows += back_to_back_rows(load(res, "rounds.jsonl"))
     kill = load(res, "killone.jsonl")
     for ttl in sorted({r["ttl_s"] for r in kill}):
         runs = [r for r in kill if r["ttl_s"] == ttl]
