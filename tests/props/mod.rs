@@ -305,7 +305,8 @@ pub enum Record {
         returned: Duration,
         result: Result<RendezvousInfo, Failure>,
     },
-    /// The world ended while this call was pending.
+    /// The world ended, or the worker was killed, while this call was pending: it never
+    /// returned, but it began (a member that re-entered no longer holds its round).
     Cancelled {
         worker: usize,
         started: Duration,
@@ -680,7 +681,13 @@ async fn calls(i: usize, world: &World, h: &RendezvousHandler, ctl: &Ctl, stop: 
         let generation = *ctl.rerun.borrow();
         let result = tokio::select! {
             r = h.next_rendezvous() => r,
-            _ = stopped() => return,
+            _ = stopped() => {
+                // Killed in the middle of a call: the call began all the same (without this
+                // record the checker took a member that re-entered, and so ended its round,
+                // for one still holding the round and owed the news of its end).
+                ctl.push(Record::Cancelled { worker: i, started, at: ctl.now() });
+                return;
+            }
             _ = ended(ctl.end.clone()) => {
                 ctl.push(Record::Cancelled { worker: i, started, at: ctl.now() });
                 return;
