@@ -635,11 +635,7 @@ impl Kv for EtcdKv {
     /// detached from its lease) holds etcd's apply for seconds and fills the read buffer that
     /// every request of 3.4 copies.
     async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
-        if prefix.is_empty() || limit == 0 {
-            return Err(KvError::InvalidArgument(
-                "delete_prefix_limited needs a non-empty prefix and a limit of at least one key".to_string(),
-            ));
-        }
+        rdzv_core::kv::check_delete_piece(prefix, limit)?;
         let (start, end) = self.prefix_range(prefix)?;
         let list = GetOptions::new()
             .with_range(end.clone())
@@ -654,7 +650,8 @@ impl Kv for EtcdKv {
         let Some(last) = listed.kvs().last() else {
             return Ok(DeletePrefixResponse { deleted: 0, revision: revision(listed.header())? });
         };
-        let piece_end = if u64::try_from(listed.count()).unwrap_or(u64::MAX) <= limit as u64 {
+        // Nothing beyond the listed keys: the whole prefix goes.
+        let piece_end = if listed.count() <= listed.kvs().len() as i64 {
             end
         } else {
             let mut after_last = last.key().to_vec();

@@ -248,11 +248,7 @@ impl Kv for MemKv {
     }
 
     async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
-        if prefix.is_empty() || limit == 0 {
-            return Err(KvError::InvalidArgument(
-                "delete_prefix_limited needs a non-empty prefix and a limit of at least one key".into(),
-            ));
-        }
+        rdzv_core::kv::check_delete_piece(prefix, limit)?;
         Ok(self.state().delete_prefix(prefix, limit))
     }
 

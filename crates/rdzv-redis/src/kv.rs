@@ -253,11 +253,7 @@ impl Kv for RedisKv {
 
     async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
         check_key(prefix)?;
-        if prefix.is_empty() || limit == 0 {
-            return Err(KvError::InvalidArgument(
-                "delete_prefix_limited needs a non-empty prefix and a limit of at least one key".into(),
-            ));
-        }
+        rdzv_core::kv::check_delete_piece(prefix, limit)?;
         self.delete_first(prefix, limit).await
     }
 

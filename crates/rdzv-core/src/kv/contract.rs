@@ -72,11 +72,7 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     /// The default deletes the whole prefix ([`Kv::delete_prefix`]): for a backend that has
     /// no cheaper way, and for which one large write costs no more than many small ones.
     async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
-        if limit == 0 {
-            return Err(KvError::InvalidArgument(
-                "delete_prefix_limited needs a limit of at least one key".into(),
-            ));
-        }
+        super::check_delete_piece(prefix, limit)?;
         self.delete_prefix(prefix).await
     }
 

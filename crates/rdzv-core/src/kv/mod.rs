@@ -4,7 +4,7 @@
 //! [`KvResult`]); a backend is anything that implements it faithfully. This
 //! module holds what crosses the trait (keys with their revisions, write preconditions and
 //! their outcomes, range options, leases, watch events) and the helpers a backend writes
-//! its implementation with ([`SizeLimit`], [`prefix_end`], [`show_key`]).
+//! its implementation with ([`SizeLimit`], [`prefix_end`], [`check_delete_piece`], [`show_key`]).
 
 pub(crate) mod contract;
 mod limit;
@@ -16,7 +16,7 @@ mod types;
 pub use bytes::Bytes;
 pub use contract::WatchStream;
 pub use limit::SizeLimit;
-pub use prefix::prefix_end;
+pub use prefix::{check_delete_piece, prefix_end};
 pub use types::{
     Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind,
     GetResponse, KeyValue, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse,

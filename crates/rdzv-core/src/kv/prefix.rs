@@ -18,6 +18,25 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     Some(end)
 }
 
+/// The arguments of [`Kv::delete_prefix_limited`](crate::Kv::delete_prefix_limited), checked
+/// as every backend must: a non-empty prefix (an empty one would be every key) and a limit of
+/// at least one key; else [`KvError::InvalidArgument`](crate::KvError::InvalidArgument).
+///
+/// ```
+/// use rdzv_core::kv::check_delete_piece;
+/// assert!(check_delete_piece(b"run/v_1/", 256).is_ok());
+/// assert!(check_delete_piece(b"", 256).is_err());
+/// assert!(check_delete_piece(b"run/v_1/", 0).is_err());
+/// ```
+pub fn check_delete_piece(prefix: &[u8], limit: usize) -> crate::KvResult<()> {
+    if prefix.is_empty() || limit == 0 {
+        return Err(crate::KvError::InvalidArgument(
+            "delete_prefix_limited needs a non-empty prefix and a limit of at least one key".into(),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::prefix_end;
