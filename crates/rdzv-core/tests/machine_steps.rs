@@ -152,6 +152,72 @@ fn a_counter_that_is_no_number_ends_the_call_naming_it() {
     }
 }
 
+/// Starts a machine that leaves a round as a member of rank > 0, and lets its stagger run out
+/// with nobody else ending the round: its answer is the swap.
+fn wait_out_the_stagger(m: &mut Machine) -> Action {
+    assert!(matches!(m.start(), Action::WatchState { from: 21 }));
+    assert!(matches!(on(m, Input::Ack), Action::Await { until: Some(_), prefix: false }));
+    on(m, Input::Timer)
+}
+
+#[test]
+fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
+    let mut first = machine(Some(Leaving { version: 3, rank: 0, final_revision: 20 }));
+    match first.start() {
+        Action::Put { key, mode: PutMode::Update(20), bind: Bind::Session, .. } => {
+            assert_eq!(key, keys().state())
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(first.doing(), "leaving the previous round");
+
+    let mut fifth = machine(Some(Leaving { version: 3, rank: 5, final_revision: 20 }));
+    assert!(matches!(fifth.start(), Action::WatchState { from: 21 }));
+    assert_eq!(fifth.doing(), "leaving the previous round");
+    let now = Instant::now();
+    match fifth.on(Input::Ack, now) {
+        Action::Await { until: Some(until), prefix: false } => {
+            assert_eq!(until - now, rdzv_core::protocol::decide::leave_delay(5));
+            assert_eq!(until - now, Duration::from_millis(60), "rank 5: three steps of 20 ms");
+        }
+        other => panic!("{other:?}"),
+    }
+    match on(&mut fifth, Input::Timer) {
+        Action::Put { key, mode: PutMode::Update(20), bind: Bind::Session, .. } => {
+            assert_eq!(key, keys().state())
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_member_that_sees_the_round_ended_while_it_waits_does_not_swap() {
+    let joinable = State::Joinable { version: 4, previous: Some(3) };
+    let setup = State::Setup;
+    // (what the state became, at revision 25, and what the member does next)
+    type Row = (State, Option<LeaseId>, fn(&Action) -> bool);
+    let rows: [Row; 3] = [
+        // Another member opened round 4: join it, watching from what was seen.
+        (joinable, Some(99), |a| matches!(a, Action::WatchState { from: 26 })),
+        // Another member is opening the next round: wait for it.
+        (setup, Some(98), |a| matches!(a, Action::WatchState { from: 26 })),
+        // The run closed.
+        (State::Closed { outcome: None }, Some(99), |a| {
+            matches!(a, Action::Fail(RendezvousError::Closed { .. }))
+        }),
+    ];
+    for (i, (state, lease, then)) in rows.into_iter().enumerate() {
+        let mut m = machine(Some(Leaving { version: 3, rank: 1, final_revision: 20 }));
+        assert!(matches!(m.start(), Action::WatchState { from: 21 }), "row {i}");
+        assert!(matches!(on(&mut m, Input::Ack), Action::Await { .. }), "row {i}");
+        let seen = Observed::from_kv(Some(key_value(keys().state(), &state.to_bytes(), 25, lease)), None)
+            .expect("a valid state value");
+        let next = on(&mut m, Input::State(seen));
+        assert!(then(&next), "row {i}: {next:?}");
+        assert!(!matches!(next, Action::Put { .. }), "row {i}: no swap");
+    }
+}
+
 #[test]
 fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
     let leaving = Leaving { version: 3, rank: 1, final_revision: 20 };
@@ -184,7 +250,10 @@ fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
     ];
     for (i, (leave_error, delete_answer, then)) in rows.into_iter().enumerate() {
         let mut m = machine(Some(leaving.clone()));
-        assert!(matches!(m.start(), Action::Put { mode: PutMode::Update(20), .. }), "row {i}");
+        assert!(
+            matches!(wait_out_the_stagger(&mut m), Action::Put { mode: PutMode::Update(20), .. }),
+            "row {i}"
+        );
         assert_eq!(m.doing(), "leaving the previous round", "row {i}");
         match on(&mut m, Input::Failed(leave_error())) {
             Action::Delete { key, mode: DeleteMode::Any } => assert_eq!(key, mine, "row {i}"),

@@ -338,6 +338,25 @@ pub fn retry_delay(count: u64, sizing: &Sizing) -> Option<(Duration, Trigger)> {
     }
 }
 
+/// How much longer a member re-entering its running round waits, per doubling of its rank,
+/// before it ends the round itself (see [`leave_delay`]).
+pub const LEAVE_STAGGER_STEP: Duration = Duration::from_millis(20);
+
+/// How long a member of rank `rank` that re-enters its running round waits for another member
+/// to end the round before it ends it itself: nothing for rank 0, then one
+/// [`LEAVE_STAGGER_STEP`] more per doubling of the rank (rank 1: one step, ranks 2–3: two,
+/// 4–7: three, …, 4,096–8,191: thirteen).
+///
+/// Why: members often re-enter together (they all saw a member die, or a newcomer waiting),
+/// and each would swap `final` → `setup`; one swap wins and every other is a wasted write (a
+/// Raft proposal on etcd). Staggered by rank, the number of members that swap before the
+/// first swap is seen doubles only once per step, so a swap seen within a few steps saves
+/// nearly all the others, while a member that re-enters alone waits at most a few hundred
+/// milliseconds, and rank 0 not at all.
+pub fn leave_delay(rank: usize) -> Duration {
+    LEAVE_STAGGER_STEP * (usize::BITS - rank.leading_zeros())
+}
+
 /// Whether a key this worker creates for itself is its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owned {
@@ -848,5 +867,16 @@ mod tests {
             on_change_while_waiting(Some(&State::Closed { outcome: None }), 1, 2, 2),
             WaitingAction::Closed
         );
+    }
+
+    #[test]
+    fn leave_delay_grows_by_a_step_per_doubling_of_the_rank() {
+        let steps = |rank| leave_delay(rank).as_millis() / LEAVE_STAGGER_STEP.as_millis();
+        let table =
+            [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (7, 3), (8, 4), (4095, 12), (4096, 13), (8191, 13)];
+        for (rank, expected) in table {
+            assert_eq!(steps(rank), expected, "rank {rank}");
+        }
+        assert_eq!(steps(usize::MAX), u128::from(usize::BITS), "no overflow at the largest rank");
     }
 }

@@ -327,6 +327,9 @@ enum Phase {
     Init { after: Reread },
     /// Phase 1, Init: someone is creating or freezing a round; waiting for the state to change.
     AwaitChange(Step),
+    /// Phase 6, Re-entering: a member not first in rank waits [`decide::leave_delay`] for
+    /// another re-entering member to end `round` before it ends the round itself.
+    Yielding { round: Leaving, step: Step },
     /// Phase 1, Creating a round (or, in phases 5 and 6, ending a running one): `setup` written under `mode`.
     Claim {
         /// Why.
@@ -658,6 +661,7 @@ impl Machine {
                 }
             }
             Phase::Backoff => "retrying after a backend error",
+            Phase::Yielding { .. } => LEAVING,
             Phase::AwaitChange(_) => "waiting for another worker to finish setting up or freezing a round",
             Phase::Claim { purpose, .. } | Phase::Counter { purpose, .. } | Phase::Open { purpose, .. } => {
                 match purpose {
@@ -698,7 +702,7 @@ impl Machine {
             Phase::Late { .. } => "late",
             Phase::Release => "release",
             Phase::Predecessor { .. } => "init",
-            Phase::Dropping { .. } => "leave",
+            Phase::Dropping { .. } | Phase::Yielding { .. } => "leave",
             Phase::Backoff => "backoff",
             Phase::Over { .. } => "over",
         }
@@ -725,16 +729,25 @@ impl Machine {
     /// The first action: called once, before any input is fed with [`Machine::on`].
     pub fn start(&mut self) -> Action {
         match self.leave_first.take() {
+            Some(round) if decide::leave_delay(round.rank).is_zero() => self.end_running_round(round),
             Some(round) => {
-                tracing::debug!(version = round.version, "leaving the running round");
-                self.claim(
-                    Purpose::Leave,
-                    PutMode::Update(round.final_revision),
-                    Some(self.keys.rank(round.version, round.rank)),
-                )
+                let from = round.final_revision + 1;
+                self.phase = Phase::Yielding { round, step: Step::Watching };
+                Action::WatchState { from }
             }
             None => self.read_state(Reread::Start),
         }
+    }
+
+    /// Leaves this worker's running round by ending it: the swap of its `final` value to
+    /// `setup` (on failure, its keep-alive key is dropped so that the others notice anyway).
+    fn end_running_round(&mut self, round: Leaving) -> Action {
+        tracing::debug!(version = round.version, "leaving the running round");
+        self.claim(
+            Purpose::Leave,
+            PutMode::Update(round.final_revision),
+            Some(self.keys.rank(round.version, round.rank)),
+        )
     }
 
     /// Feeds the answer to the last action (observed at `now`); returns the next action.
@@ -757,6 +770,24 @@ impl Machine {
                 }
                 (Step::Waiting, Input::State(seen)) => self.decide(seen, Reread::Start),
                 (_, other) => self.unexpected(other),
+            },
+            Phase::Yielding { round, step } => match (step, input) {
+                (Step::Watching, Input::Ack) => {
+                    let until = now + decide::leave_delay(round.rank);
+                    self.phase = Phase::Yielding { round, step: Step::Waiting };
+                    Action::Await { until: Some(until), prefix: false }
+                }
+                (Step::Waiting, Input::Timer) => self.end_running_round(round),
+                // Another member ended the round (or the run closed): act on what it is now,
+                // as a call that never held the round (`leaving` keeps it from being handed back).
+                (Step::Waiting, Input::State(seen)) => {
+                    tracing::debug!(version = round.version, "another member ended the running round first");
+                    self.decide(seen, Reread::Start)
+                }
+                (step, other) => {
+                    self.phase = Phase::Yielding { round, step };
+                    self.unexpected(other)
+                }
             },
             Phase::Claim { purpose, drop_on_failure } => match input {
                 Input::Put(PutOutcome::Written { revision, .. }, _) => self.open_round(revision, purpose),
