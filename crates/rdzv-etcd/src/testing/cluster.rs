@@ -24,7 +24,19 @@ impl EtcdCluster {
     /// Starts `size` members (3 is the usual; at least 1) and waits until the cluster
     /// answers a read through all of them.
     pub async fn start(size: usize) -> Result<EtcdCluster, HarnessError> {
-        let size = size.max(1);
+        // A free port can be taken between choosing and binding it (by a test running
+        // beside this one); start the whole cluster again on new ports then.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match EtcdCluster::start_on_free_ports(size.max(1)).await {
+                Err(e) if attempts < 3 && e.to_string().contains("address already in use") => {}
+                done => return done,
+            }
+        }
+    }
+
+    async fn start_on_free_ports(size: usize) -> Result<EtcdCluster, HarnessError> {
         let ports = free_port_list(3 * size)?;
         let mut members = Vec::with_capacity(size);
         for (i, chunk) in ports.chunks(3).enumerate() {
