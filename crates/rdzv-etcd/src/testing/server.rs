@@ -453,6 +453,16 @@ impl EtcdServer {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
+            // The watchdog outlives an etcd that gave up (a port taken meanwhile, say): its
+            // log says so at once, long before the deadline.
+            if self.log_says_it_gave_up() {
+                let _ = self.kill().await;
+                return Err(HarnessError::new(format!(
+                    "etcd on port {} gave up during start-up; its log says:\n{}",
+                    self.client_port,
+                    self.log_tail()
+                )));
+            }
             if Instant::now() >= deadline {
                 let _ = self.kill().await;
                 return Err(HarnessError::new(format!(
@@ -498,6 +508,11 @@ impl EtcdServer {
     }
 
     /// The last lines of the server's log, for error messages.
+    /// Whether etcd logged a fatal error (it exits after one).
+    fn log_says_it_gave_up(&self) -> bool {
+        std::fs::read_to_string(self.log_path()).is_ok_and(|text| text.contains(r#""level":"fatal""#))
+    }
+
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
@@ -673,6 +688,23 @@ mod tests {
         assert!(err.to_string().contains("ETCD_BIN="), "{err}");
         let err = locate_binary(None, None).expect_err("no PATH");
         assert!(err.to_string().contains("install etcd-server"), "{err}");
+    }
+
+    /// A port taken between choosing and binding it makes etcd give up at once, while its
+    /// watchdog lives on: the start fails saying so (and a cluster then starts again on new
+    /// ports), instead of waiting out the start-up deadline.
+    #[tokio::test]
+    async fn a_member_whose_port_is_taken_fails_at_once_saying_why() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let peer = taken.local_addr().expect("its address").port();
+        let free = free_port_list(2).expect("free ports");
+        let mut member =
+            EtcdServer::member("rdzv-test-0".into(), [free[0], peer, free[1]]).expect("a member");
+        member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
+        member.spawn().expect("etcd spawned");
+        let err = member.wait_ready().await.expect_err("its peer port is taken");
+        assert!(err.to_string().contains("gave up during start-up"), "{err}");
+        assert!(err.to_string().contains("address already in use"), "{err}");
     }
 
     #[test]
