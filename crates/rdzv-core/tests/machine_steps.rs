@@ -178,7 +178,7 @@ fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
     match fifth.on(Input::Ack, now) {
         Action::Await { until: Some(until), prefix: false } => {
             assert_eq!(until - now, rdzv_core::protocol::decide::leave_delay(5));
-            assert_eq!(until - now, Duration::from_millis(60), "rank 5: three steps of 20 ms");
+            assert_eq!(until - now, Duration::from_millis(150), "rank 5: three steps of 50 ms");
         }
         other => panic!("{other:?}"),
     }
