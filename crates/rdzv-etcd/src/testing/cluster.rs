@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use rdzv_core::Kv;
 
-use super::server::free_port_list;
+use super::server::{START_ATTEMPTS, free_port_list, port_was_taken};
 use super::{EtcdServer, HarnessError};
 use crate::config::EtcdOptions;
 use crate::kv::EtcdKv;
@@ -30,7 +30,7 @@ impl EtcdCluster {
         loop {
             attempts += 1;
             match EtcdCluster::start_on_free_ports(size.max(1)).await {
-                Err(e) if attempts < 3 && e.to_string().contains("address already in use") => {}
+                Err(e) if attempts < START_ATTEMPTS && port_was_taken(&e) => {}
                 done => return done,
             }
         }

@@ -22,6 +22,16 @@ use crate::kv::EtcdKv;
 /// How long a starting server may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How many times a server or cluster is started on newly chosen ports when a port was
+/// taken between choosing and binding it ([`port_was_taken`]).
+pub(crate) const START_ATTEMPTS: u32 = 3;
+
+/// Whether a start failed because one of its ports was taken meanwhile (by a test running
+/// beside it): then starting again on other ports is worth it.
+pub(crate) fn port_was_taken(error: &HarnessError) -> bool {
+    error.to_string().contains("address already in use")
+}
+
 /// How long a stopping server may take to exit before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -194,7 +204,7 @@ impl EtcdServer {
             let _ = std::fs::remove_dir_all(server.data_dir());
             match server.spawn_and_wait().await {
                 Ok(()) => break,
-                Err(e) if attempts < 3 && e.to_string().contains("address already in use") => {}
+                Err(e) if attempts < START_ATTEMPTS && port_was_taken(&e) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -507,12 +517,12 @@ impl EtcdServer {
         Ok(())
     }
 
-    /// The last lines of the server's log, for error messages.
     /// Whether etcd logged a fatal error (it exits after one).
     fn log_says_it_gave_up(&self) -> bool {
         std::fs::read_to_string(self.log_path()).is_ok_and(|text| text.contains(r#""level":"fatal""#))
     }
 
+    /// The last lines of the server's log, for error messages.
     fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
