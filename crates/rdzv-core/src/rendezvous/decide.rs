@@ -9,6 +9,7 @@ use crate::kv::{KeyValue, LeaseId, PutOutcome, Revision};
 use crate::params::RankOrder;
 
 use super::broken::RoundBroken;
+use super::lookup;
 use super::state::{Joiner, Participant, State};
 
 /// The sizing of a round, from the parameters: everything the freeze decisions depend on.
@@ -130,7 +131,7 @@ pub enum InitAction {
 
 /// Phase 1: what the state value says to do, for `viewer`.
 pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
-    let rank_of = |participants: &[Participant]| participants.iter().position(|p| is_me(p, viewer.me));
+    let rank_of = |participants| lookup::rank_of(participants, viewer.me);
     let left = |version: u64| viewer.leaving.is_some_and(|left| version <= left);
     match state {
         None => InitAction::CreateRound,
@@ -141,7 +142,7 @@ pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
         Some(State::Frozen { version, participants }) => match rank_of(participants) {
             Some(rank) if !left(*version) => InitAction::ResumeConfirm { version: *version, rank },
             Some(_) => InitAction::AwaitChange,
-            None => match participants.iter().find(|p| is_predecessor(p, viewer.me)) {
+            None => match lookup::predecessor_of(participants, viewer.me) {
                 Some(p) => InitAction::CheckPredecessor { version: *version, pid: p.pid },
                 None => InitAction::AwaitChange,
             },
@@ -457,7 +458,7 @@ pub fn on_state_while_joined(state: Option<&State>, version: u64, me: &Participa
         Some(State::Closed { .. }) => JoinedAction::Closed,
         Some(State::Joinable { version: v, .. }) if *v == version => JoinedAction::KeepWaiting,
         Some(State::Frozen { version: v, participants }) if *v == version => {
-            match participants.iter().position(|p| is_me(p, me)) {
+            match lookup::rank_of(participants, me) {
                 Some(rank) => JoinedAction::Confirm { rank, participants: participants.clone() },
                 None => JoinedAction::Restart,
             }

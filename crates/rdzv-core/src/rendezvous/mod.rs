@@ -20,6 +20,7 @@ mod executor;
 pub mod forget;
 mod handler;
 mod keys;
+mod lookup;
 pub mod machine;
 mod monitor;
 mod run_lease;
