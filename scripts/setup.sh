@@ -40,16 +40,18 @@ etcd_is_current || want_etcd=true
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 
-# etcd-server from Debian 13 (trixie), for a Debian whose own etcd is older than 3.5. Trust
-# follows the archive's: the suite's InRelease must carry a good signature from the keys apt
-# trusts, the package index must match the hash it lists, and the package the hash the index
-# lists. Downloads into the folder $1 and prints the package's path.
+# apt-helper download-file URL FILE [SHA256:hash], quiet unless it fails.
 download() {
     local out
     # apt-helper checks the hash; it warns that root downloads into a folder its own user
     # cannot write, so its words are shown only when it fails.
     out=$(/usr/lib/apt/apt-helper download-file "$@" 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
 }
+
+# etcd-server from Debian 13 (trixie), for a Debian whose own etcd is older than 3.5. Trust
+# follows the archive's: the suite's InRelease must carry a good signature from the keys apt
+# trusts, the package index must match the hash it lists, and the package the hash the index
+# lists. Downloads into the folder $1 and prints the package's path.
 etcd_from_trixie() {
     local dir=$1 mirror=http://deb.debian.org/debian suite=trixie arch index_hash deb deb_hash
     arch=$(dpkg --print-architecture)

@@ -3,8 +3,8 @@
 //! lists in a process — the thousands of handlers of one process that form a round together
 //! see the same two lists — in time linear in their length.
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use crate::per_process::PerProcess;
 
@@ -46,9 +46,7 @@ type Ranks = (Arc<[usize]>, Arc<[usize]>);
 /// The ranks of `before` whose members are not in `now`, and the ranks of `now` whose members
 /// were not in `before`.
 fn compute(before: &[Participant], now: &[Participant]) -> Ranks {
-    fn identity(p: &Participant) -> (&str, &str, u32) {
-        (p.node.as_str(), p.addr.as_str(), p.pid)
-    }
+    let identity = Participant::identity;
     let in_now: HashSet<_> = now.iter().map(identity).collect();
     let in_before: HashSet<_> = before.iter().map(identity).collect();
     let left = (0..before.len()).filter(|&r| !in_now.contains(&identity(&before[r]))).collect();
@@ -59,28 +57,17 @@ fn compute(before: &[Participant], now: &[Participant]) -> Ranks {
 /// The last few pairs of lists worked out in this process.
 mod recent {
     use super::*;
+    use crate::rendezvous::recent::Recent;
 
-    const KEEP: usize = 4;
+    type Lists = (Arc<[Participant]>, Arc<[Participant]>);
 
-    /// The lists are held here, so that a list's address is not reused for another one
-    /// while its entry lasts: the same two addresses are then the same two lists.
-    type Entry = (Arc<[Participant]>, Arc<[Participant]>, Ranks);
-
-    static RECENT: PerProcess<Mutex<VecDeque<Entry>>> = PerProcess::new(|| Mutex::new(VecDeque::new()));
+    static RECENT: PerProcess<Recent<Lists, Ranks>> = PerProcess::new(Recent::new);
 
     pub(super) fn diff(before: &Arc<[Participant]>, now: &Arc<[Participant]>) -> Ranks {
-        let mut recent = RECENT.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, _, ranks)) =
-            recent.iter().find(|(b, n, _)| Arc::ptr_eq(b, before) && Arc::ptr_eq(n, now))
-        {
-            return ranks.clone();
-        }
-        let ranks = compute(before, now);
-        if recent.len() == KEEP {
-            recent.pop_front();
-        }
-        recent.push_back((before.clone(), now.clone(), ranks.clone()));
-        ranks
+        RECENT.get().get_or_make(
+            |(b, n)| Arc::ptr_eq(b, before) && Arc::ptr_eq(n, now),
+            || ((before.clone(), now.clone()), compute(before, now)),
+        )
     }
 }
 

@@ -9,8 +9,7 @@
 //! search. Short lists are scanned: indexing them costs more than it saves.
 
 use std::cmp::Ordering;
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::per_process::PerProcess;
 
@@ -27,7 +26,7 @@ pub(crate) fn rank_of(members: &Arc<[Participant]>, me: &Participant) -> Option<
         return members.iter().position(|p| is_me(p, me));
     }
     let index = recent::index(members);
-    let first = index.partition_point(|&rank| identity(&members[rank as usize]) < identity(me));
+    let first = index.partition_point(|&rank| members[rank as usize].identity() < me.identity());
     let rank = *index.get(first)? as usize;
     is_me(&members[rank], me).then_some(rank)
 }
@@ -56,15 +55,11 @@ pub(crate) fn predecessor_of<'a>(
         .map(|rank| &members[rank])
 }
 
-fn identity(p: &Participant) -> (&str, &str, u32) {
-    (p.node.as_str(), p.addr.as_str(), p.pid)
-}
-
 /// The ranks of `members` ordered by identity, then rank.
 fn build(members: &[Participant]) -> Arc<[u32]> {
     let mut ranks: Vec<u32> = (0..members.len() as u32).collect();
     ranks.sort_by(|&a, &b| {
-        identity(&members[a as usize]).cmp(&identity(&members[b as usize])).then(a.cmp(&b))
+        members[a as usize].identity().cmp(&members[b as usize].identity()).then(a.cmp(&b))
     });
     ranks.into()
 }
@@ -72,27 +67,15 @@ fn build(members: &[Participant]) -> Arc<[u32]> {
 /// The indexes of the last few lists looked in, in this process.
 mod recent {
     use super::*;
+    use crate::rendezvous::recent::Recent;
 
-    const KEEP: usize = 4;
+    /// A list, and its ranks ordered by identity.
+    type Index = Recent<Arc<[Participant]>, Arc<[u32]>>;
 
-    /// The lists are held here, so that a list's address is not reused for another one while
-    /// its entry lasts: the same address is then the same list.
-    type Entry = (Arc<[Participant]>, Arc<[u32]>);
-
-    static RECENT: PerProcess<Mutex<VecDeque<Entry>>> = PerProcess::new(|| Mutex::new(VecDeque::new()));
+    static RECENT: PerProcess<Index> = PerProcess::new(Recent::new);
 
     pub(super) fn index(members: &Arc<[Participant]>) -> Arc<[u32]> {
-        let mut recent = RECENT.get().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, index)) = recent.iter().find(|(list, _)| Arc::ptr_eq(list, members)) {
-            return index.clone();
-        }
-        // Built under the lock: the other handlers of this process want the same index.
-        let index = build(members);
-        if recent.len() == KEEP {
-            recent.pop_front();
-        }
-        recent.push_back((members.clone(), index.clone()));
-        index
+        RECENT.get().get_or_make(|list| Arc::ptr_eq(list, members), || (members.clone(), build(members)))
     }
 }
 

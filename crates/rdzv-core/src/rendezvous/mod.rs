@@ -23,6 +23,7 @@ mod keys;
 mod lookup;
 pub mod machine;
 mod monitor;
+mod recent;
 mod run_lease;
 mod state;
 mod waiting;

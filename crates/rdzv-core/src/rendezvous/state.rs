@@ -288,6 +288,12 @@ impl Joiner {
 }
 
 impl Participant {
+    /// What tells one worker from another: node id, address and process id (another live
+    /// process may carry the same node id).
+    pub(crate) fn identity(&self) -> (&str, &str, u32) {
+        (self.node.as_str(), self.addr.as_str(), self.pid)
+    }
+
     /// This worker's join descriptor, with what it remembers of the run.
     pub fn joiner(&self, last: Option<LastRound>, since: Option<crate::kv::Revision>) -> Joiner {
         Joiner {
