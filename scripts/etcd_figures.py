@@ -6,7 +6,7 @@ usage:
   etcd_figures.py detect  --rdzv BIN --workers 8 --ttls 2,5,10 --runs 2 --out FILE
   etcd_figures.py promote --rdzv BIN --workers 4 --ttls 3,10 --runs 5 --out FILE
   etcd_figures.py killone --rdzv BIN --workers 4096 --ttl 3 --runs 3 --out FILE
-  etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768 --out FILE
+  etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768,40960,49152 --out FILE
 
 clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
   with its own client and connections (what the server sees from N hosts). Records the round's
@@ -375,7 +375,7 @@ def main():
     k.add_argument("--runs", type=int, default=3)
     k.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
     g = sub.add_parser("ceiling", help="the largest N of in-process workers that completes on one etcd")
-    g.add_argument("--sizes", default="8192,16384,24576,32768")
+    g.add_argument("--sizes", default="8192,16384,24576,32768,40960,49152")
     g.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
     for p in (c, d, s, k, g):
         p.add_argument("--rdzv", required=True, help="the rdzv binary")

@@ -40,8 +40,8 @@ def ceiling_cause(failed):
     last = lines[-1] if lines else failed
     if "session lease expired" in failed or "not refreshed within its TTL" in failed:
         limit = "sessions lost (their keep-alives fell behind their TTL: the rate of lease refreshes one client and one etcd sustain here)"
-    elif "too large" in failed.lower() or "request is too large" in failed:
-        limit = "a request over etcd's size limit"
+    elif "more than the limit" in failed or "too large" in failed.lower():
+        limit = "a request over etcd's size limit (--max-request-bytes: the state value lists every member)"
     elif "too many requests" in failed:
         limit = "etcd's 'too many requests' (its apply fell behind its commits)"
     else:
