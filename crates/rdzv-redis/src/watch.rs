@@ -48,7 +48,8 @@ pub(crate) async fn start(
     let first = start_revision.max(1);
     let cursor = (first - 1, u64::MAX);
     // Join the feed before reading history, so no entry falls between the two.
-    let joined = crate::feed::subscribe(&shared.feed, &shared.feed_gate, &log, cursor).await?;
+    let keyed = (scope == WatchScope::Key).then_some(key.as_slice());
+    let joined = crate::feed::subscribe(&shared.feed, &shared.feed_gate, &log, cursor, keyed).await?;
     let mut conn = shared.conn.clone();
     let oldest = bounded(&log, log.oldest(&mut conn)).await?;
     if first < oldest {
@@ -100,8 +101,12 @@ impl Watch {
                     if last <= self.cursor {
                         continue;
                     }
-                    if self.scope == WatchScope::Key && batch.contiguous && follows(self.cursor, first) {
-                        // Every entry of the batch is next, and only this key's matter.
+                    // A key's watch is sent only the batches that hold its key, and every batch
+                    // that may skip entries: when this one does not, what lies between the
+                    // cursor and it is none of this key's.
+                    let next = follows(self.cursor, first) || (batch.follows_feed && first > self.cursor);
+                    if self.scope == WatchScope::Key && batch.contiguous && next {
+                        // Every entry of the batch is new, and only this key's matter.
                         for entry in batch.of_key(&self.key) {
                             self.deliver(entry.id, &entry.event).await?;
                         }

@@ -309,3 +309,46 @@ async fn a_thousand_workers_watch_from_their_own_writes_through_one_feed() {
     );
     assert!(started.elapsed() < WAIT);
 }
+
+/// A watch of one key is sent only the reads of the log that hold its key (the feed does not
+/// wake it for the others'): among thousands of other keys' writes, each watch still gets
+/// every event of its key, in order, once — including watches nobody reads for a while,
+/// which fall behind their key's channel and catch up from the feed's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_watches_get_every_event_of_their_key_among_other_keys_writes() {
+    let server = shared();
+    let kv = connect(server.config(&RedisServer::fresh_namespace())).await;
+    let start = put(&*kv, b"/k/other", b"0", PutOptions::OVERWRITE).await + 1;
+    let keys = ["/k/a", "/k/b"];
+    let mut watches = Vec::new();
+    for i in 0..32 {
+        let key = keys[i % keys.len()];
+        watches.push((key, within("watch", kv.watch(key.as_bytes(), WatchScope::Key, start)).await.unwrap()));
+    }
+    // Every fifth write is of a watched key: 600 events of each, more than a watch buffers
+    // while unread (256) plus what its key's channel holds (16).
+    let mut expected: std::collections::HashMap<&str, Vec<i64>> = Default::default();
+    for i in 0..6000 {
+        let key = if i % 5 == 0 { keys[(i / 5) % keys.len()].to_string() } else { format!("/k/other/{i}") };
+        let revision = put(&*kv, key.as_bytes(), format!("{i}").as_bytes(), PutOptions::OVERWRITE).await;
+        if let Some(&watched) = keys.iter().find(|&&k| k == key) {
+            expected.entry(watched).or_default().push(revision);
+        }
+    }
+    for (key, events) in watches.iter_mut() {
+        let revisions = &expected[key];
+        assert_eq!(revisions.len(), 600);
+        for &revision in revisions {
+            let event = next(events).await.unwrap();
+            assert_eq!(
+                (event.kv.key.as_slice(), event.revision()),
+                (key.as_bytes(), revision),
+                "in order, once"
+            );
+        }
+    }
+    let last = put(&*kv, keys[0].as_bytes(), b"last", PutOptions::OVERWRITE).await;
+    for (key, events) in watches.iter_mut().filter(|(key, _)| *key == keys[0]) {
+        assert_eq!(next(events).await.unwrap().revision(), last, "{key}: still following the feed");
+    }
+}
