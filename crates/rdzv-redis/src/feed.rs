@@ -202,8 +202,13 @@ impl FeedState {
         if self.tx.receiver_count() > 0 {
             return false;
         }
-        self.keys.retain(|_, tx| tx.receiver_count() > 0);
+        self.sweep();
         self.keys.is_empty()
+    }
+
+    /// Drops the channels of keys nobody watches any more.
+    fn sweep(&mut self) {
+        self.keys.retain(|_, tx| tx.receiver_count() > 0);
     }
 
     /// Sends `item` to every watch.
@@ -236,7 +241,7 @@ impl FeedState {
         self.sent = last;
         self.batches += 1;
         if self.batches.is_multiple_of(SWEEP_EVERY) {
-            self.keys.retain(|_, tx| tx.receiver_count() > 0);
+            self.sweep();
         }
         // No receiver is fine: the feed ends at its next check.
         if batch.may_skip() {

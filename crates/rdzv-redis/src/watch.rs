@@ -104,8 +104,10 @@ impl Watch {
                     // A key's watch is sent only the batches that hold its key, and every batch
                     // that may skip entries: when this one does not, what lies between the
                     // cursor and it is none of this key's.
-                    let next = follows(self.cursor, first) || (batch.follows_feed && first > self.cursor);
-                    if self.scope == WatchScope::Key && batch.contiguous && next {
+                    if self.scope == WatchScope::Key
+                        && batch.contiguous
+                        && (follows(self.cursor, first) || (batch.follows_feed && first > self.cursor))
+                    {
                         // Every entry of the batch is new, and only this key's matter.
                         for entry in batch.of_key(&self.key) {
                             self.deliver(entry.id, &entry.event).await?;
