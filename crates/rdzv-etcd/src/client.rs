@@ -43,11 +43,16 @@ pub(crate) struct Clients {
     pub kv: KvClient,
     pub watch: WatchClient,
     pub lease: LeaseClient,
+    /// The keep-alive streams lease refreshes share, on this member's channel; `None` with
+    /// credentials (etcd-client holds the token) or for a client the caller connected, where
+    /// each lease's refreshes go on a stream of its own (`keep_alive.rs`).
+    pub refreshes: Option<Arc<crate::lease_streams::LeaseStreams>>,
 }
 
 impl Clients {
-    fn new(client: Client) -> Clients {
+    fn new(client: Client, refreshes: Option<Arc<crate::lease_streams::LeaseStreams>>) -> Clients {
         Clients {
+            refreshes,
             kv: client
                 .kv_client()
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
@@ -101,7 +106,7 @@ impl Shared {
         Shared {
             members: vec![Member {
                 url: endpoints.clone(),
-                clients: OnceCell::new_with(Some(Clients::new(client))),
+                clients: OnceCell::new_with(Some(Clients::new(client, None))),
             }],
             connect: None,
             preferred: AtomicUsize::new(0),
@@ -161,10 +166,15 @@ impl Shared {
         member
             .clients
             .get_or_try_init(|| async {
+                let mut refreshes = None;
                 let client = match &self.connect {
                     Some(connect) => match endpoint(&member.url, connect) {
                         Ok(endpoint) => {
                             let channel = tonic::transport::Channel::balance_list(std::iter::once(endpoint));
+                            if self.username.is_none() {
+                                refreshes =
+                                    Some(Arc::new(crate::lease_streams::LeaseStreams::new(channel.clone())));
+                            }
                             let channel = etcd_client::Channel::Tonic(channel);
                             Client::from_channel(channel, Some(connect.options.clone())).await
                         }
@@ -180,7 +190,7 @@ impl Shared {
                     Err(e) if self.username.is_some() => Err(error::login_refused(e)),
                     other => other,
                 }?;
-                Ok(Clients::new(client))
+                Ok(Clients::new(client, refreshes))
             })
             .await
     }

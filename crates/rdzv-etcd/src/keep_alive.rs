@@ -1,4 +1,6 @@
-//! The keep-alive streams a connection keeps open between refreshes of a lease.
+//! The keep-alive streams a connection keeps open between refreshes of a lease, where the
+//! connection has no shared streams (`lease_streams.rs`): with credentials, and for a client
+//! the caller connected.
 //!
 //! etcd-client opens a gRPC stream for each `keep_alive` and binds it to one lease. Opened
 //! anew for every refresh, thousands of sessions on one client cost thousands of stream

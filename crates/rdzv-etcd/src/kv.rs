@@ -224,6 +224,27 @@ impl EtcdKv {
     /// stream the last refresh of `id` there left open (`keep_alive.rs`), else on a new one,
     /// which is then kept.
     async fn keep_alive_on(&self, shared: &Shared, id: LeaseId) -> KvResult<Duration> {
+        // On the connection's shared keep-alive streams (`lease_streams.rs`) where it has them.
+        let shared_streams = self
+            .call_on(shared, "lease_keep_alive", Some(id), |c| {
+                let streams = c.refreshes.clone();
+                async move {
+                    match streams {
+                        Some(streams) => streams.refresh(id).await.map(Some),
+                        None => Ok(None),
+                    }
+                }
+            })
+            .await;
+        match shared_streams {
+            Ok(None) => {}
+            Ok(Some(ttl)) if ttl > 0 => return Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1))),
+            Ok(Some(_)) => {
+                self.shared.forget_ttl(id);
+                return Err(KvError::LeaseNotFound(id));
+            }
+            Err(e) => return Err(e),
+        }
         if let Some(mut open) = shared.keep_alives.take(id) {
             match tokio::time::timeout(self.request_timeout, open.refresh()).await {
                 Ok(Ok(ttl)) if ttl > 0 => {

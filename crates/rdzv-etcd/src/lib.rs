@@ -134,6 +134,7 @@ mod factory;
 mod keep_alive;
 mod keys;
 mod kv;
+mod lease_streams;
 mod watch;
 
 pub use config::{

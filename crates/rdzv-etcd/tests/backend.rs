@@ -126,9 +126,10 @@ async fn keep_alive_of_a_lease_granted_by_another_client_reports_its_ttl() {
     assert!(matches!(err, KvError::LeaseNotFound(_)), "{err:?}");
 }
 
-/// A refresh reuses the keep-alive stream the last one left open (`keep_alive.rs`): each
-/// answer on it is its own refresh's, and a lease gone meanwhile — revoked by another client,
-/// or expired — is reported as not found on that stream too.
+/// A refresh reuses the keep-alive stream the last one left open (the connection's shared
+/// streams, `lease_streams.rs`; a lease's own stream, `keep_alive.rs`, for a client the
+/// caller connected): each answer on it is its own refresh's, and a lease gone meanwhile —
+/// revoked by another client, or expired — is reported as not found on that stream too.
 #[tokio::test]
 async fn refreshes_on_a_kept_stream_answer_each_refresh_and_see_a_lease_go() {
     let server = shared().await.unwrap();
@@ -148,6 +149,50 @@ async fn refreshes_on_a_kept_stream_answer_each_refresh_and_see_a_lease_go() {
     tokio::time::sleep(MIN_LEASE_TTL + Duration::from_secs(1)).await;
     let err = kv.lease_keep_alive(expiring).await.unwrap_err();
     assert!(matches!(err, KvError::LeaseNotFound(l) if l == expiring), "{err:?}");
+}
+
+/// Many leases' refreshes share a few keep-alive streams, pipelined (`lease_streams.rs`):
+/// each refresh gets its own lease's answer (every lease here has a TTL of its own), and
+/// leases revoked among them are not found while the others on the same streams go on.
+#[tokio::test]
+async fn many_leases_refreshed_on_shared_streams_each_get_their_own_answer() {
+    let server = shared().await.unwrap();
+    let kv = server.try_kv().await.unwrap();
+    let client = etcd_client::Client::connect([server.client_url()], None).await.unwrap();
+    let other = EtcdKv::from_client(client, server.client_url());
+    let ttls: Vec<u64> = (0..200).map(|i| 20 + i).collect();
+    let mut leases = Vec::new();
+    for &ttl in &ttls {
+        leases.push(kv.lease_grant(Duration::from_secs(ttl)).await.unwrap());
+    }
+    for _ in 0..3 {
+        let answers = within("refreshes", kv.lease_keep_alive_many(&leases)).await;
+        for (answer, &ttl) in answers.iter().zip(&ttls) {
+            assert_eq!(answer.as_ref().unwrap(), &Duration::from_secs(ttl));
+        }
+    }
+    let revoked: Vec<_> = leases.iter().copied().step_by(7).collect();
+    for &lease in &revoked {
+        other.lease_revoke(lease).await.unwrap();
+    }
+    // All at once, each on its own task: the streams carry many requests in flight.
+    let refreshes = leases.iter().map(|&lease| {
+        let kv = kv.clone();
+        tokio::spawn(async move { kv.lease_keep_alive(lease).await })
+    });
+    let answers = within("refreshes", futures::future::join_all(refreshes)).await;
+    for ((answer, &lease), &ttl) in answers.into_iter().zip(&leases).zip(&ttls) {
+        match answer.unwrap() {
+            Err(KvError::LeaseNotFound(id)) => assert!(revoked.contains(&lease) && id == lease),
+            Ok(got) => {
+                assert!(!revoked.contains(&lease) && got == Duration::from_secs(ttl), "{lease}: {got:?}")
+            }
+            Err(e) => panic!("{lease}: {e:?}"),
+        }
+    }
+    for lease in leases.into_iter().filter(|l| !revoked.contains(l)) {
+        kv.lease_revoke(lease).await.unwrap();
+    }
 }
 
 #[tokio::test]

@@ -1,0 +1,137 @@
+//! Refreshes of many leases on a few keep-alive streams of one connection.
+//!
+//! etcd-client binds a keep-alive stream to one lease, so thousands of sessions on one client
+//! held thousands of streams open (`keep_alive.rs`), and each lease's first refresh opened its
+//! own. etcd's `Lease/LeaseKeepAlive` takes any lease's id on any stream and answers in order,
+//! so here [`STREAMS`] streams carry the refreshes of every lease of the connection, a lease
+//! always on the same one, pipelined. Measured on an idle etcd 3.5, 8,192 leases: 10 µs of the
+//! server's CPU a refresh, against 20 µs on a lease's own open stream and 75 µs when that
+//! stream is opened; under a round of 8,192 workers, a fifth less of etcd's CPU.
+//!
+//! Several streams, not one: etcd renews a lease only after it applied what it committed
+//! (`waitAppliedIndex`), one request of a stream after another, so one stream would serialise
+//! every renewal behind the apply loop.
+//!
+//! A stream's answers are matched to its requests by order: each refresh queues its waiter
+//! and sends its request under the stream's lock. When the stream breaks, every refresh
+//! waiting on it fails with the stream's status (retried by the session like any failed
+//! refresh), and the next refresh opens it again.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tonic::codegen::http::uri::PathAndQuery;
+
+/// How many keep-alive streams one connection's refreshes share.
+pub(crate) const STREAMS: usize = 16;
+
+/// etcd's `LeaseKeepAliveRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeepAliveRequest {
+    #[prost(int64, tag = "1")]
+    id: i64,
+}
+
+/// The part of etcd's `LeaseKeepAliveResponse` read here: the TTL, 0 if the lease is gone.
+#[derive(Clone, PartialEq, prost::Message)]
+struct KeepAliveAnswer {
+    #[prost(int64, tag = "3")]
+    ttl: i64,
+}
+
+type Answer = Result<i64, tonic::Status>;
+type Waiters = Arc<Mutex<VecDeque<oneshot::Sender<Answer>>>>;
+
+/// One open stream: where its requests go, and who waits for its next answers, in order.
+struct Open {
+    requests: mpsc::UnboundedSender<KeepAliveRequest>,
+    waiters: Waiters,
+}
+
+/// The keep-alive streams of one connection (a member's channel), opened on first use.
+pub(crate) struct LeaseStreams {
+    channel: tonic::transport::Channel,
+    slots: Vec<Arc<Mutex<Option<Open>>>>,
+}
+
+impl std::fmt::Debug for LeaseStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseStreams").field("streams", &self.slots.len()).finish()
+    }
+}
+
+impl LeaseStreams {
+    /// Streams on `channel` (one member's connection), none open yet.
+    pub(crate) fn new(channel: tonic::transport::Channel) -> LeaseStreams {
+        LeaseStreams { channel, slots: (0..STREAMS).map(|_| Arc::default()).collect() }
+    }
+
+    /// One refresh of `lease`: the TTL etcd answers, 0 if the lease is gone. Fails with the
+    /// stream's gRPC status when the stream breaks or cannot be opened. No deadline of its
+    /// own: the caller bounds it.
+    pub(crate) async fn refresh(&self, lease: i64) -> Result<i64, etcd_client::Error> {
+        let slot = &self.slots[lease.unsigned_abs() as usize % self.slots.len()];
+        let (answer, answered) = oneshot::channel();
+        {
+            let mut open = slot.lock().map_err(|_| closed())?;
+            let stream = open.get_or_insert_with(|| self.open(slot.clone()));
+            stream.waiters.lock().map_err(|_| closed())?.push_back(answer);
+            if stream.requests.send(KeepAliveRequest { id: lease }).is_err() {
+                *open = None;
+                return Err(closed());
+            }
+        }
+        match answered.await {
+            Ok(Ok(ttl)) => Ok(ttl),
+            Ok(Err(status)) => Err(etcd_client::Error::GRpcStatus(status)),
+            Err(_) => Err(closed()),
+        }
+    }
+
+    /// Opens a stream for `slot`: a task sends what is queued and hands each answer to the
+    /// oldest waiter; when the stream ends, it empties the slot (if it is still this stream)
+    /// and fails the waiters left.
+    fn open(&self, slot: Arc<Mutex<Option<Open>>>) -> Open {
+        let (requests, queued) = mpsc::unbounded_channel();
+        let waiters = Waiters::default();
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let theirs = waiters.clone();
+        tokio::spawn(async move {
+            let ended = async {
+                grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                let path = PathAndQuery::from_static("/etcdserverpb.Lease/LeaseKeepAlive");
+                let codec = tonic_prost::ProstCodec::<KeepAliveRequest, KeepAliveAnswer>::default();
+                let queued = tokio_stream::wrappers::UnboundedReceiverStream::new(queued);
+                let mut answers =
+                    grpc.streaming(tonic::Request::new(queued), path, codec).await?.into_inner();
+                while let Some(answer) = answers.next().await {
+                    let ttl = answer?.ttl;
+                    let next = theirs.lock().ok().and_then(|mut w| w.pop_front());
+                    if let Some(waiter) = next {
+                        let _ = waiter.send(Ok(ttl));
+                    }
+                }
+                Err::<(), _>(tonic::Status::unavailable("etcd ended the keep-alive stream"))
+            }
+            .await;
+            let status =
+                ended.err().unwrap_or_else(|| tonic::Status::unavailable("keep-alive stream closed"));
+            if let Ok(mut open) = slot.lock()
+                && open.as_ref().is_some_and(|o| Arc::ptr_eq(&o.waiters, &theirs))
+            {
+                *open = None;
+            }
+            let left: Vec<_> = theirs.lock().map(|mut w| w.drain(..).collect()).unwrap_or_default();
+            for waiter in left {
+                let _ = waiter.send(Err(status.clone()));
+            }
+        });
+        Open { requests, waiters }
+    }
+}
+
+fn closed() -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::unavailable("keep-alive stream closed"))
+}
