@@ -220,6 +220,16 @@ impl EtcdKv {
         }
     }
 
+    /// What etcd's answer to a refresh of `id` means: its TTL, or, at 0, that the lease is
+    /// gone (and its remembered TTL with it).
+    fn answered(&self, id: LeaseId, ttl: i64) -> KvResult<Duration> {
+        if ttl > 0 {
+            return Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)));
+        }
+        self.shared.forget_ttl(id);
+        Err(KvError::LeaseNotFound(id))
+    }
+
     /// One refresh of `id` through `shared` (this client's connection or its keeper), on the
     /// stream the last refresh of `id` there left open (`keep_alive.rs`), else on a new one,
     /// which is then kept.
@@ -238,22 +248,16 @@ impl EtcdKv {
             .await;
         match shared_streams {
             Ok(None) => {}
-            Ok(Some(ttl)) if ttl > 0 => return Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1))),
-            Ok(Some(_)) => {
-                self.shared.forget_ttl(id);
-                return Err(KvError::LeaseNotFound(id));
-            }
+            Ok(Some(ttl)) => return self.answered(id, ttl),
             Err(e) => return Err(e),
         }
         if let Some(mut open) = shared.keep_alives.take(id) {
             match tokio::time::timeout(self.request_timeout, open.refresh()).await {
-                Ok(Ok(ttl)) if ttl > 0 => {
-                    shared.keep_alives.give_back(id, open);
-                    return Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(1)));
-                }
-                Ok(Ok(_)) => {
-                    self.shared.forget_ttl(id);
-                    return Err(KvError::LeaseNotFound(id));
+                Ok(Ok(ttl)) => {
+                    if ttl > 0 {
+                        shared.keep_alives.give_back(id, open);
+                    }
+                    return self.answered(id, ttl);
                 }
                 Err(_) => {
                     let ctx = self.shared.context(self.request_timeout, Some(id));

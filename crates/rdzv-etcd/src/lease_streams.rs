@@ -18,6 +18,7 @@
 //! refresh), and the next refresh opens it again.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -113,11 +114,10 @@ impl LeaseStreams {
                         let _ = waiter.send(Ok(ttl));
                     }
                 }
-                Err::<(), _>(tonic::Status::unavailable("etcd ended the keep-alive stream"))
+                Err::<Infallible, _>(tonic::Status::unavailable("etcd ended the keep-alive stream"))
             }
             .await;
-            let status =
-                ended.err().unwrap_or_else(|| tonic::Status::unavailable("keep-alive stream closed"));
+            let Err(status) = ended;
             if let Ok(mut open) = slot.lock()
                 && open.as_ref().is_some_and(|o| Arc::ptr_eq(&o.waiters, &theirs))
             {

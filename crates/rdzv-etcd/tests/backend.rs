@@ -111,14 +111,19 @@ async fn short_ttls_are_rounded_up_to_what_etcd_grants() {
     assert!(matches!(err, KvError::LeaseNotFound(id) if id == lease), "{err:?}");
 }
 
+/// A client of `server` connected by the caller, sharing nothing with the harness's.
+async fn separately_connected(server: &EtcdServer) -> EtcdKv {
+    let client = etcd_client::Client::connect([server.client_url()], None).await.unwrap();
+    EtcdKv::from_client(client, server.client_url())
+}
+
 #[tokio::test]
 async fn keep_alive_of_a_lease_granted_by_another_client_reports_its_ttl() {
     let server = shared().await.unwrap();
     let granter = server.try_kv().await.unwrap();
     let lease = granter.lease_grant(Duration::from_secs(7)).await.unwrap();
     // A separately connected client knows nothing about that lease.
-    let client = etcd_client::Client::connect([server.client_url()], None).await.unwrap();
-    let other = EtcdKv::from_client(client, server.client_url());
+    let other = separately_connected(server).await;
     assert!(!other.shares_client_with(&granter));
     assert_eq!(other.lease_keep_alive(lease).await.unwrap(), Duration::from_secs(7));
     other.lease_revoke(lease).await.unwrap();
@@ -134,8 +139,7 @@ async fn keep_alive_of_a_lease_granted_by_another_client_reports_its_ttl() {
 async fn refreshes_on_a_kept_stream_answer_each_refresh_and_see_a_lease_go() {
     let server = shared().await.unwrap();
     let kv = server.try_kv().await.unwrap();
-    let client = etcd_client::Client::connect([server.client_url()], None).await.unwrap();
-    let other = EtcdKv::from_client(client, server.client_url());
+    let other = separately_connected(server).await;
     let revoked = kv.lease_grant(Duration::from_secs(7)).await.unwrap();
     let expiring = kv.lease_grant(MIN_LEASE_TTL).await.unwrap();
     for _ in 0..3 {
@@ -158,8 +162,7 @@ async fn refreshes_on_a_kept_stream_answer_each_refresh_and_see_a_lease_go() {
 async fn many_leases_refreshed_on_shared_streams_each_get_their_own_answer() {
     let server = shared().await.unwrap();
     let kv = server.try_kv().await.unwrap();
-    let client = etcd_client::Client::connect([server.client_url()], None).await.unwrap();
-    let other = EtcdKv::from_client(client, server.client_url());
+    let other = separately_connected(server).await;
     let ttls: Vec<u64> = (0..200).map(|i| 20 + i).collect();
     let mut leases = Vec::new();
     for &ttl in &ttls {
