@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -62,11 +63,16 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`host:port` of a fresh single-member etcd."""
     binary = _binary("etcd")
     d = tmp_path_factory.mktemp("etcd")
+    # etcd fsyncs its log on every commit: on a busy disk one fsync has taken 5.7 s,
+    # which expires the 2 s leases of some tests. On tmpfs (as in the Rust harness)
+    # a commit waits for no disk.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    data = tempfile.mkdtemp(prefix="rdzv-py-etcd-", dir=shm)
     client, peer, metrics = free_port(), free_port(), free_port()
     c, p = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
     log = d / "log"
     cmd = [
-        binary, "--name", "n0", "--data-dir", str(d / "data"),
+        binary, "--name", "n0", "--data-dir", data,
         "--listen-client-urls", c, "--advertise-client-urls", c,
         "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
         "--initial-cluster", f"n0={p}", "--initial-cluster-state", "new",
@@ -79,6 +85,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"127.0.0.1:{client}"
     finally:
         _stop(proc)
+        shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
