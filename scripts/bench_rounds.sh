@@ -21,13 +21,27 @@ for i in $(seq 1 "$runs"); do
         etcd)
             etcd --data-dir "$data" --listen-client-urls http://127.0.0.1:23791 --advertise-client-urls http://127.0.0.1:23791 \
                 --listen-peer-urls http://127.0.0.1:23801 > "$data.log" 2>&1 &
+            port=23791
             url="etcd://127.0.0.1:23791/s${n}r${i}" ;;
         redis)
             redis-server --port 16391 --bind 127.0.0.1 --save '' --appendonly no > "$data.log" 2>&1 &
+            port=16391
             url="redis://127.0.0.1:16391/s${n}r${i}" ;;
         *) echo "bench_rounds: BACKEND must be etcd or redis, not $backend" >&2; exit 2 ;;
     esac
     server_pid=$!
+    # Until the server accepts connections (a run on a server not yet up would be lost as
+    # exit 5), at most 30 s; then 2 s more for it to settle.
+    for _ in $(seq 1 300); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        sleep 0.1
+    done
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        echo "bench_rounds: $backend did not accept connections on port $port within 30 s; its log:" >&2
+        cat "$data.log" >&2
+        kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null
+        exit 1
+    fi
     sleep 2
     load=$(cut -d' ' -f1-3 /proc/loadavg)
     start=$(date +%s.%N)
@@ -36,11 +50,17 @@ for i in $(seq 1 "$runs"); do
     end=$(date +%s.%N)
     lost=$(grep -c "session lease" "$data.err")
     report=$(tail -1 "$data.out" | grep '^{' || echo null)
+    # What a failed run said last, kept with its line (the files are removed below).
+    said=""
+    if [ "$code" -ne 0 ]; then said=$(tail -3 "$data.err"); fi
     python3 -c 'import json, sys
-backend, n, rounds, run, code, start, end, lost, load, report = sys.argv[1:]
-print(json.dumps({"backend": backend, "workers": int(n), "rounds": int(rounds), "run": int(run), "exit": int(code),
-                  "wall_s": float(end) - float(start), "sessions_lost_warnings": int(lost), "load_before": load,
-                  "report": json.loads(report)}))' "$backend" "$n" "$rounds" "$i" "$code" "$start" "$end" "$lost" "$load" "$report" >> "$out"
+backend, n, rounds, run, code, start, end, lost, load, report, said = sys.argv[1:]
+row = {"backend": backend, "workers": int(n), "rounds": int(rounds), "run": int(run), "exit": int(code),
+       "wall_s": float(end) - float(start), "sessions_lost_warnings": int(lost), "load_before": load,
+       "report": json.loads(report)}
+if said:
+    row["stderr_tail"] = said
+print(json.dumps(row))' "$backend" "$n" "$rounds" "$i" "$code" "$start" "$end" "$lost" "$load" "$report" "$said" >> "$out"
     tail -1 "$out"
     kill "$server_pid"; wait "$server_pid" 2>/dev/null
 done

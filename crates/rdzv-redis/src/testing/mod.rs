@@ -1,6 +1,6 @@
 //! The test harness (feature `testing`): real `redis-server` processes on free loopback
 //! ports, without persistence, stopped and restarted at will, and killed when the test
-//! process ends.
+//! process ends, their temporary directories with them.
 //!
 //! ```no_run
 //! # async fn demo() {

@@ -205,8 +205,11 @@ impl RedisServer {
     /// Stops the server (kills it and waits until it is gone). Its data is lost.
     pub fn stop(&mut self) {
         if let Some(mut guard) = self.guard.take() {
-            // Closing the pipe makes the guard shell kill the server, then exit.
-            drop(guard.stdin.take());
+            // A line, then the pipe closed: the guard shell kills the server and exits,
+            // keeping the directory (a restart reuses it).
+            if let Some(mut stdin) = guard.stdin.take() {
+                let _ = stdin.write_all(b"stop\n");
+            }
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
                 match guard.try_wait() {
@@ -299,14 +302,19 @@ impl RedisServer {
             ]);
         }
         args.extend(self.extra_args.iter().cloned());
-        // The guard shell: start the server, wait for our end of stdin to close (we dropped
-        // it, or this process died), then kill the server and reap it.
-        let script = "\"$0\" \"$@\" </dev/null >/dev/null 2>&1 & pid=$!; cat >/dev/null; kill -9 $pid 2>/dev/null; wait $pid";
+        // The guard shell: start the server, wait for a line (`stop`) or the end of stdin,
+        // then kill the server and reap it. An end without a line means this process exited
+        // without dropping the server (the shared one lives in a static) or died: the
+        // directory is removed too, since no `TempDir` drop will.
+        let script = "\"$0\" \"$@\" </dev/null >/dev/null 2>&1 & pid=$!; \
+            if read -r line; then kill -9 $pid 2>/dev/null; wait $pid; \
+            else kill -9 $pid 2>/dev/null; wait $pid; rm -rf \"$RDZV_REDIS_CLEANUP\"; fi";
         let guard = Command::new("sh")
             .arg("-c")
             .arg(script)
             .arg(&self.bin)
             .args(&args)
+            .env("RDZV_REDIS_CLEANUP", self.dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
