@@ -78,7 +78,7 @@
 //! | `{rdzv:ns}:epoch` | string | the namespace's identity (see below; `…:rolled-back:<found>:<seen>` after a rollback) |
 //! | `{rdzv:ns}:k:<key>` | hash | `v` value, `c` create revision, `m` mod revision, `n` version, `l` lease |
 //! | `{rdzv:ns}:names` | sorted set | every key, for prefix ranges by key (`ZRANGEBYLEX`) |
-//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` scored by create revision: counts and creation-ordered ranges in O(log N). `<dir>` is the empty prefix, a prefix ending at one of a key's first 16 `/`, or one ending at one of the first two `_` of one of those path segments (at most 51 per key); other prefixes are answered by filtering their keys |
+//! | `{rdzv:ns}:i:<dir>` | sorted set | the keys under `<dir>` scored by create revision: counts and creation-ordered ranges in O(log N). `<dir>` is a prefix ending at a key's 5th to 16th `/` (at most 12 per key; the rendezvous orders by creation under a round's `join/` and `waiting/`, at least five `/` deep); other prefixes are answered by filtering their keys |
 //! | `{rdzv:ns}:log` | stream | the events, ids `<revision>-<n>` |
 //! | `{rdzv:ns}:compacted` | string | the oldest revision the log still has |
 //! | `{rdzv:ns}:logbytes` | string | the bytes the log's events count for (`history_bytes`) |
