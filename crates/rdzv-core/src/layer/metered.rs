@@ -1,5 +1,5 @@
 //! [`MeteredKv`]: a layer that counts each backend operation by kind and result and times it,
-//! into a [`Metrics`](crate::metrics::Metrics).
+//! into a [`Metrics`].
 
 use std::future::Future;
 use std::sync::Arc;

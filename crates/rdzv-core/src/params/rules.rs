@@ -22,7 +22,7 @@ pub const DEFAULT_PREFIX: &str = "/torchelastic/p2p";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RendezvousParams {
     /// The run (job) id: all workers of one job use the same. It follows the identifier
-    /// rule of [`validate_id`](crate::ids::validate_id) (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
+    /// rule of [`validate_id`] (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253
     /// characters).
     pub run_id: String,
     /// Smallest world size a round may complete with (≥ 1).
@@ -85,7 +85,7 @@ impl RankOrder {
 
 impl RendezvousParams {
     /// Parameters for `run_id` with `min ..= max` workers and every other value at its
-    /// default; fails if `run_id` breaks the rule of [`validate_id`](crate::ids::validate_id), `min` is 0 or
+    /// default; fails if `run_id` breaks the rule of [`validate_id`], `min` is 0 or
     /// `min > max`.
     pub fn new(
         run_id: impl Into<String>,
@@ -120,7 +120,7 @@ impl RendezvousParams {
     }
 
     /// Checks every rule of docs/PROTOCOL.md; the error names the first broken one. The run id
-    /// and the node id (if given) must follow the identifier rule of [`validate_id`](crate::ids::validate_id)
+    /// and the node id (if given) must follow the identifier rule of [`validate_id`]
     /// (ASCII letters, digits, `-` `_` `.` `:` `@` `+`; 1 to 253 characters); the address
     /// (if given) must be non-empty, at most 253 bytes, without whitespace or control
     /// characters; every duration must be at most [`MAX_DURATION`].

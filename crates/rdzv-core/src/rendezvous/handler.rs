@@ -502,7 +502,7 @@ impl RendezvousHandler {
 
     /// Calls `subscriber` with each [`Event`] of this worker from now on: rounds formed,
     /// spares promoted, members lost, the run closed, lease refreshes that failed (see
-    /// [`events`](crate::events)), and what an agent reports with [`emit`](Self::emit). A
+    /// [`events`]), and what an agent reports with [`emit`](Self::emit). A
     /// member lost is reported before [`round_broken`](Self::round_broken) returns it.
     ///
     /// It is called on the thread that reports the event — a runtime's, or the keep-alive
@@ -626,7 +626,7 @@ fn refresh_failures(events: &Arc<Subscribers>) -> RefreshFailed {
 }
 
 /// `<host>-<pid>-<random>`: unique per process and handler. Characters of the host name
-/// that the identifier rule ([`validate_id`](crate::validate_id)) does not allow become `-`, and the host part
+/// that the identifier rule ([`validate_id`](crate::ids::validate_id)) does not allow become `-`, and the host part
 /// is cut so that the whole id fits.
 fn default_node_id() -> String {
     use std::hash::{BuildHasher, Hasher};
