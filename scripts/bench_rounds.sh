@@ -19,24 +19,24 @@ for i in $(seq 1 "$runs"); do
     rm -rf "$data"
     case "$backend" in
         etcd)
-            etcd --data-dir "$data" --listen-client-urls http://127.0.0.1:23791 --advertise-client-urls http://127.0.0.1:23791 \
-                --listen-peer-urls http://127.0.0.1:23801 > "$data.log" 2>&1 &
             port=23791
-            url="etcd://127.0.0.1:23791/s${n}r${i}" ;;
+            etcd --data-dir "$data" --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+                --listen-peer-urls http://127.0.0.1:23801 > "$data.log" 2>&1 & ;;
         redis)
-            redis-server --port 16391 --bind 127.0.0.1 --save '' --appendonly no > "$data.log" 2>&1 &
             port=16391
-            url="redis://127.0.0.1:16391/s${n}r${i}" ;;
+            redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no > "$data.log" 2>&1 & ;;
         *) echo "bench_rounds: BACKEND must be etcd or redis, not $backend" >&2; exit 2 ;;
     esac
     server_pid=$!
+    url="$backend://127.0.0.1:$port/s${n}r${i}"
     # Until the server accepts connections (a run on a server not yet up would be lost as
     # exit 5), at most 30 s; then 2 s more for it to settle.
+    up=no
     for _ in $(seq 1 300); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then up=yes; break; fi
         sleep 0.1
     done
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    if [ "$up" = no ]; then
         echo "bench_rounds: $backend did not accept connections on port $port within 30 s; its log:" >&2
         cat "$data.log" >&2
         kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null

@@ -246,10 +246,8 @@ impl EtcdKv {
                 }
             })
             .await;
-        match shared_streams {
-            Ok(None) => {}
-            Ok(Some(ttl)) => return self.answered(id, ttl),
-            Err(e) => return Err(e),
+        if let Some(ttl) = shared_streams? {
+            return self.answered(id, ttl);
         }
         if let Some(mut open) = shared.keep_alives.take(id) {
             match tokio::time::timeout(self.request_timeout, open.refresh()).await {

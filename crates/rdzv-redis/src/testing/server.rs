@@ -306,9 +306,8 @@ impl RedisServer {
         // then kill the server and reap it. An end without a line means this process exited
         // without dropping the server (the shared one lives in a static) or died: the
         // directory is removed too, since no `TempDir` drop will.
-        let script = "\"$0\" \"$@\" </dev/null >/dev/null 2>&1 & pid=$!; \
-            if read -r line; then kill -9 $pid 2>/dev/null; wait $pid; \
-            else kill -9 $pid 2>/dev/null; wait $pid; rm -rf \"$RDZV_REDIS_CLEANUP\"; fi";
+        let script = "\"$0\" \"$@\" </dev/null >/dev/null 2>&1 & pid=$!; read -r line; told=$?; \
+            kill -9 $pid 2>/dev/null; wait $pid; [ $told -eq 0 ] || rm -rf \"$RDZV_REDIS_CLEANUP\"";
         let guard = Command::new("sh")
             .arg("-c")
             .arg(script)
