@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::client::Shared;
 use crate::error::NAME;
-use crate::feed::{BATCH, EntryId, FeedItem, Joined, Log};
+use crate::feed::{BATCH, EntryId, FeedItem, Joined, Log, Replay};
 
 /// Events buffered between a watch's task and its consumer.
 const BUFFER: usize = 256;
@@ -84,7 +84,7 @@ impl Watch {
         let mut feed = joined.rx;
         match joined.replay {
             // The feed still has everything after the cursor: no need to read the log.
-            Some(recent) => {
+            Replay::All(recent) => {
                 for entry in recent {
                     if !follows(self.cursor, entry.id) {
                         return Err(self.gap(entry.id).await);
@@ -92,7 +92,15 @@ impl Watch {
                     self.deliver(entry.id, &entry.event).await?;
                 }
             }
-            None => self.catch_up().await?,
+            // The feed checked that nothing is missing up to `through`; only this key's
+            // entries are left to deliver.
+            Replay::Key { entries, through } => {
+                for entry in entries {
+                    self.deliver(entry.id, &entry.event).await?;
+                }
+                self.cursor = self.cursor.max(through);
+            }
+            Replay::Missing => self.catch_up().await?,
         }
         loop {
             match feed.recv().await {
