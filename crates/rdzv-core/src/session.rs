@@ -301,19 +301,25 @@ type Refresh = (Vec<LeaseId>, Instant, Answers);
 async fn drive(kv: Arc<dyn Kv>, mut commands: mpsc::UnboundedReceiver<Add>) {
     let mut leases: HashMap<LeaseId, Entry> = HashMap::new();
     let mut refreshes: FuturesUnordered<BoxFuture<'static, Refresh>> = FuturesUnordered::new();
+    // When to look for due refreshes: at or before the earliest `next` of the leases not in
+    // flight (`None`: there are none). Kept up to date by what sets a `next` (an add, a
+    // settled refresh) and computed afresh only after sending, because computing it on every
+    // turn of the loop (every command, every answer) visited every lease: with 8,192 sessions
+    // on one client and their holders added round after round, 8 million visits per round.
+    // Too early is harmless (the wake finds nothing due and computes it again).
+    let mut wake: Option<Instant> = None;
     loop {
-        let wake = leases.values().filter(|e| !e.in_flight).map(|e| e.next).min();
         tokio::select! {
             command = commands.recv() => {
                 // `None`: every session (and so every holder) is gone.
                 let Some(first) = command else { return };
-                add(&mut leases, first);
+                wake = earliest(wake, add(&mut leases, first));
                 while let Ok(more) = commands.try_recv() {
-                    add(&mut leases, more);
+                    wake = earliest(wake, add(&mut leases, more));
                 }
             }
             Some((batch, sent, result)) = refreshes.next(), if !refreshes.is_empty() => {
-                settle(&mut leases, batch, sent, result);
+                wake = earliest(wake, settle(&mut leases, batch, sent, result));
             }
             _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
                 leases.retain(|_, e| {
@@ -321,12 +327,23 @@ async fn drive(kv: Arc<dyn Kv>, mut commands: mpsc::UnboundedReceiver<Add>) {
                     !e.holders.is_empty()
                 });
                 refreshes.extend(send_due(&kv, &mut leases));
+                wake = leases.values().filter(|e| !e.in_flight).map(|e| e.next).min();
             }
         }
     }
 }
 
-fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) {
+/// The earlier of two optional instants (`None` is never).
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Adds a lease or a holder of it; returns the lease's `next` if it waits for it (none
+/// while a refresh of it is in flight: its answer sets it).
+fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) -> Option<Instant> {
     let Add { lease, ttl, granted, holder } = added;
     let (expires, next) = (granted + ttl, granted + ttl / 3);
     match leases.get_mut(&lease) {
@@ -336,9 +353,11 @@ fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) {
             entry.expires = entry.expires.min(expires);
             entry.next = entry.next.min(next);
             entry.holders.push(holder);
+            (!entry.in_flight).then_some(entry.next)
         }
         None => {
             leases.insert(lease, Entry { ttl, expires, next, in_flight: false, holders: vec![holder] });
+            Some(next)
         }
     }
 }
@@ -381,9 +400,15 @@ fn send_due(kv: &Arc<dyn Kv>, leases: &mut HashMap<LeaseId, Entry>) -> Vec<BoxFu
         .collect()
 }
 
-/// Applies the answers of one refresh.
-fn settle(leases: &mut HashMap<LeaseId, Entry>, batch: Vec<LeaseId>, sent: Instant, result: Answers) {
+/// Applies the answers of one refresh; returns the earliest `next` it set.
+fn settle(
+    leases: &mut HashMap<LeaseId, Entry>,
+    batch: Vec<LeaseId>,
+    sent: Instant,
+    result: Answers,
+) -> Option<Instant> {
     let now = Instant::now();
+    let mut wake = None;
     let mut answers = match result {
         Ok(answers) => answers.into_iter(),
         Err(_) => Vec::new().into_iter(),
@@ -426,8 +451,11 @@ fn settle(leases: &mut HashMap<LeaseId, Entry>, batch: Vec<LeaseId>, sent: Insta
                 entry.lose(lease, why);
             }
             leases.remove(&lease);
+        } else {
+            wake = earliest(wake, Some(entry.next));
         }
     }
+    wake
 }
 
 #[cfg(test)]
