@@ -13,8 +13,8 @@
 # default 5); MP_SIZES (default 16,64,128); MP_CLI_SIZES (the `rdzv join` processes,
 # default 16,64,128,256,512); MP_EXTRA_SIZE (the on-disk and cluster runs, default 128);
 # COST_SIZES (default 16,64,128,512,1024,4096,8192; memory also COST_MEM_EXTRA, default 16384);
-# CLIENTS_WORKERS (default 1024); ROUNDS_ROUNDS (default 4) and ROUNDS_RUNS (default 3) for
-# 1,024 and 8,192 workers' rounds back to back on etcd and Redis (scripts/bench_rounds.sh); KILL_WORKERS (default 4096) and KILL_TTL (default 10, the default keep_alive_ttl; at 3 s,
+# CLIENTS_WORKERS (default 1024); ROUNDS_ROUNDS (default 4) and ROUNDS_RUNS (default 5) for
+# 1,024 and 8,192 workers' rounds back to back on etcd and Redis, interleaved (scripts/bench_rounds.sh); KILL_WORKERS (default 4096) and KILL_TTL (default 10, the default keep_alive_ttl; at 3 s,
 # 4,096 sessions on one client lose their leases on this machine) for a member
 # cut off among in-process workers; CEILING_SIZES (default 8192,16384,24576,32768,40960,49152) for the largest
 # round on one etcd;
@@ -134,10 +134,8 @@ if [ -x "$cli" ]; then
 
     echo "== back to back: rdzv bench, rounds one after another (old rounds deleted beside the new ones)"
     for backend in etcd redis; do
-        for n in 1024 8192; do
-            BACKEND=$backend RDZV="$cli" scripts/bench_rounds.sh "$n" "${ROUNDS_ROUNDS:-4}" "${ROUNDS_RUNS:-3}" \
-                "$results/rounds.jsonl" > /dev/null || echo "bench: the back-to-back runs of $n on $backend failed"
-        done
+        BACKEND=$backend RDZV="$cli" scripts/bench_rounds.sh 1024,8192 "${ROUNDS_ROUNDS:-4}" "${ROUNDS_RUNS:-5}" \
+            "$results/rounds.jsonl" > /dev/null || echo "bench: the back-to-back runs on $backend failed"
     done
 
     echo "== the ceiling: the largest round of in-process workers on one etcd with its default limits"

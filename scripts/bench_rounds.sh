@@ -6,16 +6,22 @@
 # "session lease" warnings were printed, and the load average before. scripts/bench.sh runs
 # it for BENCHMARKS.md's "back to back" rows.
 #
-#   scripts/bench_rounds.sh N ROUNDS RUNS OUT
+#   scripts/bench_rounds.sh N[,N...] ROUNDS RUNS OUT
+#
+# With several sizes the runs are interleaved (run 1 of each size, then run 2 of each…), so
+# that sizes compared with each other (t(8192) / t(1024)) share the machine's conditions:
+# measured one size after the other, a drift of the shared machine's load over the minutes
+# between them moved the ratio by 10-15 %.
 #
 # Environment: RDZV (the binary, default target/release/rdzv); BACKEND (etcd or redis,
 # default etcd). Needs etcd or redis-server on PATH and `ulimit -n` of a few times N.
 set -u
-n=$1; rounds=$2; runs=$3; out=$4
+sizes=$1; rounds=$2; runs=$3; out=$4
 bin=${RDZV:-target/release/rdzv}
 backend=${BACKEND:-etcd}
 data=/dev/shm/rdzv-bench-rounds
 for i in $(seq 1 "$runs"); do
+  for n in ${sizes//,/ }; do
     rm -rf "$data"
     case "$backend" in
         etcd)
@@ -63,5 +69,6 @@ if said:
 print(json.dumps(row))' "$backend" "$n" "$rounds" "$i" "$code" "$start" "$end" "$lost" "$load" "$report" "$said" >> "$out"
     tail -1 "$out"
     kill "$server_pid"; wait "$server_pid" 2>/dev/null
+  done
 done
 rm -rf "$data" "$data.log" "$data.out" "$data.err"
