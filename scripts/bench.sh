@@ -110,7 +110,7 @@ python3 scripts/multiproc.py --worker "${worker%% *}" --worker-args "$(echo "$wo
 # gate there, so the time includes spawning; it leaves the run after printing.
 cli="${RDZV_CLI_BIN:-$CARGO_TARGET_DIR/release/rdzv}"
 if [ -x "$cli" ]; then
-    join_args="join --hold 0s --format json"
+    join_args="join --hold 2s --format json"
     python3 scripts/multiproc.py --worker "$cli" --worker-args "$join_args" --no-gate \
         --sizes "${MP_CLI_SIZES:-16,64,128,256,512}" --runs 3 --out "$results/multiproc_cli.jsonl"
 

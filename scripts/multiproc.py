@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Multi-process rendezvous benchmark: N separate worker processes, all started at the same
 instant against a local etcd started here, min = max = N. One measurement is the time from
-the common start (just before the first process is spawned) until the last one exited
-after returning its round. Also reads, around each run, etcd's committed Raft proposals, the
+the common start instant until the last one returned its round (with --no-gate: from the
+first spawn until every process had printed its round). Also reads, around each run, etcd's committed Raft proposals, the
 key ranges it read (`etcd_mvcc_range_total`) and the CPU time of its process(es) (utime +
 stime from /proc/<pid>/stat).
 
@@ -15,7 +15,8 @@ directory) instead of tmpfs (/dev/shm), so every commit waits for an fsync.
 
 BIN is called as `BIN [ARGS...] <url>` and must print one JSON line when its round completed
 (the `join_once` example; `rdzv join … --format json` with --no-gate). Results: one JSON
-line per run.
+line per run, with etcd's proposals per worker twice: to the round (every process printed)
+and to the end (every process exited, its leave included).
 """
 
 import argparse
@@ -181,6 +182,13 @@ def one_run(etcd, worker, n, run, timeout, gate):
         err = open(os.path.join(outdir, f"{i}.err"), "w")
         procs.append((subprocess.Popen(worker + [url], stdout=out, stderr=err, env=env), out, err))
     spawned = time.monotonic() - start
+    # Each process prints its line when its round completed and may leave right after (an
+    # etcd proposal: its lease revoked). The counters read once every process has printed (or
+    # exited) count the rendezvous itself, its lease grants included; those read after the
+    # exits count the leaves too. Workers that hold their membership a moment after printing
+    # (`rdzv join --hold 2s`) keep the leaves out of the first reading.
+    printed_at, exited_first = wait_printed(procs, outdir, start, timeout)
+    at_round = etcd.counters()
     failures, reports = [], []
     for i, (p, out, err) in enumerate(procs):
         try:
@@ -207,14 +215,19 @@ def one_run(etcd, worker, n, run, timeout, gate):
         "workers": n,
         "run": run,
         "gated": gate,
-        # From the common start instant (gate) or the first spawn, to the last worker's end.
-        "seconds": (max(ends) - start_at) if gate and ends else wall,
+        # From the common start instant (gate) to the last worker's end, or from the first
+        # spawn to the instant the last worker had printed its round (seen by polling).
+        "seconds": (max(ends) - start_at) if gate and ends else printed_at,
         "wall_seconds": wall,
         "spawn_seconds": spawned,
         "max_late_s": max((r.get("late_s", 0) for r in reports), default=None),
         "failures": len(failures),
         "failure_sample": failures[:2],
         "proposals_per_worker": per((before, after), "proposals", n),
+        # The same from the start to the round (every process printed), before the leaves;
+        # `exited_before_round` processes had exited by then (their leaves counted in it).
+        "proposals_per_worker_to_round": per((before, at_round), "proposals", n),
+        "exited_before_round": exited_first,
         # Key ranges the server read, and its CPU seconds per 1000 workers (all members).
         "ranges_per_worker": per((before, after), "ranges", n),
         "server_cpu_s": per((before, after), "cpu_s", 1),
@@ -224,6 +237,24 @@ def one_run(etcd, worker, n, run, timeout, gate):
         "max_total_s": max((r.get("total_s", 0) for r in reports), default=None),
         "end_spread_s": (max(ends) - min(ends)) if ends else None,
     }
+
+
+def wait_printed(procs, outdir, start, timeout):
+    """Waits until every process has written its output line or exited. Returns the seconds
+    from `start` until then, and how many had exited (their leave, if any, already done).
+    Looks at one process at a time (every 5 ms), so that polling takes no CPU from the
+    workers: the last to print is seen within 5 ms whatever the order."""
+    exited = 0
+    for i, (p, _, _) in enumerate(procs):
+        out = os.path.join(outdir, f"{i}.out")
+        while time.monotonic() - start < timeout:
+            if p.poll() is not None:
+                exited += 1
+                break
+            if os.path.getsize(out) > 0:
+                break
+            time.sleep(0.005)
+    return time.monotonic() - start, exited
 
 
 def show(x):
