@@ -8,14 +8,17 @@ if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
+# Each step's time is printed after it: CI must stay under 30 minutes on 2 cores, and these
+# lines show which step to look at when it grows.
 step() {
-    local name=$1
+    local name=$1 started=$SECONDS
     shift
     echo "==> $name: $*" >&2
     if ! "$@"; then
-        echo "FAILED at step \"$name\": $* (fix this, then run scripts/test.sh again)" >&2
+        echo "FAILED at step \"$name\" after $((SECONDS - started)) s: $* (fix this, then run scripts/test.sh again)" >&2
         exit 1
     fi
+    echo "==> $name took $((SECONDS - started)) s ($SECONDS s so far)" >&2
 }
 
 step setup bash scripts/setup.sh
