@@ -102,9 +102,10 @@ fi
 
 echo "== multi-process runs"
 worker="${RDZV_JOIN_BIN:-$CARGO_TARGET_DIR/release/examples/join_once}"
-# Each worker leaves its session lease to expire; a fresh run id per run keeps them apart.
+# Each worker leaves its session lease to expire; a fresh run id per run keeps them apart, and
+# each run starts after the earlier ones' leases expired (12 s), so that every run counts clean.
 python3 scripts/multiproc.py --worker "${worker%% *}" --worker-args "$(echo "$worker" | cut -s -d' ' -f2-)" \
-    --sizes "${MP_SIZES:-16,64,128}" --runs "${MP_RUNS:-5}" --out "$results/multiproc.jsonl"
+    --sizes "${MP_SIZES:-16,64,128}" --runs "${MP_RUNS:-5}" --settle-every-run --out "$results/multiproc.jsonl"
 
 # The same with the CLI, when it is built (`cargo build --release -p rdzv-cli`): no start
 # gate there, so the time includes spawning; it leaves the run after printing.
