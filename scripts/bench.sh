@@ -108,7 +108,8 @@ python3 scripts/multiproc.py --worker "${worker%% *}" --worker-args "$(echo "$wo
     --sizes "${MP_SIZES:-16,64,128}" --runs "${MP_RUNS:-5}" --settle-every-run --out "$results/multiproc.jsonl"
 
 # The same with the CLI, when it is built (`cargo build --release -p rdzv-cli`): no start
-# gate there, so the time includes spawning; it leaves the run after printing.
+# gate there, so the time includes spawning; it holds its membership 2 s after printing, then
+# leaves the run (proposals are read before and after the leaves: scripts/multiproc.py).
 cli="${RDZV_CLI_BIN:-$CARGO_TARGET_DIR/release/rdzv}"
 if [ -x "$cli" ]; then
     join_args="join --hold 2s --format json"

@@ -191,13 +191,15 @@ def back_to_back_rows(runs):
     rows = []
     def rounds_of(backend, n):
         return [r for r in runs if r["backend"] == backend and r["workers"] == n]
+    def completed(rs):
+        return [r for r in rs if r["exit"] == 0 and r.get("report")]
     def round_ms(rs):
-        return [ms for r in rs if r["exit"] == 0 and r.get("report") for ms in r["report"].get("round_ms", [])]
+        return [ms for r in completed(rs) for ms in r["report"].get("round_ms", [])]
     for b in sorted({r["backend"] for r in runs}):
         medians = {}
         for n in sorted({r["workers"] for r in runs if r["backend"] == b}):
             rs = rounds_of(b, n)
-            ok = [r for r in rs if r["exit"] == 0 and r.get("report")]
+            ok = completed(rs)
             times = [ms / 1000 for ms in round_ms(rs)]
             if times:
                 medians[n] = statistics.median(times)
@@ -442,16 +444,12 @@ def main():
             rows.append([f"{n} `rdzv join` processes started cold, etcd: time from the first spawn",
                          fmt_spread([r["seconds"] for r in cli_by[n]]), REFERENCE_TIME_TEXT.get(n, "–"),
                          CLI_TIME_TARGETS[n]])
-            if any(r.get("proposals_per_worker_to_round") is not None for r in cli_by[n]):
-                rows.append([f"{n} `rdzv join` processes: etcd proposals per process to the round "
-                             "(its lease grant and its share of the run's setup included)",
-                             median_of(cli_by[n], "proposals_per_worker_to_round"),
-                             str(REFERENCE.get(n, (0, "–"))[1]), "≤ 4"])
-                rows.append([f"{n} `rdzv join` processes: the same with each process's leave after the round",
-                             median_of(cli_by[n], "proposals_per_worker"), "–", "–"])
-            else:
-                rows.append([f"{n} `rdzv join` processes: etcd proposals per process (lease grant and leave included)",
-                             median_of(cli_by[n], "proposals_per_worker"), str(REFERENCE.get(n, (0, "–"))[1]), "≤ 4"])
+            rows.append([f"{n} `rdzv join` processes: etcd proposals per process to the round "
+                         "(its lease grant and its share of the run's setup included)",
+                         median_of(cli_by[n], "proposals_per_worker_to_round"),
+                         str(REFERENCE.get(n, (0, "–"))[1]), "≤ 4"])
+            rows.append([f"{n} `rdzv join` processes: the same with each process's leave after the round",
+                         median_of(cli_by[n], "proposals_per_worker"), "–", "–"])
     clients_rows = load(res, "clients.jsonl")
     for n in sorted({r["workers"] for r in clients_rows}):
         rs = [r for r in clients_rows if r["workers"] == n]
@@ -625,9 +623,8 @@ def main():
               "its round. Each process is spawned first and waits for a common start instant (`RDZV_START_AT`), "
               "then connects (its own runtime, client and session) and rendezvouses, so the Python launcher's "
               "spawn speed is out of the figure but connecting is in. Proposals per worker include creating "
-              "the worker (session and run leases) and rank 0's bootstrap write, counted on the runs started "
-              "after the earlier runs' leases expired (every run since 2026-12-04, `--settle-every-run`; "
-              "before, each size's first run only): their median.")
+              "the worker (session and run leases) and rank 0's bootstrap write, counted on every run, each "
+              "started after the earlier runs' leases expired (`--settle-every-run`): their median.")
     md.append("")
     rows = []
     for n in sorted(mp_by):
@@ -651,8 +648,7 @@ def main():
                   "with no start gate: time from the first spawn until the last had printed its round (the harness "
                   "polls their output every 5 ms), spawning included. etcd's proposals are read twice: when every "
                   "process had printed (the rendezvous, its lease grants and the run's setup included) and after "
-                  "they all exited (their leaves too). Runs recorded before 2026-12-04 used `--hold 0s`: their "
-                  "time runs until the last exited, and their proposals are only the second reading.")
+                  "they all exited (their leaves too).")
         md.append("")
         by = defaultdict(list)
         for r in cli:
