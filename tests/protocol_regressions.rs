@@ -1070,6 +1070,23 @@ mod keys {
         });
     }
 
+    /// `workers` (all of the run, `min = max`) form three rounds in turn; their versions.
+    async fn three_rounds(workers: &[Worker]) -> Vec<u64> {
+        let handlers: Vec<_> = workers.iter().map(|w| w.handler.clone()).collect();
+        let mut versions = Vec::new();
+        for _ in 0..3 {
+            let infos: Vec<_> = timeout(Duration::from_secs(60), support::rendezvous_all(&handlers))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            assert_agreement(&infos, workers.len(), workers.len());
+            versions.push(infos[0].version);
+        }
+        versions
+    }
+
     /// Records every prefix delete: the prefix, and the limit (`None`: the whole prefix).
     #[derive(Debug)]
     struct DeleteLog {
@@ -1114,18 +1131,7 @@ mod keys {
             let kv: Arc<dyn Kv> = log.clone();
             let p = params(&run_id("pieces"), N, N);
             let ws = support::workers(&kv, &p, N).await;
-            let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
-            let mut versions = Vec::new();
-            for _ in 0..3 {
-                let infos: Vec<_> = timeout(Duration::from_secs(60), support::rendezvous_all(&handlers))
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .map(Result::unwrap)
-                    .collect();
-                assert_agreement(&infos, N, N);
-                versions.push(infos[0].version);
-            }
+            let versions = three_rounds(&ws).await;
             // The deletes wait for the third round to be final, then pause between pieces.
             tokio::time::sleep(Duration::from_secs(30)).await;
             let root = ws[0].handler.keys().root().to_string();
@@ -1142,7 +1148,63 @@ mod keys {
             );
             let joins = format!("{first_round}join/");
             let pieces = of_first.iter().filter(|(prefix, _)| *prefix == joins).count();
-            assert_eq!(pieces, N.div_ceil(rdzv_core::protocol::forget::KEYS_PER_DELETE), "{of_first:?}");
+            // The full pieces, the rest, and one that finds nothing left.
+            let expected = N.div_ceil(rdzv_core::protocol::forget::KEYS_PER_DELETE) + 1;
+            assert_eq!(pieces, expected, "{of_first:?}");
+        });
+    }
+
+    /// On etcd a piece is listed, then deleted up to its last listed key: a listed key whose
+    /// lease expires in between is not counted, so the piece deletes fewer than its limit.
+    /// This layer does that to the first full piece of a round's join keys: it deletes one
+    /// of them first, as its expiry would, then the rest of the listed ones.
+    #[derive(Debug)]
+    struct ExpiresMidPiece {
+        inner: Arc<dyn Kv>,
+        done: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl Layer for ExpiresMidPiece {
+        fn inner(&self) -> &dyn Kv {
+            &*self.inner
+        }
+
+        async fn delete_prefix_limited(
+            &self,
+            prefix: &[u8],
+            limit: usize,
+        ) -> rdzv_core::KvResult<rdzv_core::kv::DeletePrefixResponse> {
+            use std::sync::atomic::Ordering;
+            let options =
+                rdzv_core::kv::RangeOptions { limit: Some(limit), keys_only: true, ..Default::default() };
+            let listed = self.inner.range(prefix, options).await?;
+            let is_joins = prefix.ends_with(b"/join/");
+            if !is_joins || listed.kvs.len() < limit || self.done.swap(true, Ordering::SeqCst) {
+                return self.inner.delete_prefix_limited(prefix, limit).await;
+            }
+            self.inner.delete(&listed.kvs[0].key, DeleteMode::Any).await?;
+            self.inner.delete_prefix_limited(prefix, limit - 1).await
+        }
+    }
+
+    /// Issue 39, defect 5: a piece that came up short (a listed key expired before the delete)
+    /// was taken for the end of the prefix, and the record advanced past a round whose keys
+    /// were never all deleted: they stayed for the run's life. Every key of the old rounds
+    /// must go all the same.
+    #[test]
+    fn a_piece_cut_short_by_an_expiry_does_not_end_the_deletes() {
+        paused(async {
+            const N: usize = rdzv_core::protocol::forget::KEYS_PER_DELETE + 44;
+            let layer = Arc::new(ExpiresMidPiece { inner: mem(), done: Default::default() });
+            let kv: Arc<dyn Kv> = layer.clone();
+            let p = params(&run_id("short-piece"), N, N);
+            let ws = support::workers(&kv, &p, N).await;
+            let versions = three_rounds(&ws).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            assert!(layer.done.load(std::sync::atomic::Ordering::SeqCst), "no piece was cut short");
+            let root = ws[0].handler.keys().root().to_string();
+            assert_no_round_left_before(&kv, &root, versions[1], N as u64).await;
         });
     }
 

@@ -66,8 +66,11 @@ pub trait Kv: Send + Sync + std::fmt::Debug + 'static {
     /// of keys can be deleted a bounded write at a time (on etcd, one delete of thousands of
     /// keys stalls every request behind it for seconds). Keys written under the prefix while
     /// the piece is deleted may be deleted with it if they sort before its last key.
-    /// `deleted` says how many went: fewer than `limit` means none was left. A `limit` of 0
-    /// is [`KvError::InvalidArgument`].
+    /// `deleted` says how many went; 0 means none was left. A piece may delete fewer than
+    /// `limit` while keys remain (on etcd the piece is listed first, then deleted up to its
+    /// last listed key: a listed key that expired meanwhile is not counted), so a caller that
+    /// must empty the prefix repeats until a piece deletes nothing. A `limit` of 0 is
+    /// [`KvError::InvalidArgument`].
     ///
     /// The default deletes the whole prefix ([`Kv::delete_prefix`]): for a backend that has
     /// no cheaper way, and for which one large write costs no more than many small ones.

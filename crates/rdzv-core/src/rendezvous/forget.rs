@@ -123,15 +123,8 @@ pub(crate) fn forget_old_rounds(
         let record = existing.as_ref().and_then(|kv| Forgotten::parse(&kv.value));
         for old in rounds_to_forget(version, Some(previous), record) {
             for prefix in pieces(&keys, old) {
-                loop {
-                    let delete = || kv.delete_prefix_limited(&prefix, KEYS_PER_DELETE);
-                    let Some(piece) = keep_trying(old, delete).await else {
-                        return;
-                    };
-                    if piece.deleted < KEYS_PER_DELETE as u64 {
-                        break;
-                    }
-                    tokio::time::sleep(PAUSE_BETWEEN_DELETES).await;
+                if !delete_all_of(&*kv, &prefix, old).await {
+                    return;
                 }
             }
         }
@@ -147,6 +140,27 @@ pub(crate) fn forget_old_rounds(
             tracing::debug!(error = %e, version, "could not record which rounds are deleted");
         }
     });
+}
+
+/// Deletes every key under `prefix` (of round `round`), a piece of at most
+/// [`KEYS_PER_DELETE`] keys at a time, [`PAUSE_BETWEEN_DELETES`] after each full piece;
+/// `false` if a delete kept failing ([`keep_trying`]). Only a piece that deletes nothing
+/// ends it: a piece may come up short while keys remain (on etcd a listed key whose lease
+/// expired before the delete is not counted, and the keys after the listed ones are not
+/// touched).
+async fn delete_all_of(kv: &dyn Kv, prefix: &[u8], round: u64) -> bool {
+    loop {
+        let Some(piece) = keep_trying(round, || kv.delete_prefix_limited(prefix, KEYS_PER_DELETE)).await
+        else {
+            return false;
+        };
+        if piece.deleted == 0 {
+            return true;
+        }
+        if piece.deleted >= KEYS_PER_DELETE as u64 {
+            tokio::time::sleep(PAUSE_BETWEEN_DELETES).await;
+        }
+    }
 }
 
 /// The wait for round `version` to be settled: final (or a later round under way, or the

@@ -46,8 +46,8 @@ pub async fn delete_prefix_rejects_empty_prefix(kv: Arc<dyn Kv>, ns: Vec<u8>) {
 }
 
 /// `delete_prefix_limited` deletes the first keys under the prefix in key order, at most the
-/// limit, and says how many; fewer than the limit means none was left. A limit of 0 and an
-/// empty prefix are refused.
+/// limit, and says how many; once none is left, a piece deletes 0. A limit of 0 and an empty
+/// prefix are refused.
 pub async fn delete_prefix_limited_deletes_the_first_keys(kv: Arc<dyn Kv>, ns: Vec<u8>) {
     for i in 0..5 {
         put(&*kv, &key(&ns, &format!("doomed/{i}")), b"v").await;
@@ -65,7 +65,7 @@ pub async fn delete_prefix_limited_deletes_the_first_keys(kv: Arc<dyn Kv>, ns: V
     let rest = within("delete_prefix_limited", kv.delete_prefix_limited(&key(&ns, "doomed/"), 10))
         .await
         .expect("delete_prefix_limited");
-    assert_eq!(rest.deleted, 3, "fewer than the limit: what was left");
+    assert_eq!(rest.deleted, 3, "the limit is above what was left: all of it");
     assert!(rest.revision > first.revision);
     let none = within("delete_prefix_limited", kv.delete_prefix_limited(&key(&ns, "doomed/"), 10))
         .await
