@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Link
 from test_rdzv_run import rdzv_binary
 from test_torchrun import TRAIN, kill, kill_tree, wait_for
 
@@ -41,9 +42,11 @@ def agent(
     script: str = TRAIN,
     ttl: int = TTL,
     extra_env: dict[str, str] | None = None,
+    timeout: int = 90,
 ) -> subprocess.Popen:
     """Starts one agent (its etcd at `etcd`, `host:port`) running `script` in a session of its
-    own (so that it dies with its workers); `extra_env` goes to the agent and its workers."""
+    own (so that it dies with its workers); `extra_env` goes to the agent and its workers;
+    `timeout` is its rendezvous deadline in seconds."""
     env = dict(
         os.environ,
         OUT_DIR=str(out),
@@ -60,13 +63,13 @@ def agent(
             sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
-            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout=90", "--local-addr=127.0.0.1",
+            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout={timeout}", "--local-addr=127.0.0.1",
             "--monitor-interval=0.5", "--max-restarts=3", script,
         ]  # fmt: skip
     else:
         url = (
             f"etcd://{etcd}/{run_id}?min_workers={lo}&max_workers={hi or lo}"
-            f"&keep_alive_ttl={ttl}s&last_call_timeout=2s&timeout=90s"
+            f"&keep_alive_ttl={ttl}s&last_call_timeout=2s&timeout={timeout}s"
         )
         cmd = [
             rdzv_binary(), "run", url, "--nproc-per-node", "1", "--local-addr", "127.0.0.1",
@@ -175,3 +178,41 @@ def test_an_elastic_world_that_loses_a_member_keeps_the_ranks_that_still_exist(
     (second,) = worlds(out, 2)
     by_old = {first[n]: r for n, r in second.items()}
     assert by_old == {0: 0, 2: 1}, f"group ranks before → after: {by_old}"
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_spare_cut_off_after_its_timeout_is_still_promoted(
+    launcher: str, etcd: str, run_id: str, tmp_path: Path
+) -> None:
+    """Issue 39, defect 3: a spare that has waited longer than its timeout, then is cut off
+    from etcd (a partition: bytes stop, nothing is reset) for three TTLs, loses its session;
+    healed, it starts a new one and waits as a spare again — it does not die of its old
+    deadline — and takes the place of a member killed afterwards."""
+    timeout = 15
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    out.mkdir()
+    hold.touch()
+    logs = {n: tmp_path / f"{n}.log" for n in ("a0", "a1", "spare")}
+    with Link(etcd) as link:
+
+        def start(name: str, endpoint: str) -> subprocess.Popen:
+            return agent(launcher, endpoint, run_id, "2", name, out, 2, hold, logs[name], timeout=timeout)
+
+        procs = {name: start(name, etcd) for name in ("a0", "a1")}
+        wait_for(lambda: len(worlds(out, 2)) >= 1, "a world of 2", list(procs.values()))
+        procs["spare"] = start("spare", link.endpoint_list)
+        time.sleep(timeout + 2)
+        link.freeze()
+        time.sleep(3 * TTL)
+        link.heal()
+        time.sleep(TTL + 3)
+        assert procs["spare"].poll() is None, f"the spare ended:\n{logs['spare'].read_text()[-3000:]}"
+        first = worlds(out, 2)[0]
+        victim = next(name for name, rank in first.items() if rank == 1)
+        (survivor,) = set(first) - {victim}
+        kill_tree(procs.pop(victim))
+        wait_for(lambda: len(worlds(out, 2)) >= 2, "a world of 2 with the spare", list(procs.values()), timeout=60)
+        second = worlds(out, 2)[1]
+        assert second == {survivor: first[survivor], "spare": 1}, f"not the spare in {victim}'s place: {second}"
+        hold.unlink()
+        wait_exit(procs, {n: logs[n] for n in procs})

@@ -15,6 +15,7 @@ use crate::kv::{
 };
 use crate::params::RendezvousParams;
 
+use super::deadline::{Deadline, Doing};
 use super::decide::{Candidate, Sizing};
 use super::forget::forget_old_rounds;
 use super::keys::RunKeys;
@@ -127,17 +128,15 @@ impl<'a> Attempt<'a> {
     }
 
     /// Runs the machine until a round completes, the run is closed, `deadline` passes, or an
-    /// error that retrying cannot fix. While the worker waits as a spare (behind a full,
-    /// intact round) the deadline does not run: a spare waits as long as it takes, and gets a
-    /// whole `timeout` again from when it stops being one. Each phase runs in a `rdzv_phase`
-    /// tracing span (phase, run id, node, round once known) whose last event says what came of
-    /// it: the next phase, the completed round, or the error.
-    pub(crate) async fn run(&mut self, deadline: &mut Instant) -> Result<Completed> {
+    /// error that retrying cannot fix. The deadline is told what the worker does before each
+    /// action (it does not run while the worker waits as a spare: `deadline.rs`). Each phase runs
+    /// in a `rdzv_phase` tracing span (phase, run id, node, round once known) whose last
+    /// event says what came of it: the next phase, the completed round, or the error.
+    pub(crate) async fn run(&mut self, deadline: &mut Deadline) -> Result<Completed> {
         let mut backoff = backoff();
         let mut phase = self.machine.phase_name();
         let (mut span, mut has_version) = self.phase_span();
         let mut action = span.in_scope(|| self.machine.start());
-        let mut was_spare = false;
         loop {
             let input = match action {
                 Action::Done(done) => {
@@ -152,19 +151,14 @@ impl<'a> Attempt<'a> {
                 }
                 action => {
                     use tracing::Instrument;
-                    let spare = self.machine.is_spare();
-                    if was_spare && !spare {
-                        *deadline = Instant::now() + self.ctx.params.timeout;
-                    }
-                    was_spare = spare;
+                    deadline.observe(Doing::of(&self.machine), Instant::now());
                     let performed = self.perform(action, &mut backoff).instrument(span.clone());
-                    if spare {
-                        performed.await
-                    } else {
-                        match tokio::time::timeout_at(*deadline, performed).await {
+                    match deadline.at() {
+                        None => performed.await,
+                        Some(at) => match tokio::time::timeout_at(at, performed).await {
                             Ok(input) => input,
                             Err(_) => return Err(self.timed_out()),
-                        }
+                        },
                     }
                 }
             };

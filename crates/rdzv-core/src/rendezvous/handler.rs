@@ -17,6 +17,7 @@ use crate::session::{RefreshFailed, Session};
 
 use super::broken::RoundBroken;
 use super::changes::RoundChanges;
+use super::deadline::Deadline;
 use super::decide::Sizing;
 use super::executor::{Attempt, Context, clean};
 use super::keys::RunKeys;
@@ -167,7 +168,8 @@ impl RendezvousHandler {
     ///
     /// A worker beyond `max_workers` waits as a *spare*: while the round it waits behind is
     /// full and intact, the deadline does not run (a spare waits until a member is gone, the
-    /// run closes, or it shuts down), and it gets a whole `timeout` again from then on.
+    /// run closes, or it shuts down), and it gets a whole `timeout` again from then on — also
+    /// when it stops waiting because it lost its session, however long it waited before.
     ///
     /// Fails with [`RendezvousError::Closed`] if the run is or becomes closed,
     /// [`RendezvousError::Timeout`] if no round completes within the `timeout` parameter,
@@ -179,7 +181,7 @@ impl RendezvousHandler {
         let inner = &*self.inner;
         let ctx = &inner.ctx;
         let started = Instant::now();
-        let mut deadline = started + ctx.params.timeout;
+        let mut deadline = Deadline::new(started, ctx.params.timeout);
         let shut_down = inner.shut_down.clone();
         let mut worker = tokio::select! {
             worker = inner.worker.lock() => worker,
@@ -204,7 +206,7 @@ impl RendezvousHandler {
                 worker.last.as_ref().map(|(version, rank, _)| LastRound { version: *version, rank: *rank });
             let history = (last, worker.since, worker.retired.clone());
             let session = tokio::select! {
-                session = tokio::time::timeout_at(deadline, self.live_session(&mut worker)) => match session {
+                session = tokio::time::timeout_at(deadline.resumed_at(Instant::now()), self.live_session(&mut worker)) => match session {
                     Ok(Ok(session)) => session,
                     Ok(Err(e)) => return Err(e),
                     Err(_) => return Err(self.timed_out(phase)),
@@ -234,6 +236,7 @@ impl RendezvousHandler {
                     tracing::info!(run_id = %ctx.params.run_id, "session lease lost while not in a round; starting a new one");
                     attempt.disarm();
                     worker.retire_session();
+                    deadline.session_lost(Instant::now());
                 }
                 Err(e) => {
                     if !clean(attempt.take_leftovers(), &*ctx.kv).await {

@@ -643,6 +643,19 @@ impl Machine {
         matches!(&self.phase, Phase::Late { world_size, step: LateStep::Waiting, .. } if *world_size >= self.sizing.max)
     }
 
+    /// Whether the worker is retrying after a backend error (backing off, or reading the state
+    /// again): neither admitted nor moved on, so a spare that retries is still a spare for its
+    /// deadline (`deadline.rs`).
+    pub fn is_retrying(&self) -> bool {
+        match &self.phase {
+            Phase::Backoff => true,
+            Phase::Init { after } | Phase::Member { after, .. } | Phase::Predecessor { after, .. } => {
+                matches!(after, Reread::Retry)
+            }
+            _ => false,
+        }
+    }
+
     /// What the worker is doing, in words (for a timeout error), as its phase says. The
     /// reads of phase 1 (the state, its keep-alive key, whether a process runs) say what led
     /// to them: the start, a retry, or the wait that ended.

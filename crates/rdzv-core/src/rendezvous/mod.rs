@@ -4,7 +4,8 @@
 //! - `machine.rs`: one `next_rendezvous` call as a state machine over those tables: inputs
 //!   (values read, watch events, timer expiries, write outcomes) in, actions out, time
 //!   injected. No I/O.
-//! - `executor.rs`: the small async executor that performs the machine's actions on a `Kv`.
+//! - `executor.rs`: the small async executor that performs the machine's actions on a `Kv`;
+//!   `deadline.rs`: when a call times out (never while it waits as a spare).
 //! - `monitor.rs`: phase 4, watching a running round for its end; `broken.rs`: why a round
 //!   is over.
 //! - `handler.rs`: the public [`RendezvousHandler`].
@@ -15,6 +16,7 @@
 
 mod broken;
 mod changes;
+mod deadline;
 pub mod decide;
 mod executor;
 pub mod forget;
