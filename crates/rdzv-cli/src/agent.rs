@@ -323,6 +323,11 @@ impl Agent {
                 Decision::StartWorkers { say }
             }
             (Stage::Exchanging(_), Event::ExchangeFailed(what)) => self.regroup_or_restart(what, RestartCause::Other),
+            // As while the workers run: a lost lease is no failure, and counts no restart.
+            (Stage::Exchanging(_), Event::BrokenBeforeStart(RoundBroken::LeaseLost)) => self.join(
+                Rejoin::LeaseLost,
+                "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl) before its workers started; rejoining".into(),
+            ),
             (Stage::Exchanging(member), Event::BrokenBeforeStart(reason)) => {
                 let what = format!("round {} is over: {}", member.version, why(&reason));
                 self.regroup_or_restart(what, RestartCause::MemberLost)
@@ -406,6 +411,10 @@ impl Agent {
                 self.stage = Stage::CheckingFailure(member);
                 Decision::CheckFailure
             }
+            (Stage::Finishing(_), Event::BrokenWhileFinishing(RoundBroken::LeaseLost)) => self.join(
+                Rejoin::LeaseLost,
+                "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl) while it waited for the other nodes to finish; rejoining".into(),
+            ),
             (Stage::Finishing(member), Event::BrokenWhileFinishing(reason)) => {
                 self.unfinished(member, &reason, RestartCause::MemberLost)
             }
@@ -911,6 +920,46 @@ mod tests {
                 3,
                 with(running(), [Event::Broken(RoundBroken::LeaseLost), formed(), assigned()]),
                 with(started(), [join(Rejoin::LeaseLost, lease_lost), Decision::ExchangeRanks, start(0)]),
+            ),
+            (
+                "the lease was lost while the ranks were exchanged: rejoin, no restart counted",
+                0,
+                vec![formed(), Event::BrokenBeforeStart(RoundBroken::LeaseLost), formed(), assigned()],
+                vec![
+                    first(),
+                    Decision::ExchangeRanks,
+                    join(
+                        Rejoin::LeaseLost,
+                        "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl) before its workers started; rejoining",
+                    ),
+                    Decision::ExchangeRanks,
+                    start(0),
+                ],
+            ),
+            (
+                "the lease was lost while waiting for the others to finish: rejoin, no restart counted",
+                0,
+                with(
+                    running(),
+                    [
+                        Event::WorkersSucceeded,
+                        Event::BrokenWhileFinishing(RoundBroken::LeaseLost),
+                        formed(),
+                        assigned(),
+                    ],
+                ),
+                with(
+                    started(),
+                    [
+                        Decision::AwaitFinish,
+                        join(
+                            Rejoin::LeaseLost,
+                            "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl) while it waited for the other nodes to finish; rejoining",
+                        ),
+                        Decision::ExchangeRanks,
+                        start(0),
+                    ],
+                ),
             ),
             (
                 "a member died: restarts until none is left",

@@ -474,15 +474,10 @@ async fn supervise(
     restarts: u32,
     signals: &mut Signals,
 ) -> Event {
-    let broken = worker.round_broken();
-    let failed = peer_failure(round.store.clone());
-    let regroup = key_appears(round.store.clone(), REGROUP_KEY);
-    // Its own future, polled beside the others: a check stuck on an unreachable backend must
-    // not keep the agent from seeing its round broken (or its lease lost) meanwhile.
-    let waiting = nodes_waiting(worker, args.monitor_interval);
+    let over = round_over(worker, round, args.monitor_interval);
     // Only read when observed; never resolves.
     let reported = observe.nodes_waiting(worker, args.monitor_interval);
-    tokio::pin!(broken, failed, regroup, waiting, reported);
+    tokio::pin!(over, reported);
     let stop_reason = loop {
         tokio::select! {
             exit = group.next_exit() => match exit {
@@ -495,15 +490,7 @@ async fn supervise(
                 None => break Ok(Event::WorkersSucceeded),
             },
             () = &mut reported => {}
-            reason = &mut broken => break Ok(Event::Broken(reason)),
-            what = &mut failed => break Ok(Event::PeerFailed(what)),
-            _ = &mut regroup => break Ok(Event::NodesWaiting(None)),
-            k = &mut waiting => {
-                if let Err(e) = round.store.set(REGROUP_KEY, k.to_string()).await {
-                    tracing::warn!("telling the other agents about the regroup: {e}");
-                }
-                break Ok(Event::NodesWaiting(Some(k)));
-            }
+            event = &mut over => break Ok(event),
             signal = signals.recv() => {
                 let status = group.stop(signal.forwarded(), args.grace_period).await;
                 return Event::Interrupted { signal, status };
@@ -515,6 +502,21 @@ async fn supervise(
         let (summary, report) = failure_report(&exit, &worker.participant().node, round, restarts);
         Event::WorkerFailed { rank: exit.rank, status: exit.status, summary, report }
     })
+}
+
+/// Resolves with why the workers of `round` must stop, as the round tells: it broke
+/// ([`Event::Broken`]), a peer's worker failed ([`Event::PeerFailed`]), or the group re-forms
+/// to admit waiting nodes ([`Event::NodesWaiting`]: found here every `interval`, and the other
+/// agents told, or told by one of them). Each wait is polled beside the others: a check or a
+/// write stuck on an unreachable backend must not keep the agent from seeing its round broken
+/// (or its lease lost: fencing) meanwhile.
+async fn round_over(worker: &Rendezvous, round: &Round, interval: Duration) -> Event {
+    tokio::select! {
+        reason = worker.round_broken() => Event::Broken(reason),
+        what = peer_failure(round.store.clone()) => Event::PeerFailed(what),
+        _ = key_appears(round.store.clone(), REGROUP_KEY) => Event::NodesWaiting(None),
+        k = tell_regroup(round, nodes_waiting(worker, interval)) => Event::NodesWaiting(Some(k)),
+    }
 }
 
 /// Resolves with how many nodes wait to be admitted, once a check every `interval` finds
@@ -529,6 +531,17 @@ async fn nodes_waiting(worker: &Rendezvous, interval: Duration) -> usize {
             Err(e) => tracing::warn!("checking for waiting nodes: {e}"),
         }
     }
+}
+
+/// Resolves with what `waiting` finds (how many nodes wait), once the other agents of `round`
+/// are told that this one re-forms the group to admit them (or telling them failed): they
+/// then do not count it as a restart.
+async fn tell_regroup(round: &Round, waiting: impl std::future::Future<Output = usize>) -> usize {
+    let k = waiting.await;
+    if let Err(e) = round.store.set(REGROUP_KEY, k.to_string()).await {
+        tracing::warn!("telling the other agents about the regroup: {e}");
+    }
+    k
 }
 
 /// Resolves with the message of the first node that published a failure in `store`.
@@ -645,6 +658,45 @@ mod tests {
             .expect("the key was not seen after the failures ended")
             .expect("joined");
         assert_eq!(found, b"node b: exit 1");
+    }
+
+    /// Issue 39, defect 6: while this agent's write telling the others of a regroup hangs (a
+    /// request stuck on a silent connection: etcd's client holds it for its request timeout
+    /// per member tried), its lease lost must still end the round for it within the TTL —
+    /// fencing is not late by that write. `a` finds `c` waiting, its write hangs, then it is
+    /// cut off. (With the write awaited inside the select's arm, as before, this hung.)
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_regroup_write_does_not_delay_a_lost_lease() {
+        use rdzv::{RendezvousParams, RoundBroken};
+        const TTL: Duration = Duration::from_secs(2);
+        let kv: Arc<dyn Kv> = Arc::new(rdzv::mem::MemKv::new());
+        let params = |node: &str| {
+            let mut p = RendezvousParams::new("regroup", 2, 3).expect("params");
+            p.node_id = Some(node.into());
+            p.keep_alive_ttl = TTL;
+            p.last_call_timeout = Duration::from_secs(1);
+            p
+        };
+        let link = FaultyKv::new(kv.clone(), 39);
+        let a = Rendezvous::new(link.clone(), params("a")).await.expect("a");
+        let b = Rendezvous::new(kv.clone(), params("b")).await.expect("b");
+        let (round, other) = tokio::join!(a.next_rendezvous(), b.next_rendezvous());
+        let (round, _other) = (round.expect("a's round"), other.expect("b's round"));
+        link.hang_next("put");
+        let c = Rendezvous::new(kv.clone(), params("c")).await.expect("c");
+        let _waits = tokio::spawn(async move { c.next_rendezvous().await });
+        let over = tokio::spawn(async move { round_over(&a, &round, Duration::from_millis(500)).await });
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(!over.is_finished(), "the round was over before the write hung");
+        assert!(link.calls() > 0);
+        link.set_failure_probability(1.0);
+        let event = tokio::time::timeout(TTL + Duration::from_secs(2), over)
+            .await
+            .expect("the lost lease waited for the hung write")
+            .expect("joined");
+        // Whichever the agent learns first: its own keep-alive key gone, or its lease lost.
+        let over = matches!(event, Event::Broken(RoundBroken::LeaseLost | RoundBroken::MemberGone { .. }));
+        assert!(over, "{event:?}");
     }
 
     #[test]

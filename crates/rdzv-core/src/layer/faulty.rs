@@ -43,6 +43,8 @@ struct Config {
     fail_at: Option<u64>,
     /// The operation whose next call fails.
     fail_op: Option<&'static str>,
+    /// The operation whose next call never answers.
+    hang_op: Option<&'static str>,
     fail_probability: f64,
     drop_watch_after: Option<usize>,
     fail_after_applying: bool,
@@ -77,6 +79,7 @@ impl FaultyKv {
                 latency: Latency::None,
                 fail_at: None,
                 fail_op: None,
+                hang_op: None,
                 fail_probability: 0.0,
                 drop_watch_after: None,
                 fail_after_applying: false,
@@ -132,6 +135,14 @@ impl FaultyKv {
         self.config().fail_op = Some(operation);
     }
 
+    /// Makes the next call of `operation` (named as for [`fail_next`](Self::fail_next)) never
+    /// answer, once: a request stuck on a connection that went silent, which its caller
+    /// waits for until it gives up. It does not reach the wrapped backend; [`clear`](Self::clear)
+    /// cancels a hang not yet taken, not one under way.
+    pub fn hang_next(&self, operation: &'static str) {
+        self.config().hang_op = Some(operation);
+    }
+
     /// Makes every call fail with `Unavailable` with probability `p` (clamped to 0..=1).
     pub fn set_failure_probability(&self, p: f64) {
         self.config().fail_probability = if p.is_nan() { 0.0 } else { p.clamp(0.0, 1.0) };
@@ -161,6 +172,7 @@ impl FaultyKv {
         config.latency = Latency::None;
         config.fail_at = None;
         config.fail_op = None;
+        config.hang_op = None;
         config.fail_probability = 0.0;
         config.drop_watch_after = None;
         config.fail_after_applying = false;
@@ -172,9 +184,13 @@ impl FaultyKv {
 
     /// Runs one call of `operation` with the configured latency and failure.
     async fn call<T>(&self, operation: &str, call: impl Future<Output = KvResult<T>>) -> KvResult<T> {
-        let (delay, fail, number, after) = {
+        let (delay, fail, number, after, hang) = {
             let mut config = self.config();
             let number = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let hang = config.hang_op == Some(operation);
+            if hang {
+                config.hang_op = None;
+            }
             let mut fail = config.fail_at == Some(number);
             if fail {
                 config.fail_at = None;
@@ -196,8 +212,11 @@ impl FaultyKv {
                     Duration::from_nanos(config.rng.random_range(nanos(lo)..=nanos(hi)))
                 }
             };
-            (delay, fail, number, config.fail_after_applying)
+            (delay, fail, number, config.fail_after_applying, hang)
         };
+        if hang {
+            return std::future::pending().await;
+        }
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
