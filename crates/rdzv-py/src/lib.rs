@@ -134,7 +134,14 @@ where
         if let Some(out) = step {
             return Ok(out);
         }
-        py.check_signals()?;
+        if let Err(interrupted) = py.check_signals() {
+            // Dropped inside the runtime: what the cancelled call wrote (a join, waiting or
+            // `setup` key) is withdrawn by a task it spawns as it drops, which needs a runtime
+            // to spawn on. Dropped outside, it stayed for as long as the session lived.
+            let _entered = rt.enter();
+            drop(fut);
+            return Err(interrupted);
+        }
     }
 }
 

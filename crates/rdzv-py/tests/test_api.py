@@ -148,6 +148,46 @@ def test_ctrl_c_interrupts_a_blocking_call(etcd: str, run_id: str) -> None:
     w.shutdown()
 
 
+def test_an_interrupted_call_in_a_process_that_lives_on_leaves_no_ghost(endpoint: str, run_id: str) -> None:
+    """Issue 39, defect 4: a `next_rendezvous()` interrupted by Ctrl-C and caught, in a
+    process that lives on (a notebook): its join key used to stay for as long as the session
+    lived, and was frozen into the next round as a ghost (a stall of the frozen value's 10 s).
+    Two other workers must form their round of 2 at once."""
+    url = f"{endpoint}/{run_id}?min_workers=2&max_workers=2&keep_alive_ttl=10s"
+    code = (
+        "import rdzv, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        f"w = rdzv.connect({url!r})\n"
+        "print('waiting', flush=True)\n"
+        "try:\n"
+        "    w.next_rendezvous()\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "waiting"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        a, b = rdzv.connect(url), rdzv.connect(url)
+        started = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            rounds = [f.result(60) for f in [pool.submit(a.next_rendezvous), pool.submit(b.next_rendezvous)]]
+        took = time.monotonic() - started
+        assert [r.world_size for r in rounds] == [2, 2]
+        assert {p.node for p in rounds[0].participants} == {a.node_id, b.node_id}
+        assert took < 5, f"the round of 2 took {took:.1f} s: a ghost of the interrupted call stalled it"
+        assert proc.poll() is None, "the interrupted process did not live on"
+        a.shutdown()
+        b.shutdown()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def wait_child(pid: int, timeout: float = 60) -> int:
     """The exit code of forked child `pid`; a child still running after `timeout` seconds (a
     deadlock after the fork) is killed and fails the test instead of hanging the suite."""
