@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The Python package (crates/rdzv-py) and the torchrun backend, tested with real torch, etcd
-# and Redis. Creates or reuses the virtualenv .venv-py/ (git-ignored), installs the pinned
-# tools and torch into it only when they are missing (pip's normal cache keeps the wheels,
-# so a fresh clone reinstalls without downloading again), installs the package into it as a
-# contributor does (`pip install ./crates/rdzv-py`, below), and runs pytest. Fails loudly
-# when something is missing; never skips.
+# and Redis. Creates or reuses two virtualenvs (git-ignored): .venv-py/ with the pinned torch
+# (requirements-test.txt), where every test runs, and .venv-py-oldest/ with the oldest torch
+# release the backend supports (requirements-test-oldest.txt), where the tests of how a job
+# ends (test_lifecycle.py) run again through torchrun, since torch's calls of the backend
+# differ between releases. Installs the pinned tools and torch into each only when they are
+# missing (pip's normal cache keeps the wheels, so a fresh clone reinstalls without
+# downloading again), installs the package into each as a contributor does (`pip install
+# ./crates/rdzv-py`, below), and runs pytest. Fails loudly when something is missing; never
+# skips. Arguments go to the first pytest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-
-venv=.venv-py
-requirements=crates/rdzv-py/requirements-test.txt
 
 for bin in etcd redis-server python3; do
     if ! command -v "$bin" >/dev/null 2>&1; then
@@ -18,14 +19,18 @@ for bin in etcd redis-server python3; do
     fi
 done
 
-if [[ ! -x $venv/bin/python ]]; then
-    echo "test-python: creating $venv" >&2
-    python3 -m venv "$venv"
-fi
-py=$venv/bin/python
+# Two cores: keep the Rust build inside pip's build at two jobs.
+export CARGO_BUILD_JOBS=2
 
-# Install only when a pinned requirement is not satisfied (a quick check, no network).
-if ! "$py" - "$requirements" <<'PY'
+# prepare VENV REQUIREMENTS: the virtualenv VENV with the pinned REQUIREMENTS and the package.
+prepare() {
+    local venv=$1 requirements=$2
+    if [[ ! -x $venv/bin/python ]]; then
+        echo "test-python: creating $venv" >&2
+        python3 -m venv "$venv"
+    fi
+    # Install only when a pinned requirement is not satisfied (a quick check, no network).
+    if ! "$venv/bin/python" - "$requirements" <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -40,35 +45,44 @@ for line in open(sys.argv[1]):
     except PackageNotFoundError:
         sys.exit(1)
 PY
-then
-    echo "test-python: installing $requirements into $venv (torch is several GB the first time)" >&2
-    "$py" -m pip install --quiet -r "$requirements"
-fi
+    then
+        echo "test-python: installing $requirements into $venv (torch is several GB the first time)" >&2
+        "$venv/bin/python" -m pip install --quiet -r "$requirements"
+    fi
+    # The package, installed the way a contributor does from a checkout: `pip install
+    # ./crates/rdzv-py` (a regular, non-editable install; pip builds it in place with
+    # maturin's PEP 517 backend, which it installs into an isolated build environment from
+    # the index, pinned to the requirements' maturin by PIP_CONSTRAINT). Built in the dev
+    # profile (maturin's PEP 517 backend reads MATURIN_PEP517_ARGS; its default is a release
+    # build, a second full build of every dependency) into the workspace's target directory,
+    # so it reuses what the Rust tests built.
+    PIP_CONSTRAINT=$PWD/$requirements MATURIN_PEP517_ARGS="--profile dev" \
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./crates/rdzv-py
+}
 
-export VIRTUAL_ENV=$PWD/$venv
-export PATH=$PWD/$venv/bin:$PATH
-# Two cores: keep the Rust build inside pip's build at two jobs.
-export CARGO_BUILD_JOBS=2
-# The package, installed the way a contributor does from a checkout: `pip install
-# ./crates/rdzv-py` (a regular, non-editable install; pip builds it in place with maturin's
-# PEP 517 backend, which it installs into an isolated build environment from the index,
-# pinned to requirements-test.txt's maturin by PIP_CONSTRAINT). Built in the dev profile
-# (maturin's PEP 517 backend reads MATURIN_PEP517_ARGS; its default is a release build, a
-# second full build of every dependency) into the workspace's target directory, so it
-# reuses what the Rust tests built.
-PIP_CONSTRAINT=$PWD/$requirements MATURIN_PEP517_ARGS="--profile dev" \
-    "$py" -m pip install --quiet --disable-pip-version-check ./crates/rdzv-py
-# The `rdzv` binary, for the test of `rdzv run` driving torch, and `rdzv-netfault`, the
+# run_pytest VENV ARGS...: pytest in VENV (exit 5, no test collected, is a failure too).
+run_pytest() {
+    local venv=$1 code
+    shift
+    set +e
+    VIRTUAL_ENV=$PWD/$venv PATH=$PWD/$venv/bin:$PATH \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::UserWarning "$@"
+    code=$?
+    set -e
+    if [[ $code -eq 5 ]]; then
+        echo "test-python: pytest collected no test ($*)" >&2
+        return 1
+    fi
+    return $code
+}
+
+prepare .venv-py crates/rdzv-py/requirements-test.txt
+prepare .venv-py-oldest crates/rdzv-py/requirements-test-oldest.txt
+# The `rdzv` binary, for the tests of `rdzv run` driving torch, and `rdzv-netfault`, the
 # partition harness (conftest.py's `Link`); both already built by the Rust tests.
 cargo build --quiet -p rdzv-cli -p rdzv-netfault
 
-# pytest exits 5 when it collected no test: that is a failure here too.
-set +e
-"$py" -m pytest -q -p no:cacheprovider -W ignore::UserWarning crates/rdzv-py/tests "$@"
-code=$?
-set -e
-if [[ $code -eq 5 ]]; then
-    echo "test-python: pytest collected no test" >&2
-    exit 1
-fi
-exit $code
+run_pytest .venv-py crates/rdzv-py/tests "$@"
+oldest=$(.venv-py-oldest/bin/python -W ignore -c 'import torch; print(torch.__version__)')
+echo "test-python: how a job ends through torchrun, on torch $oldest" >&2
+run_pytest .venv-py-oldest crates/rdzv-py/tests/test_lifecycle.py -k torchrun

@@ -236,7 +236,8 @@ impl Rendezvous {
     }
 
     /// Closes the run for every worker; `outcome` (`"succeeded"` or `"failed"`) says how the
-    /// job ended, which the workers still waiting learn with their `RendezvousClosedError`.
+    /// job ended, which the workers still waiting learn with their `RendezvousClosedError`. A
+    /// closed run keeps its outcome, except that `"failed"` replaces `"succeeded"`.
     #[pyo3(signature = (outcome=None))]
     fn set_closed(&self, py: Python<'_>, outcome: Option<&str>) -> PyResult<()> {
         let handle = self.handle()?;
@@ -257,6 +258,14 @@ impl Rendezvous {
             }
         })?
         .map_err(rendezvous_err)
+    }
+
+    /// How the job ended, as the run's close says: `"succeeded"`, `"failed"`, or `None` while
+    /// the run is open (or was closed without saying).
+    fn run_outcome(&self, py: Python<'_>) -> PyResult<Option<&'static str>> {
+        let handle = self.handle()?;
+        let outcome = block(py, async move { handle.run_outcome().await })?.map_err(rendezvous_err)?;
+        Ok(outcome.map(rdzv::RunOutcome::as_str))
     }
 
     /// How many waiting workers the next round could admit while the current one runs (0 for

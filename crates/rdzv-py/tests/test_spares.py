@@ -23,7 +23,7 @@ import pytest
 
 from conftest import Link
 from test_rdzv_run import rdzv_binary
-from test_torchrun import TRAIN, kill, kill_tree, wait_for
+from test_torchrun import TRAIN, exits, kill_tree, wait_for
 
 LAUNCHERS = ["torchrun", "rdzv-run"]
 TTL = 3
@@ -97,19 +97,10 @@ def starts(out: Path) -> list[dict]:
 
 def wait_exit(procs: dict[str, subprocess.Popen], logs: dict[str, Path], timeout: float = 120) -> dict[str, float]:
     """Waits for every agent to exit 0; returns when each exited."""
-    deadline = time.monotonic() + timeout
-    ended: dict[str, float] = {}
-    while len(ended) < len(procs):
-        for name, proc in procs.items():
-            if name not in ended and proc.poll() is not None:
-                ended[name] = time.monotonic()
-                assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{logs[name].read_text()[-4000:]}"
-        if time.monotonic() > deadline:
-            kill(list(procs.values()))
-            late = [n for n in procs if n not in ended]
-            raise AssertionError(f"{late} did not exit; log of {late[0]}:\n{logs[late[0]].read_text()[-4000:]}")
-        time.sleep(0.1)
-    return ended
+    ended = exits(procs, logs, timeout)
+    for name, (code, _) in ended.items():
+        assert code == 0, f"{name} exited with {code}:\n{logs[name].read_text()[-4000:]}"
+    return {name: when for name, (_, when) in ended.items()}
 
 
 def start_agents(

@@ -52,6 +52,23 @@ def finish(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 180
     return codes
 
 
+def exits(procs: dict[str, subprocess.Popen], logs: dict[str, Path], timeout: float = 120) -> dict[str, tuple[int, float]]:
+    """Waits for every agent to exit; returns each one's exit code and when it exited. Kills
+    them all (with their workers) and fails when one is late."""
+    deadline = time.monotonic() + timeout
+    ended: dict[str, tuple[int, float]] = {}
+    while len(ended) < len(procs):
+        for name, proc in procs.items():
+            if name not in ended and proc.poll() is not None:
+                ended[name] = (proc.returncode, time.monotonic())
+        if time.monotonic() > deadline:
+            kill(list(procs.values()))
+            late = [n for n in procs if n not in ended]
+            raise AssertionError(f"{late} did not exit; log of {late[0]}:\n{logs[late[0]].read_text()[-4000:]}")
+        time.sleep(0.1)
+    return ended
+
+
 def results(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
 

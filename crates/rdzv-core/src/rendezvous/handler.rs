@@ -407,6 +407,15 @@ impl RendezvousHandler {
         Ok(matches!(self.state().await?, Some(State::Closed { .. })))
     }
 
+    /// How the job ended, as the run's close says: `None` while the run is open, or when it
+    /// was closed without saying ([`set_closed`](Self::set_closed)). Reads the state.
+    pub async fn run_outcome(&self) -> Result<Option<RunOutcome>> {
+        Ok(match self.state().await? {
+            Some(State::Closed { outcome }) => outcome,
+            _ => None,
+        })
+    }
+
     /// Closes the run for every worker: every current and future `next_rendezvous` of it
     /// fails with [`RendezvousError::Closed`]. The run stays closed for `run_ttl` after its
     /// last handler is gone; then its keys expire and the run id can be used again.
@@ -417,7 +426,9 @@ impl RendezvousHandler {
     /// Closes the run as [`set_closed`](Self::set_closed) does, saying how the job ended: the
     /// workers still waiting learn it with their [`RendezvousError::Closed`] (a spare of a job
     /// that succeeded ends cleanly), and `rdzv status` shows it. A run already closed keeps
-    /// the outcome it was closed with.
+    /// the outcome it was closed with, except that `Failed` replaces `Succeeded`: a member whose
+    /// workers failed after another closed the run as succeeded (under torchrun, whose exit
+    /// barrier gives up on a slow node after 300 s) makes the job a failure. `Failed` is final.
     pub async fn set_closed_with(&self, outcome: RunOutcome) -> Result<()> {
         self.close(Some(outcome)).await
     }
@@ -433,6 +444,11 @@ impl RendezvousHandler {
         let written = cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &key, |current| {
             let already = current.and_then(|kv| State::parse(&kv.key, &kv.value).ok());
             match already {
+                Some(State::Closed { outcome: Some(RunOutcome::Succeeded) })
+                    if outcome == Some(RunOutcome::Failed) =>
+                {
+                    Some(closed.clone())
+                }
                 Some(State::Closed { outcome: Some(before) }) => {
                     found = Some(before);
                     None

@@ -141,7 +141,11 @@ class Rendezvous:
     def set_closed(self, outcome: str | None = None) -> None:
         """Closes the run for every worker; ``outcome`` (``"succeeded"`` or ``"failed"``) says how
         the job ended, which the workers still waiting learn (``RendezvousClosedError.outcome``).
-        The run stays closed for ``run_ttl`` after its last worker is gone."""
+        A closed run keeps its outcome, except that ``"failed"`` replaces ``"succeeded"``. The run
+        stays closed for ``run_ttl`` after its last worker is gone."""
+    def run_outcome(self) -> str | None:
+        """How the job ended, as the run's close says: ``"succeeded"``, ``"failed"``, or ``None``
+        while the run is open (or was closed without saying)."""
     def num_nodes_waiting(self) -> int:
         """How many waiting workers the next round could admit while the current one runs: 0
         for a full, intact round (the workers beyond ``max_workers`` are spares, admitted only

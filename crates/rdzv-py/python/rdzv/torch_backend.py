@@ -10,13 +10,25 @@ torchrun loads it through the ``torchrun.handlers`` entry point of this package:
 means etcd. ``--rdzv-id`` is the run id, ``--nnodes=MIN:MAX`` the world's bounds.
 ``--rdzv-conf`` takes torch's key names (see ``TORCH_KEYS``) and rdzv's own options.
 
-A run that ends. torchrun calls ``shutdown()`` when its agent ends (not when a signal stops
-it). When this agent's workers all succeeded, ``shutdown()`` closes the run as succeeded (as
-torch's own backends and ``rdzv run`` do), so that spares and late agents stop within
-seconds; when the agent gave up after ``--max-restarts`` (torch raises ``ChildFailedError``),
-it closes the run as failed, as ``rdzv run`` does. An agent that stops for any other reason
-(its own rendezvous timeout, a lost backend) only leaves: its keys vanish at once and the
-other agents re-form without it if at least ``MIN`` remain.
+A run that ends. torchrun's ``launch_agent`` calls ``shutdown()`` in its ``finally`` when its
+agent ends (not when a signal stops it), and the exception in flight then says how: none when
+every worker of this agent succeeded, ``ChildFailedError`` when it gave up after
+``--max-restarts``, another when the agent failed otherwise. So ``shutdown()`` closes the run as
+succeeded (so that spares and late agents stop within seconds, as torch's own backends and
+``rdzv run`` do), or as failed (as ``rdzv run`` does), or only leaves: its keys vanish at once
+and the other agents re-form without it if at least ``MIN`` remain. torch 2.6 and 2.7 also call
+``shutdown()`` from the agent's ``_shutdown`` (the end of ``SimpleElasticAgent.run``, and
+stopping the workers for good), after the workers' result — failed or not — with nothing in
+flight: that call says nothing, and is left to ``launch_agent``'s, which always follows
+(unless a signal stops the agent: then one is in flight, and it only leaves). Supported:
+torch 2.6 (the first to load the ``torchrun.handlers`` entry point) and later; tested on 2.6
+and 2.15.
+
+A run closed as succeeded while this agent's workers still run (torch's exit barrier gives
+up on a slower node after 300 s, and the faster agents close the run and leave) does not stop
+them: ``num_nodes_waiting()`` reports nothing to re-form for, and they finish on their own.
+Should they fail instead, the run is closed as failed (``failed`` replaces ``succeeded``) and
+this agent ends with an error.
 
 An agent whose run closes while it waits for a round — a spare, a late agent, or any agent of
 a job that succeeded — ends with exit code 0: ``next_rendezvous()`` raises ``SystemExit(0)``.
@@ -45,6 +57,7 @@ import urllib.parse
 from typing import Any, Callable
 
 import torch.distributed as dist
+from torch.distributed.elastic.agent.server.api import ElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,
@@ -232,6 +245,11 @@ class RdzvRendezvousHandler(RendezvousHandler):
         self._store_timeout = store_timeout
         self._in_round = False
         self._was_member = False
+        # Whether this handler told torch's agent to re-form (num_nodes_waiting() > 0): torch
+        # re-forms only then, or when the workers failed with restarts left.
+        self._asked_to_reform = False
+        # Whether the run was seen closed as succeeded while this agent's workers ran.
+        self._succeeded = False
 
     def get_backend(self) -> str:
         return "rdzv"
@@ -243,10 +261,18 @@ class RdzvRendezvousHandler(RendezvousHandler):
         return False
 
     def next_rendezvous(self) -> RendezvousInfo:
-        self._in_round = False
+        workers_failed = self._in_round and not self._asked_to_reform
+        self._in_round = self._asked_to_reform = False
         try:
             r = self._worker.next_rendezvous()
         except rdzv.RendezvousClosedError as e:
+            if e.outcome == "succeeded" and workers_failed:
+                # This agent's workers failed after another closed the run as succeeded.
+                self._close_or_warn("failed")
+                raise RendezvousClosedError(
+                    f"the workers of this agent failed after run {self._worker.run_id} was closed as succeeded "
+                    "(by an agent that stopped waiting for this one); the run is now closed as failed"
+                ) from e
             if e.outcome == "succeeded" or not self._was_member:
                 how = "the job succeeded" if e.outcome == "succeeded" else "it was closed"
                 logger.info(
@@ -276,7 +302,17 @@ class RdzvRendezvousHandler(RendezvousHandler):
         self._worker.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        if self._in_round and self._worker.round_broken(timeout=0) in _BROKEN:
+        waiting = self._count_waiting()
+        self._asked_to_reform = waiting > 0
+        return waiting
+
+    def _count_waiting(self) -> int:
+        reason = self._worker.round_broken(timeout=0) if self._in_round else None
+        if reason in _BROKEN:
+            if reason != "lease_lost" and self._run_succeeded():
+                # Closed as succeeded by an agent whose exit barrier gave up on this one (and
+                # which then left): these workers finish, or fail, on their own.
+                return 0
             # torch's agent polls only this between its checks of the workers: reporting the
             # broken round (or this agent's lost lease) as a waiting node makes it stop its
             # workers and re-form now, not when a collective of its workers times out. Asked
@@ -290,6 +326,16 @@ class RdzvRendezvousHandler(RendezvousHandler):
             logger.warning("rdzv: could not count the waiting nodes (will ask again): %s", e)
             return 0
 
+    def _run_succeeded(self) -> bool:
+        """Whether the run is closed as succeeded (once seen, for good: a run closed is never
+        reopened). Unknown when the backend cannot be reached: then not."""
+        if not self._succeeded:
+            try:
+                self._succeeded = self._worker.run_outcome() == "succeeded"
+            except rdzv.RendezvousError as e:
+                logger.warning("rdzv: could not read how the run ended: %s", e)
+        return self._succeeded
+
     def get_run_id(self) -> str:
         return self._worker.run_id
 
@@ -297,6 +343,10 @@ class RdzvRendezvousHandler(RendezvousHandler):
         # torchrun calls this in a `finally`: the exception in flight, if any, says why the
         # agent ends (see the module's docs).
         in_flight = sys.exc_info()[1]
+        if in_flight is None and _called_by_the_agents_shutdown():
+            # torch 2.6 and 2.7, after the workers' result, whatever it was: launch_agent's
+            # call follows and tells.
+            return True
         outcome = None
         if in_flight is None:
             outcome = "succeeded"
@@ -313,6 +363,20 @@ class RdzvRendezvousHandler(RendezvousHandler):
             logger.warning("rdzv: could not leave the run cleanly: %s", e)
             return False
         return True
+
+    def _close_or_warn(self, outcome: str) -> None:
+        try:
+            self._worker.set_closed(outcome)
+        except rdzv.Error as e:
+            logger.warning("rdzv: could not close the run as %s: %s", outcome, e)
+
+
+def _called_by_the_agents_shutdown() -> bool:
+    """Whether the handler's ``shutdown()`` (the caller of this) was called by an elastic agent's
+    ``_shutdown``: torch 2.6 and 2.7 do so when the agent's run ends, before ``launch_agent``'s
+    own call."""
+    caller = sys._getframe(2)
+    return caller.f_code.co_name == "_shutdown" and isinstance(caller.f_locals.get("self"), ElasticAgent)
 
 
 def _redacted(endpoint: str) -> str:
