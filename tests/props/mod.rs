@@ -33,7 +33,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(150);
 /// How long a `setup` left behind by a creator that failed half-way may block the run: the
 /// short lease of its own (5 s) that the protocol gives it.
 pub const SETUP_TTL: Duration = Duration::from_secs(5);
-/// How long a `frozen` state lives when a member never confirms (machine.rs `FROZEN_TTL`).
+/// How long a `frozen` state lives when a member never confirms (`machine/io.rs`, `FROZEN_TTL`).
 pub const FROZEN_TTL: Duration = Duration::from_secs(10);
 /// The longest retry backoff: 2 s, with up to 100 % jitter on top.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(4);

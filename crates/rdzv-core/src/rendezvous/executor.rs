@@ -1,5 +1,5 @@
 //! The executor of one `next_rendezvous` call: performs the actions the protocol's state
-//! machine (`machine.rs`) asks for against the [`Kv`], and feeds back what it observes. It
+//! machine (`machine/`) asks for against the [`Kv`], and feeds back what it observes. It
 //! holds the call's I/O state — at most one watch of the state key and one of a prefix —
 //! and decides nothing; the caller bounds the whole call by its deadline.
 

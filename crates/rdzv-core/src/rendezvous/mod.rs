@@ -1,7 +1,7 @@
 //! The rendezvous protocol (docs/PROTOCOL.md), written once against [`Kv`](crate::Kv).
 //!
 //! - `decide.rs`: the decision tables — pure functions, no I/O.
-//! - `machine.rs`: one `next_rendezvous` call as a state machine over those tables: inputs
+//! - `machine/`: one `next_rendezvous` call as a state machine over those tables: inputs
 //!   (values read, watch events, timer expiries, write outcomes) in, actions out, time
 //!   injected. No I/O.
 //! - `executor.rs`: the small async executor that performs the machine's actions on a `Kv`;
