@@ -27,7 +27,39 @@ pub struct RoundChanges {
     pub joined: Arc<[usize]>,
 }
 
+/// A round a worker knew: one it was a member of (as `rank`), or a running round it waited
+/// behind (as a spare or late arrival; `rank` is `None`).
+#[derive(Clone, Debug)]
+pub(crate) struct KnownRound {
+    pub(crate) version: u64,
+    pub(crate) rank: Option<usize>,
+    pub(crate) members: Arc<[Participant]>,
+}
+
+impl KnownRound {
+    /// The later of the last round a worker was a member of and the last running round it
+    /// waited behind: what its new round is compared with.
+    pub(crate) fn latest(
+        member_of: Option<&KnownRound>,
+        waited_behind: Option<KnownRound>,
+    ) -> Option<KnownRound> {
+        match (member_of, waited_behind) {
+            (Some(member_of), Some(waited)) if member_of.version >= waited.version => Some(member_of.clone()),
+            (member_of, waited) => waited.or_else(|| member_of.cloned()),
+        }
+    }
+}
+
 impl RoundChanges {
+    /// The changes from `baseline` (the round compared with; `None` in a worker's first
+    /// round: no change) to a round of `now`'s members.
+    pub(crate) fn since(baseline: Option<&KnownRound>, now: &Arc<[Participant]>) -> RoundChanges {
+        match baseline {
+            Some(known) => RoundChanges::between(known.version, known.rank, &known.members, now),
+            None => RoundChanges::default(),
+        }
+    }
+
     /// The changes from round `previous_version` (with `before`'s members, of whom this worker
     /// was `previous_rank`) to a round of `now`'s members.
     pub(crate) fn between(

@@ -15,6 +15,7 @@ use crate::kv::{
 };
 use crate::params::RendezvousParams;
 
+use super::changes::KnownRound;
 use super::deadline::{Deadline, Doing};
 use super::decide::{Candidate, Sizing};
 use super::forget::forget_old_rounds;
@@ -35,6 +36,18 @@ pub(crate) struct Context {
 }
 
 type Result<T> = std::result::Result<T, RendezvousError>;
+
+/// What a handler remembers of the run from its earlier calls, for the next one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct History {
+    /// The last round this worker was a member of, and its rank there.
+    pub(crate) last: Option<LastRound>,
+    /// When it first arrived in the run (the create revision of its first join or waiting
+    /// key): newcomers are admitted in this order.
+    pub(crate) since: Option<Revision>,
+    /// The last few sessions it gave up, newest last: their keys are its own.
+    pub(crate) retired: Vec<LeaseId>,
+}
 
 /// One `next_rendezvous` call in progress: the machine and the watches it asked for.
 pub(crate) struct Attempt<'a> {
@@ -66,16 +79,14 @@ impl Drop for Attempt<'_> {
 
 impl<'a> Attempt<'a> {
     /// An attempt under `session`, started at `started`; it first leaves `leave` (this
-    /// worker's running round) if given, and never hands back round `leaving`. `history` is
-    /// what the handler remembers of the run: the last round this worker was a member of,
-    /// and when it first arrived.
+    /// worker's running round) if given, and never hands back round `leaving`.
     pub(crate) fn new(
         ctx: &'a Context,
         session: LeaseId,
         started: Instant,
         leaving: Option<u64>,
         leave: Option<&Completed>,
-        history: (Option<LastRound>, Option<Revision>, Vec<LeaseId>),
+        history: History,
     ) -> Self {
         let me = Participant { port: free_port().ok(), ..ctx.me.clone() };
         let leave_first = leave.map(|round| Leaving {
@@ -83,7 +94,7 @@ impl<'a> Attempt<'a> {
             rank: round.rank,
             final_revision: round.final_revision,
         });
-        let (last, since, retired) = history;
+        let History { last, since, retired } = history;
         let machine = Machine::new(Call {
             me,
             session,
@@ -107,9 +118,10 @@ impl<'a> Attempt<'a> {
         self.machine.arrived()
     }
 
-    /// The latest running round this attempt waited on, with its members.
-    pub(crate) fn waited_on(&self) -> Option<(u64, Arc<[Participant]>)> {
-        self.machine.waited_on().cloned()
+    /// The latest running round this attempt waited behind.
+    pub(crate) fn waited_behind(&self) -> Option<KnownRound> {
+        let (version, members) = self.machine.waited_on()?.clone();
+        Some(KnownRound { version, rank: None, members })
     }
 
     /// What the worker is doing, in words (for a timeout error).

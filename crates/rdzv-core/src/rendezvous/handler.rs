@@ -16,10 +16,10 @@ use crate::params::RendezvousParams;
 use crate::session::{RefreshFailed, Session};
 
 use super::broken::RoundBroken;
-use super::changes::RoundChanges;
+use super::changes::{KnownRound, RoundChanges};
 use super::deadline::Deadline;
 use super::decide::Sizing;
-use super::executor::{Attempt, Context, clean};
+use super::executor::{Attempt, Context, History, clean};
 use super::keys::RunKeys;
 use super::machine::{Completed, RoundTimings};
 use super::monitor::{Monitor, RoundStatus, Watched};
@@ -94,8 +94,8 @@ struct Closed {
 struct Worker {
     session: Option<Session>,
     membership: Option<(Completed, Monitor)>,
-    /// The last round this worker was a member of: its version, rank and members.
-    last: Option<(u64, usize, Arc<[Participant]>)>,
+    /// The last round this worker was a member of.
+    last: Option<KnownRound>,
     /// When it first arrived in the run (the create revision of its first join or waiting
     /// key): newcomers are admitted in this order.
     since: Option<crate::kv::Revision>,
@@ -104,6 +104,15 @@ struct Worker {
 }
 
 impl Worker {
+    /// What the next attempt starts from.
+    fn history(&self) -> History {
+        let last = self
+            .last
+            .as_ref()
+            .and_then(|known| Some(LastRound { version: known.version, rank: known.rank? }));
+        History { last, since: self.since, retired: self.retired.clone() }
+    }
+
     /// Gives up the current session (it is revoked in the background, best effort), and
     /// remembers its lease: should the revoke not get through, the keys it still holds on the
     /// server are known to be this worker's own.
@@ -179,9 +188,7 @@ impl RendezvousHandler {
     /// waiting keys, a `setup` value), so it leaves no ghost behind.
     pub async fn next_rendezvous(&self) -> Result<RendezvousInfo> {
         let inner = &*self.inner;
-        let ctx = &inner.ctx;
         let started = Instant::now();
-        let mut deadline = Deadline::new(started, ctx.params.timeout);
         let shut_down = inner.shut_down.clone();
         let mut worker = tokio::select! {
             worker = inner.worker.lock() => worker,
@@ -190,23 +197,47 @@ impl RendezvousHandler {
         if shut_down.is_cancelled() {
             return Err(RendezvousError::Shutdown);
         }
-        // Leave the running round, unless its monitor already saw it end (then there is
-        // nothing to end, and a swap would only be a wasted write).
-        let ended = matches!(inner.status.borrow().broken, Some(RoundBroken::Ended | RoundBroken::Closed));
-        let previous = worker.membership.take().and_then(|(round, monitor)| {
+        let previous = self.leave_running_round(&mut worker);
+        let (round, waited_behind) = self.form_round(&mut worker, previous, started).await?;
+        if shut_down.is_cancelled() {
+            return Err(RendezvousError::Shutdown);
+        }
+        self.enter(&mut worker, round, waited_behind, started)
+    }
+
+    /// Stops watching the running round this worker is a member of, and returns it for the
+    /// next call to end — unless its monitor already saw it end (then there is nothing to end,
+    /// and a swap would only be a wasted write).
+    fn leave_running_round(&self, worker: &mut Worker) -> Option<Completed> {
+        let ended =
+            matches!(self.inner.status.borrow().broken, Some(RoundBroken::Ended | RoundBroken::Closed));
+        worker.membership.take().and_then(|(round, monitor)| {
             drop(monitor);
             self.publish(None, Some(RoundBroken::Left));
             (!ended).then_some(round)
-        });
+        })
+    }
+
+    /// Forms the next round (leaving `previous` first, if given): attempts under one
+    /// session at a time, a lost session replaced, until one completes a round, the call's
+    /// deadline passes, or it fails; with the running round it last waited behind, if any. A
+    /// failed attempt's keys are withdrawn.
+    async fn form_round(
+        &self,
+        worker: &mut Worker,
+        previous: Option<Completed>,
+        started: Instant,
+    ) -> Result<(Completed, Option<KnownRound>)> {
+        let ctx = &self.inner.ctx;
+        let shut_down = self.inner.shut_down.clone();
+        let mut deadline = Deadline::new(started, ctx.params.timeout);
         let leaving = previous.as_ref().map(|round| round.version);
-        let mut first = true;
+        let mut leave = previous.as_ref();
         let mut phase = "starting a session";
-        let round = loop {
-            let last =
-                worker.last.as_ref().map(|(version, rank, _)| LastRound { version: *version, rank: *rank });
-            let history = (last, worker.since, worker.retired.clone());
+        loop {
+            let history = worker.history();
             let session = tokio::select! {
-                session = tokio::time::timeout_at(deadline.resumed_at(Instant::now()), self.live_session(&mut worker)) => match session {
+                session = tokio::time::timeout_at(deadline.resumed_at(Instant::now()), self.live_session(worker)) => match session {
                     Ok(Ok(session)) => session,
                     Ok(Err(e)) => return Err(e),
                     Err(_) => return Err(self.timed_out(phase)),
@@ -214,8 +245,7 @@ impl RendezvousHandler {
                 _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
             };
             let lost = session.lost();
-            let leave = if std::mem::take(&mut first) { previous.as_ref() } else { None };
-            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving, leave, history);
+            let mut attempt = Attempt::new(ctx, session.lease(), started, leaving, leave.take(), history);
             let outcome = tokio::select! {
                 r = attempt.run(&mut deadline) => r,
                 _ = lost.cancelled() => Err(RendezvousError::LeaseLost),
@@ -223,12 +253,11 @@ impl RendezvousHandler {
                 _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
             };
             phase = attempt.doing();
-            let (arrived, waited_on) = (attempt.arrived(), attempt.waited_on());
-            worker.since = worker.since.or(arrived);
+            worker.since = worker.since.or(attempt.arrived());
             match outcome {
                 Ok(round) => {
                     attempt.disarm();
-                    break (round, waited_on);
+                    return Ok((round, attempt.waited_behind()));
                 }
                 // Not a member of any round yet: nothing is lost with the session but this
                 // call's own keys. Start a new session and carry on.
@@ -248,26 +277,32 @@ impl RendezvousHandler {
                     return Err(e);
                 }
             }
-        };
-        if shut_down.is_cancelled() {
-            return Err(RendezvousError::Shutdown);
         }
-        let (round, waited_on) = round;
+    }
+
+    /// Makes `round` this worker's running round: tells what changed since the latest round it
+    /// knew (`waited_behind`, or its last as a member), reports it, and starts its monitor.
+    fn enter(
+        &self,
+        worker: &mut Worker,
+        round: Completed,
+        waited_behind: Option<KnownRound>,
+        started: Instant,
+    ) -> Result<RendezvousInfo> {
+        let inner = &*self.inner;
+        let ctx = &inner.ctx;
         // Waited behind a full round: a spare, promoted if that is the round compared with.
-        let behind_full = waited_on
+        let behind_full = waited_behind
             .as_ref()
-            .filter(|(_, before)| before.len() >= ctx.params.max_workers)
-            .map(|(version, _)| *version);
-        let changes = match (&worker.last, waited_on) {
-            (_, Some((version, before))) if worker.last.as_ref().is_none_or(|(v, ..)| *v < version) => {
-                RoundChanges::between(version, None, &before, &round.participants)
-            }
-            (Some((version, rank, before)), _) => {
-                RoundChanges::between(*version, Some(*rank), before, &round.participants)
-            }
-            (None, _) => RoundChanges::default(),
-        };
-        worker.last = Some((round.version, round.rank, round.participants.clone()));
+            .filter(|known| known.members.len() >= ctx.params.max_workers)
+            .map(|known| known.version);
+        let baseline = KnownRound::latest(worker.last.as_ref(), waited_behind);
+        let changes = RoundChanges::since(baseline.as_ref(), &round.participants);
+        worker.last = Some(KnownRound {
+            version: round.version,
+            rank: Some(round.rank),
+            members: round.participants.clone(),
+        });
         let info = RendezvousInfo {
             run_id: ctx.params.run_id.clone(),
             version: round.version,
