@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Measures etcd's delivery delay for a watch opened from a past revision, against one
-opened from the next revision (BENCHMARKS.md, "What the figures show"). etcd puts a watcher
+opened from the next revision (measured: BENCHMARKS.md's history, `git log -p BENCHMARKS.md`). etcd puts a watcher
 whose start revision is already in its history into the "unsynced" group, which a loop
 catches up every 100 ms; a watcher from the next revision is "synced" and gets events at
 once. The rendezvous opens its state watch from `seen + 1` after its own write moved the

@@ -6,8 +6,13 @@ Python 3.
 usage: plot.py RESULTS_DIR OUT_MD PLOT_DIR
 RESULTS_DIR holds cas_contention.jsonl, rendezvous_latency.jsonl, store_ops.jsonl,
 cost.jsonl, multiproc.jsonl, multiproc_cli.jsonl, machine.json and, when they were run,
-multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl, promote.jsonl;
-notes.md (optional) is appended verbatim. A missing file leaves its rows or section out.
+multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl, promote.jsonl,
+rounds.jsonl, killone.jsonl, ceiling.jsonl and c10d.jsonl;
+notes.md (optional), what the figures of the current run show, is pasted in verbatim before
+"Regenerate". A missing file leaves its rows or section out.
+
+Each section of BENCHMARKS.md is written by a function of its own (`*_section`); `main`
+calls them in the order of the file.
 """
 
 import json
@@ -50,6 +55,7 @@ def ceiling_cause(failed):
 
 
 def load(dirname, name):
+    """The records of RESULTS_DIR/name, one per JSON line; [] when the file is missing."""
     path = os.path.join(dirname, name)
     if not os.path.exists(path):
         return []
@@ -58,6 +64,7 @@ def load(dirname, name):
 
 
 def fmt_s(x):
+    """Seconds in µs, ms or s, whichever suits; – for None."""
     if x is None:
         return "–"
     if x < 0.001:
@@ -68,6 +75,7 @@ def fmt_s(x):
 
 
 def fmt_rate(x):
+    """A rate per second, in k/s from 1,000 on."""
     if x >= 10000:
         return f"{x / 1000:.0f} k/s"
     if x >= 1000:
@@ -76,6 +84,7 @@ def fmt_rate(x):
 
 
 def fmt_n(x, digits=2):
+    """A number with `digits` decimals; – for None."""
     return "–" if x is None else f"{x:.{digits}f}"
 
 
@@ -129,9 +138,11 @@ def svg_chart(path, title, series, xlabel, ylabel, logy=False, hlines=()):
         y0, y1 = 0.0, max(ys) * 1.1 or 1.0
 
     def px(x):
+        """The x pixel of N."""
         return ml + (math.log2(x) - x0) / (x1 - x0) * (w - ml - mr)
 
     def py(y):
+        """The y pixel of a value (clamped to the axis' floor on a log axis)."""
         v = math.log10(max(y, 10 ** y0)) if logy else y
         return mt + (1 - (v - y0) / (y1 - y0)) * (h - mt - mb)
 
@@ -190,10 +201,13 @@ def back_to_back_rows(runs):
     after another at 1,024 and 8,192 workers on each backend, old rounds deleted beside them."""
     rows = []
     def rounds_of(backend, n):
+        """The runs of one backend and size."""
         return [r for r in runs if r["backend"] == backend and r["workers"] == n]
     def completed(rs):
+        """The runs that exited 0 with a report."""
         return [r for r in rs if r["exit"] == 0 and r.get("report")]
     def round_ms(rs):
+        """Every round's milliseconds over the completed runs."""
         return [ms for r in completed(rs) for ms in r["report"].get("round_ms", [])]
     for b in sorted({r["backend"] for r in runs}):
         medians = {}
@@ -221,6 +235,7 @@ def back_to_back_rows(runs):
             # Runs are interleaved by size (run i of 1,024 just before run i of 8,192), so each
             # pair shares the machine's conditions: the spread of the pairs' ratios shows the noise.
             def run_median(n, i):
+                """The median round of run i at size n, or None."""
                 t = round_ms([r for r in rounds_of(b, n) if r["run"] == i])
                 return statistics.median(t) if t else None
             pairs = []
@@ -236,156 +251,80 @@ def back_to_back_rows(runs):
 
 
 def table(header, rows):
+    """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def extra_figures(md, res, cost_rounds):
-    """The figures recorded without a target: one client per worker, etcd on disk and as a
-    3-member cluster, failure detection against the keep-alive TTL, etcd's CPU time."""
-    clients = load(res, "clients.jsonl")
-    cli = load(res, "multiproc_cli.jsonl")
-    disk, cluster = load(res, "multiproc_disk.jsonl"), load(res, "multiproc_cluster.jsonl")
-    detect = load(res, "detect.jsonl")
-    mp = load(res, "multiproc.jsonl")
-    etcd_cost = [r for r in cost_rounds if r.get("server_cpu_s_per_1000") is not None]
-    if not (clients or disk or cluster or detect or etcd_cost):
-        return
-    md.append("## Figures without a target")
+
+# ---------------------------------------------------------------- the records
+
+class Results:
+    """Every record file of RESULTS_DIR, loaded once, with the failed records split off
+    where the sections show them apart."""
+
+    def __init__(self, res):
+        self.dir = res
+        self.machine = {}
+        if os.path.exists(os.path.join(res, "machine.json")):
+            with open(os.path.join(res, "machine.json")) as f:
+                self.machine = json.load(f)
+        latency = load(res, "rendezvous_latency.jsonl")
+        self.lat_failed = [r for r in latency if r.get("failed")]
+        self.latency = [r for r in latency if not r.get("failed")]
+        self.lat_by = defaultdict(list)
+        for r in self.latency:
+            self.lat_by[(r["backend"], r["workers"])].append(r["seconds"])
+        self.backends = sorted({b for b, _ in self.lat_by})
+        self.sizes = sorted({n for _, n in self.lat_by})
+        cost = load(res, "cost.jsonl")
+        self.cost_crashed = [r for r in cost if r.get("round") == "crashed"]
+        self.cost_failed = [r for r in cost if r.get("failed") and r.get("round") != "crashed"]
+        self.cost = [r for r in cost if not r.get("failed")]
+        self.cost_rounds = [r for r in self.cost if r["round"] in (1, 2)]
+        self.mp = load(res, "multiproc.jsonl")
+        self.mp_by = defaultdict(list)
+        for r in self.mp:
+            if r.get("failures", 0) == 0:
+                self.mp_by[r["workers"]].append(r)
+        self.cli = load(res, "multiproc_cli.jsonl")
+        self.disk, self.cluster = load(res, "multiproc_disk.jsonl"), load(res, "multiproc_cluster.jsonl")
+        self.clients, self.detect = load(res, "clients.jsonl"), load(res, "detect.jsonl")
+        self.rounds, self.killone = load(res, "rounds.jsonl"), load(res, "killone.jsonl")
+        self.ceiling, self.promote = load(res, "ceiling.jsonl"), load(res, "promote.jsonl")
+        self.c10d = load(res, "c10d.jsonl")
+        self.cas, self.store = load(res, "cas_contention.jsonl"), load(res, "store_ops.jsonl")
+
+    def cost_of(self, backend, n):
+        """Round 1 and 2 times of the `cost` bench at one backend and size."""
+        return [r["seconds"] for r in self.cost_rounds if r["backend"] == backend and r["workers"] == n]
+
+    def cost_bad(self, backend, n):
+        """The `cost` bench's failed rounds and crashed processes at one backend and size."""
+        return [r for r in self.cost_failed + self.cost_crashed if r["backend"] == backend and r["workers"] == n]
+
+
+# ---------------------------------------------------------------- title and machine
+
+def intro_section(md):
+    """The title, where the file comes from, and where the earlier runs are."""
+    md.append("# Benchmarks")
     md.append("")
-    if clients:
-        md.append("### One client per worker (what the server sees from separate hosts)")
-        md.append("")
-        md.append("`rdzv bench <etcd> --workers N --rounds 1 --client-per-worker` (`scripts/etcd_figures.py clients`): "
-                  "N in-process workers, each on a thread and runtime of its own with its own etcd client and "
-                  "connections (as on N hosts), against a local etcd on tmpfs. Time: the round, from all workers calling "
-                  "until the last returned (creating the clients and sessions is not in it). Writes and reads per "
-                  "worker: counted by the clients, in the round. The server's side is read around the whole "
-                  "command (creating N sessions, the round, N workers leaving): etcd's committed proposals and "
-                  "the key ranges it read (`etcd_mvcc_range_total`: range requests and transactions' compares "
-                  "and reads) per worker, and its CPU time per 1000 workers.")
-        md.append("")
-        rows = []
-        for n in sorted({r["workers"] for r in clients}):
-            rs = [r for r in clients if r["workers"] == n]
-            ok = [r for r in rs if not r.get("failed")]
-            rows.append([n, f"{len(ok)} of {len(rs)}", fmt_spread([r["seconds"] for r in ok]),
-                         median_of(ok, "writes_per_worker_round"), median_of(ok, "reads_per_worker_round"),
-                         median_of(ok, "proposals_per_worker"), median_of(ok, "ranges_per_worker"),
-                         median_of(ok, "server_cpu_s_per_1000"),
-                         f"{statistics.median(r['peak_memory_kib'] for r in ok) / MIB:.0f} MiB"
-                         if ok and all(r.get("peak_memory_kib") for r in ok) else "–",
-                         fmt_s(statistics.median(r["wall_seconds"] for r in ok)) if ok else "–"])
-        md.append(table(["N", "runs completed", "round: median (min–max)", "writes / worker (round)",
-                         "reads / worker (round)", "etcd proposals / worker (whole command)",
-                         "etcd key ranges read / worker (whole command)", "etcd CPU s / 1000 workers (whole command)",
-                         "peak memory of the bench", "whole command"], rows))
-        bad = [r for r in clients if r.get("failed")]
-        if bad:
-            md.append("")
-            md.append("Failed: " + "; ".join(f"N = {r['workers']}, run {r['run']}: {r['failed'][:300]}" for r in bad))
-        md.append("")
-    if disk or cluster:
-        md.append("### etcd with its data on disk, and a 3-member cluster")
-        md.append("")
-        md.append("The cold-start runs above (`rdzv join … --hold 0s` processes, started one after the other from "
-                  "the first spawn, leave included) at one size, against three etcd set-ups: one member with its data "
-                  "on tmpfs (the tables above), one member with its data on disk (every commit waits for an fsync), "
-                  "and three members on loopback (the URL lists all three; each process talks to one of them, and "
-                  "every commit needs a majority). Proposals are as one member counts them; key ranges read and "
-                  "CPU time are summed over the members (each member applies every transaction, compares "
-                  "included).")
-        md.append("")
-        rows = []
-        sizes = sorted({r["workers"] for r in disk + cluster})
-        for label, rs_all in [("1 member, tmpfs", cli), ("1 member, on disk", disk), ("3 members, tmpfs", cluster)]:
-            for n in sizes:
-                rs = by_workers(rs_all).get(n, [])
-                failed = [r for r in rs_all if r["workers"] == n and (r.get("failures") or r.get("failed"))]
-                if not rs and not failed:
-                    continue
-                data = sorted({r.get("etcd_data", "?") for r in rs_all if r["workers"] == n})
-                rows.append([label, ", ".join(data), n, fmt_spread([r["seconds"] for r in rs]),
-                             median_of(rs, "proposals_per_worker"), median_of(rs, "ranges_per_worker"),
-                             median_of(rs, "server_cpu_s_per_1000"), len(failed)])
-        md.append(table(["etcd", "data on", "N", "time: median (min–max)", "proposals / process",
-                         "key ranges read / process", "etcd CPU s / 1000 workers", "runs with failures"], rows))
-        md.append("")
-    if detect:
-        md.append("### Failure detection against the keep-alive TTL")
-        md.append("")
-        workers = sorted({r["workers"] for r in detect})
-        md.append(f"`scripts/etcd_figures.py detect`: {', '.join(map(str, workers))} `rdzv join … --hold` processes "
-                  "on etcd form a round (min = N − 1, max = N, `last_call_timeout=1s`, `keep_alive_ttl` as below); "
-                  "about 1 s later one member (not rank 0) is killed with SIGKILL, so its lease is neither "
-                  "refreshed nor revoked. Told: from the kill until a survivor printed that its round is over "
-                  "(`Rendezvous::round_broken`: the member's keep-alive key went when its lease expired on the "
-                  "server). Next round: until the last survivor printed the round of N − 1. Medians over runs "
-                  "(min–max of the last survivor told).")
-        md.append("")
-        rows = []
-        for ttl in sorted({r["ttl_s"] for r in detect}):
-            rs = [r for r in detect if r["ttl_s"] == ttl and not r.get("failed")]
-            bad = [r for r in detect if r["ttl_s"] == ttl and r.get("failed")]
-            last = [r["told_last_s"] for r in rs]
-            nexts = [r["next_round_last_s"] for r in rs if r.get("next_round_last_s") is not None]
-            rows.append([f"{ttl} s", len(rs), median_of(rs, "told_first_s"),
-                         f"{fmt_n(statistics.median(last))} ({fmt_n(min(last))}–{fmt_n(max(last))})" if last else "–",
-                         f"{statistics.median(last) / ttl:.2f}" if last else "–",
-                         fmt_n(statistics.median(nexts)) if nexts else "–", len(bad)])
-        md.append(table(["keep_alive_ttl", "runs", "first survivor told (s)", "last survivor told (s)",
-                         "last told / TTL", "next round, last survivor (s)", "failed runs"], rows))
-        reasons = sorted({re.sub(r"rank \d+", "rank k", x) for r in detect for x in r.get("reasons", [])})
-        if reasons:
-            md.append("")
-            md.append("Reasons the survivors gave: " + "; ".join(f"“{x}”" for x in reasons[:4]) + ".")
-        bad = [r for r in detect if r.get("failed")]
-        if bad:
-            md.append("")
-            md.append("Failed: " + "; ".join(f"TTL {r['ttl_s']} s, run {r['run']}: {r['failed'][:200]}" for r in bad))
-        md.append("")
-    cpu_rows = []
-    for n in sorted({r["workers"] for r in etcd_cost}):
-        for rnd in (1, 2):
-            v = [r["server_cpu_s_per_1000"] for r in etcd_cost if r["workers"] == n and r["round"] == rnd]
-            if v:
-                cpu_rows.append([f"in-process, one client (`cost` bench, round {rnd})", n, fmt_n(statistics.median(v))])
-    for label, rows_all in [("processes (`join_once`, gated; creation included)", mp),
-                            ("processes (`rdzv join`, cold; creation and leave included)", cli),
-                            ("one client per worker (`rdzv bench --client-per-worker`, whole command)", clients)]:
-        for n, rs in sorted(by_workers(rows_all).items()):
-            v = [r["server_cpu_s_per_1000"] for r in rs if r.get("server_cpu_s_per_1000") is not None]
-            if v:
-                cpu_rows.append([label, n, f"{fmt_n(statistics.median(v))} ({fmt_n(min(v))}–{fmt_n(max(v))})"])
-    if cpu_rows:
-        md.append("### etcd's CPU time per 1000 workers")
-        md.append("")
-        md.append("utime + stime of the etcd process over a round (`process_cpu_seconds_total` from its `/metrics` "
-                  "in the `cost` bench; `/proc/<pid>/stat` in the scripts), divided by N / 1000: the server's "
-                  "cost of a rendezvous of 1000 workers, on this machine's cores. Median (min–max) over runs; "
-                  "the counters tick in 10 ms, so small N are coarse.")
-        md.append("")
-        md.append(table(["workers", "N", "etcd CPU s / 1000 workers"], cpu_rows))
-        md.append("")
-
-
-def main():
-    res, out_md, plot_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-    os.makedirs(plot_dir, exist_ok=True)
-    rel_plot = os.path.relpath(plot_dir, os.path.dirname(os.path.abspath(out_md)))
-    machine = json.load(open(os.path.join(res, "machine.json"))) if os.path.exists(os.path.join(res, "machine.json")) else {}
-    latency, cost, mp = load(res, "rendezvous_latency.jsonl"), load(res, "cost.jsonl"), load(res, "multiproc.jsonl")
-    cas, store = load(res, "cas_contention.jsonl"), load(res, "store_ops.jsonl")
-    md = ["# Benchmarks", ""]
     md.append("Generated by `scripts/bench.sh` (the one command that reruns everything and rewrites this "
-              "file and its plots); raw results in `benches/results/`. Not part of CI.")
+              "file and its plots); raw results in `benches/results/`. Not part of CI. Earlier runs and "
+              "their analyses are in the git history of this file and of `benches/results/notes.md` "
+              "(`git log -p BENCHMARKS.md`).")
     md.append("")
+
+
+def machine_section(md, data):
+    """## Machine: machine.json's fields, and what the servers ran on."""
     md.append("## Machine")
     md.append("")
     for k in ["date", "cpu", "nproc", "ram", "kernel", "etcd", "redis", "rustc", "load_before", "load_after", "git"]:
-        if k in machine:
-            md.append(f"- **{k}**: {machine[k]}")
+        if k in data.machine:
+            md.append(f"- **{k}**: {data.machine[k]}")
     md.append("")
     md.append("etcd and Redis run on loopback, started by the harness (etcd's data directory on tmpfs, "
               "Redis without persistence). The machine is shared: other jobs ran at the same time (see the "
@@ -394,51 +333,52 @@ def main():
               "depend on the machine's speed.")
     md.append("")
 
-    # ---- targets summary
-    md.append("## Against the targets (docs/TESTING.md)")
-    md.append("")
+
+# ---------------------------------------------------------------- against the targets
+
+def process_rows(data):
+    """Target rows of the gated `join_once` processes on etcd: time, proposals per worker."""
     rows = []
-    mp_by = defaultdict(list)
-    for r in mp:
-        if r.get("failures", 0) == 0:
-            mp_by[r["workers"]].append(r)
-    for n in sorted(mp_by):
-        med, lo, hi = spread([r["seconds"] for r in mp_by[n]])
-        props = [r["proposals_per_worker"] for r in mp_by[n]
+    for n in sorted(data.mp_by):
+        med, lo, hi = spread([r["seconds"] for r in data.mp_by[n]])
+        props = [r["proposals_per_worker"] for r in data.mp_by[n]
                  if r.get("proposals_per_worker") is not None and r.get("proposals_clean", True)]
         ref = REFERENCE.get(n)
-        rows.append([f"{n} processes, etcd: time to complete the round", f"{fmt_s(med)} ({fmt_s(lo)}–{fmt_s(hi)}, {len(mp_by[n])} runs)",
+        rows.append([f"{n} processes, etcd: time to complete the round", f"{fmt_s(med)} ({fmt_s(lo)}–{fmt_s(hi)}, {len(data.mp_by[n])} runs)",
                      REFERENCE_TIME_TEXT.get(n, "–"), "≤ 1 s" if n == 128 else "–"])
         if props:
             rows.append([f"{n} processes, etcd: proposals per worker (median of the runs with a clean count)",
                          f"{fmt_n(statistics.median(props))} ({fmt_n(min(props))}–{fmt_n(max(props))}, {len(props)} runs)",
                          str(ref[1]) if ref else "–", "≤ 4"])
-    lat_by = defaultdict(list)
-    lat_failed = [r for r in latency if r.get("failed")]
-    latency = [r for r in latency if not r.get("failed")]
-    for r in latency:
-        lat_by[(r["backend"], r["workers"])].append(r["seconds"])
-    for (b, n), v in sorted(lat_by.items()):
+    return rows
+
+
+def round_time_rows(data):
+    """Target rows of a round's time in process: 1024 workers (criterion), larger N (`cost`)."""
+    rows = []
+    for (b, n), v in sorted(data.lat_by.items()):
         if n == 1024:
             target = TIME_TARGETS.get((b, n))
             rows.append([f"1024 in-process workers, {b}", fmt_spread(v, "rounds"), "–",
                          f"≤ {target:g} s" if target else "–"])
-    cost_crashed = [r for r in cost if r.get("round") == "crashed"]
-    cost_failed = [r for r in cost if r.get("failed") and r.get("round") != "crashed"]
-    cost = [r for r in cost if not r.get("failed")]
-    cost_rounds = [r for r in cost if r["round"] in (1, 2)]
     for (b, n), target in sorted(TIME_TARGETS.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         if n == 1024:
             continue
-        v = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == n]
-        failed = [r for r in cost_failed + cost_crashed if r["backend"] == b and r["workers"] == n]
+        v = data.cost_of(b, n)
+        failed = data.cost_bad(b, n)
         measured = fmt_spread(v, "rounds") if v else "–"
         if failed:
             measured += f" ({len(failed)} failed: see the cost section)"
         if v or failed:
             rows.append([f"{n} in-process workers, {b} (`cost` bench, rounds 1 and 2)", measured, "–",
                          f"≤ {target:g} s, every worker completing"])
-    cli_by = by_workers(load(res, "multiproc_cli.jsonl"))
+    return rows
+
+
+def cold_start_rows(data):
+    """Target rows of the cold `rdzv join` processes, and of one client per worker."""
+    rows = []
+    cli_by = by_workers(data.cli)
     for n in sorted(cli_by):
         if n in CLI_TIME_TARGETS:
             rows.append([f"{n} `rdzv join` processes started cold, etcd: time from the first spawn",
@@ -450,48 +390,63 @@ def main():
                          str(REFERENCE.get(n, (0, "–"))[1]), "≤ 4"])
             rows.append([f"{n} `rdzv join` processes: the same with each process's leave after the round",
                          median_of(cli_by[n], "proposals_per_worker"), "–", "–"])
-    clients_rows = load(res, "clients.jsonl")
-    for n in sorted({r["workers"] for r in clients_rows}):
-        rs = [r for r in clients_rows if r["workers"] == n]
+    for n in sorted({r["workers"] for r in data.clients}):
+        rs = [r for r in data.clients if r["workers"] == n]
         ok = [r["seconds"] for r in rs if not r.get("failed")]
         rows.append([f"{n} workers on etcd, one client each (`rdzv bench --client-per-worker`)",
                      f"{len(ok)} of {len(rs)} runs completed; {fmt_spread(ok)}", "–", "completes"])
-    leaves = [r for r in cost if r["round"] == "leave"]
+    return rows
+
+
+def count_rows(data):
+    """Target rows of the `cost` bench's counts: failed leaves, writes, reads, proposals, memory."""
+    rows = []
+    leaves = [r for r in data.cost if r["round"] == "leave"]
     for r in sorted(leaves, key=lambda r: (r["workers"], r["backend"])):
         if r["workers"] == 4096:
             rows.append([f"4096 handlers leaving at once on one client, {r['backend']}: failed requests",
                          str(r["failed_leaves"]), "–", "0"])
     for key, label, target in [("writes", "writes per worker per round (max over N, rounds)", "≤ 4"),
                                ("reads", "reads per worker per round (max over N, rounds)", "≤ 4")]:
-        for b in sorted({r["backend"] for r in cost_rounds}):
-            v = [r["counts"][key] for r in cost_rounds if r["backend"] == b]
+        for b in sorted({r["backend"] for r in data.cost_rounds}):
+            v = [r["counts"][key] for r in data.cost_rounds if r["backend"] == b]
             rows.append([f"{b}: {label}", fmt_n(max(v)), "–", target])
-    props = [r["proposals"] for r in cost_rounds if r.get("proposals") is not None]
+    props = [r["proposals"] for r in data.cost_rounds if r.get("proposals") is not None]
     if props:
         rows.append(["etcd proposals per worker per round, in-process (max over N, rounds)", fmt_n(max(props)),
                      "16 / 49 / 114 (N = 16 / 64 / 128)", "≤ 4"])
-    for r in sorted((r for r in cost if r["round"] == "memory"), key=lambda r: (r["workers"], r["backend"])):
+    for r in sorted((r for r in data.cost if r["round"] == "memory"), key=lambda r: (r["workers"], r["backend"])):
         if r["workers"] in MEMORY_TARGETS:
             rows.append([f"peak memory, {r['workers']} in-process workers, {r['backend']} (VmHWM of the whole process)",
                          f"{r['vmhwm_kib'] / MIB:.0f} MiB", "–", f"≤ {MEMORY_TARGETS[r['workers']]} MiB"])
-    # Scale (issue 25): growth from 1024 to 8192, the server's work per worker, a death at scale, the ceiling.
+    return rows
+
+
+def scale_rows(data):
+    """Rows of issue 25's scale figures from the `cost` bench: growth from 1024 to 8192, and
+    the server's work per worker at 8192."""
+    rows = []
     for b in ("etcd", "redis"):
-        small = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == 1024]
-        large = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == 8192]
+        small, large = data.cost_of(b, 1024), data.cost_of(b, 8192)
         if small and large:
             ratio = statistics.median(large) / statistics.median(small)
             # Two rounds per size, the first of them cold: too few for the target, which the
-            # back-to-back rows below check over 20 rounds per size (5 interleaved runs).
+            # back-to-back rows check over 20 rounds per size (5 interleaved runs).
             rows.append([f"{b}: round time at 8192 / at 1024 in-process workers (`cost` bench, medians of rounds 1 "
                          "and 2; for the record: the target is checked on the back-to-back rounds below)",
                          fmt_n(ratio), "–", "–"])
         for key, label in (("proposals", "etcd proposals"), ("server_ranges", "etcd key ranges read")):
-            v = [r[key] for r in cost_rounds if r["backend"] == b and r["workers"] == 8192 and r.get(key) is not None]
+            v = [r[key] for r in data.cost_rounds if r["backend"] == b and r["workers"] == 8192 and r.get(key) is not None]
             if v:
                 rows.append([f"8192 in-process workers, {b}: {label} per worker per round (max of rounds 1 and 2)",
                              fmt_n(max(v)), "–", "≤ 4" if key == "proposals" else "–"])
-    rows += back_to_back_rows(load(res, "rounds.jsonl"))
-    kill = load(res, "killone.jsonl")
+    return rows
+
+
+def kill_rows(data):
+    """Target rows of one in-process worker cut off among thousands (killone.jsonl)."""
+    rows = []
+    kill = data.killone
     for ttl in sorted({r["ttl_s"] for r in kill}):
         runs = [r for r in kill if r["ttl_s"] == ttl]
         ok = [r for r in runs if not r.get("failed") and r.get("failure")]
@@ -505,19 +460,31 @@ def main():
             rows.append([f"… then the next round, a spare in the dead member's place (from the last told; "
                          f"the {n} round took {fmt_s(statistics.median(rounds))})", fmt_spread(formed), "–",
                          f"≤ 2 × the round = {fmt_s(2 * statistics.median(rounds))}"])
-    ceiling = load(res, "ceiling.jsonl")
-    if ceiling:
-        done = [r for r in ceiling if not r.get("failed")]
-        stop = [r for r in ceiling if r.get("failed")]
-        largest = max((r["workers"] for r in done), default=None)
-        why = f"; {stop[0]['workers']} failed: {ceiling_cause(stop[0]['failed'])}" if stop else "; every size tried completed"
-        rows.append([f"the ceiling: the largest round of in-process workers on one etcd with its default limits{why}",
-                     str(largest) if largest else "–", "–", "written down"])
-        for r in done:
-            rows.append([f"the etcd server's cost of a round of {r['workers']} (per 1000 workers): CPU s, proposals; "
-                         "database size", f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
-                         f"{r['db_bytes'] / MIB / MIB:.1f} MiB" if r.get("db_bytes") else "–", "–", "–"])
-    promote = load(res, "promote.jsonl")
+    return rows
+
+
+def ceiling_rows(data):
+    """Rows of the largest round on one etcd, and the server's cost of each size that completed."""
+    ceiling = data.ceiling
+    if not ceiling:
+        return []
+    done = [r for r in ceiling if not r.get("failed")]
+    stop = [r for r in ceiling if r.get("failed")]
+    largest = max((r["workers"] for r in done), default=None)
+    why = f"; {stop[0]['workers']} failed: {ceiling_cause(stop[0]['failed'])}" if stop else "; every size tried completed"
+    rows = [[f"the ceiling: the largest round of in-process workers on one etcd with its default limits{why}",
+             str(largest) if largest else "–", "–", "written down"]]
+    for r in done:
+        rows.append([f"the etcd server's cost of a round of {r['workers']} (per 1000 workers): CPU s, proposals; "
+                     "database size", f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
+                     f"{r['db_bytes'] / MIB / MIB:.1f} MiB" if r.get("db_bytes") else "–", "–", "–"])
+    return rows
+
+
+def promote_rows(data):
+    """Target rows of a spare taking a SIGKILLed member's place (promote.jsonl)."""
+    rows = []
+    promote = data.promote
     for ttl in sorted({r["ttl_s"] for r in promote}):
         rs = [r for r in promote if r["ttl_s"] == ttl]
         ok = [r["promoted_s"] for r in rs if not r.get("failed")]
@@ -525,51 +492,74 @@ def main():
         rows.append([f"a spare takes a SIGKILLed member's place (`rdzv join` processes, etcd, keep_alive_ttl {ttl} s): "
                      f"from the kill to the spare's round; ranks kept in {kept} of {len(rs)} runs",
                      fmt_spread(ok), "–", f"≤ TTL + 1 s = {ttl + 1:g} s"])
+    return rows
+
+
+def targets_section(md, data):
+    """## Against the targets (docs/TESTING.md): one table, a row per figure."""
+    md.append("## Against the targets (docs/TESTING.md)")
+    md.append("")
+    rows = (process_rows(data) + round_time_rows(data) + cold_start_rows(data) + count_rows(data)
+            + scale_rows(data) + back_to_back_rows(data.rounds) + kill_rows(data) + ceiling_rows(data)
+            + promote_rows(data))
     md.append(table(["figure", "measured", "reference", "target"], rows))
     md.append("")
-    c10d = load(res, "c10d.jsonl")
-    if c10d:
-        md.append("### Against PyTorch's default rendezvous (torchrun's `c10d` backend)")
-        md.append("")
-        md.append("`python3 scripts/c10d_compare.py --python .venv-py/bin/python --sizes 32,64 --runs 5 --out "
-                  "benches/results/c10d.jsonl` (run by `scripts/bench.sh`): N separate worker processes of each "
-                  "system, alternating run by run; each imports its library and connects (c10d: "
-                  "`DynamicRendezvousHandler` over a TCPStore this script hosts, torch "
-                  "2.15's defaults; rdzv: `rdzv.connect` to a local etcd on tmpfs), then all are told to go at "
-                  "one instant, and the time runs until the last has its round (min = max = N). Median "
-                  "(min–max) over the runs; ratio of the medians. Load average during the runs: "
-                  f"{c10d[0].get('load_at_start', '?')} at the start, {c10d[-1].get('load', '?')} at the end.")
-        md.append("")
-        rows = []
-        for n in sorted({r["workers"] for r in c10d}):
-            times = {s: [r["seconds"] for r in c10d if r["workers"] == n and r["system"] == s and not r.get("failed")]
-                     for s in ("c10d", "rdzv")}
-            failed = [r for r in c10d if r["workers"] == n and r.get("failed")]
-            ratio = (f"{statistics.median(times['c10d']) / statistics.median(times['rdzv']):.0f}×"
-                     if times["c10d"] and times["rdzv"] else "–")
-            rows.append([n, fmt_spread(times["c10d"]), fmt_spread(times["rdzv"]), ratio, len(failed)])
-        md.append(table(["N processes", "c10d (TCPStore)", "rdzv (etcd)", "c10d / rdzv", "failed runs"], rows))
-        md.append("")
-    if promote:
-        workers = sorted({r["workers"] for r in promote})
-        md.append("Spare promotion (`python3 scripts/etcd_figures.py promote --rdzv target/release/rdzv --workers 4 "
-                  "--ttls 3,10 --runs 5 --out benches/results/promote.jsonl`, run by `scripts/bench.sh`): "
-                  f"{', '.join(map(str, workers))} "
-                  "`rdzv join … --hold` processes on etcd form a full round (min = max = N), one more waits "
-                  "as a spare; about 1 s after `rdzv status` sees it, a member (not rank 0) is killed with "
-                  "SIGKILL, and the time runs until the spare printed its round. The lease of the dead member "
-                  "expires between ⅔ TTL and one TTL after its last refresh (every TTL/3); the rest is the "
-                  "round forming at once (full: no last call), with every survivor keeping its rank and the "
-                  "spare taking the dead one's. Run "
-                  + (f"{promote[0].get('date', '?')} to {promote[-1].get('date', '?')}, load average (1/5/15 min) "
-                     f"{promote[0].get('load', '?')} at the first run and {promote[-1].get('load', '?')} at the last"
-                     if promote else "")
-                  + ". Failed runs: "
-                  + (", ".join(f"TTL {r['ttl_s']} s run {r['run']}: {r['failed'][:160]}" for r in promote if r.get("failed"))
-                     or "none") + ".")
-        md.append("")
 
-    # ---- latency
+
+def c10d_section(md, data):
+    """### Against PyTorch's default rendezvous: c10d and rdzv side by side (c10d.jsonl)."""
+    c10d = data.c10d
+    if not c10d:
+        return
+    md.append("### Against PyTorch's default rendezvous (torchrun's `c10d` backend)")
+    md.append("")
+    md.append("`python3 scripts/c10d_compare.py --python .venv-py/bin/python --sizes 32,64 --runs 5 --out "
+              "benches/results/c10d.jsonl` (run by `scripts/bench.sh`): N separate worker processes of each "
+              "system, alternating run by run; each imports its library and connects (c10d: "
+              "`DynamicRendezvousHandler` over a TCPStore this script hosts, torch "
+              "2.15's defaults; rdzv: `rdzv.connect` to a local etcd on tmpfs), then all are told to go at "
+              "one instant, and the time runs until the last has its round (min = max = N). Median "
+              "(min–max) over the runs; ratio of the medians. Load average during the runs: "
+              f"{c10d[0].get('load_at_start', '?')} at the start, {c10d[-1].get('load', '?')} at the end.")
+    md.append("")
+    rows = []
+    for n in sorted({r["workers"] for r in c10d}):
+        times = {s: [r["seconds"] for r in c10d if r["workers"] == n and r["system"] == s and not r.get("failed")]
+                 for s in ("c10d", "rdzv")}
+        failed = [r for r in c10d if r["workers"] == n and r.get("failed")]
+        ratio = (f"{statistics.median(times['c10d']) / statistics.median(times['rdzv']):.0f}×"
+                 if times["c10d"] and times["rdzv"] else "–")
+        rows.append([n, fmt_spread(times["c10d"]), fmt_spread(times["rdzv"]), ratio, len(failed)])
+    md.append(table(["N processes", "c10d (TCPStore)", "rdzv (etcd)", "c10d / rdzv", "failed runs"], rows))
+    md.append("")
+
+
+def promote_section(md, data):
+    """The paragraph on spare promotion that ends the targets: how it was run, and when."""
+    promote = data.promote
+    if not promote:
+        return
+    workers = sorted({r["workers"] for r in promote})
+    failed = ", ".join(f"TTL {r['ttl_s']} s run {r['run']}: {r['failed'][:160]}" for r in promote if r.get("failed"))
+    md.append("Spare promotion (`python3 scripts/etcd_figures.py promote --rdzv target/release/rdzv --workers 4 "
+              "--ttls 3,10 --runs 5 --out benches/results/promote.jsonl`, run by `scripts/bench.sh`): "
+              f"{', '.join(map(str, workers))} "
+              "`rdzv join … --hold` processes on etcd form a full round (min = max = N), one more waits "
+              "as a spare; about 1 s after `rdzv status` sees it, a member (not rank 0) is killed with "
+              "SIGKILL, and the time runs until the spare printed its round. The lease of the dead member "
+              "expires between ⅔ TTL and one TTL after its last refresh (every TTL/3); the rest is the "
+              "round forming at once (full: no last call), with every survivor keeping its rank and the "
+              "spare taking the dead one's. Run "
+              f"{promote[0].get('date', '?')} to {promote[-1].get('date', '?')}, load average (1/5/15 min) "
+              f"{promote[0].get('load', '?')} at the first run and {promote[-1].get('load', '?')} at the last"
+              f". Failed runs: {failed or 'none'}.")
+    md.append("")
+
+
+# ---------------------------------------------------------------- latency
+
+def latency_section(md, data):
+    """## Rendezvous latency, in-process workers (rendezvous_latency.jsonl), with the phases."""
     md.append("## Rendezvous latency, in-process workers")
     md.append("")
     md.append("`benches/rendezvous_latency.rs`: N workers (min = max = N) in one process on one shared client, "
@@ -577,31 +567,34 @@ def main():
               "the last returned. Median (min–max) over the rounds criterion ran; the slowest worker's "
               "phase timings (median) show where the time goes.")
     md.append("")
-    backends = sorted({b for b, _ in lat_by})
-    sizes = sorted({n for _, n in lat_by})
     rows = []
-    for n in sizes:
+    for n in data.sizes:
         row = [n]
-        for b in backends:
-            v = lat_by.get((b, n))
+        for b in data.backends:
+            v = data.lat_by.get((b, n))
             if v:
                 med, lo, hi = spread(v)
                 row.append(f"{fmt_s(med)} ({fmt_s(lo)}–{fmt_s(hi)}, {len(v)})")
             else:
                 row.append("–")
         rows.append(row)
-    md.append(table(["N"] + [f"{b}: median (min–max, rounds)" for b in backends], rows))
+    md.append(table(["N"] + [f"{b}: median (min–max, rounds)" for b in data.backends], rows))
     md.append("")
-    if lat_failed:
+    if data.lat_failed:
         md.append("**Failed rounds** (not in the figures above; a failed size stops that backend's larger sizes):")
         md.append("")
-        for r in lat_failed:
+        for r in data.lat_failed:
             md.append(f"- {r['backend']}, N = {r['workers']}: after {fmt_s(r['seconds'])}: {r['failed']}")
         md.append("")
+    phases_table(md, data)
+
+
+def phases_table(md, data):
+    """The slowest worker's phases at each N and backend, folded in a <details>."""
     rows = []
-    for n in sizes:
-        for b in backends:
-            rs = [r for r in latency if r["backend"] == b and r["workers"] == n]
+    for n in data.sizes:
+        for b in data.backends:
+            rs = [r for r in data.latency if r["backend"] == b and r["workers"] == n]
             if rs:
                 rows.append([n, b, fmt_s(statistics.median(r["max_joined"] for r in rs)),
                              fmt_s(statistics.median(r["max_frozen"] for r in rs)),
@@ -614,7 +607,11 @@ def main():
     md.append("</details>")
     md.append("")
 
-    # ---- multi-process
+
+def processes_section(md, data):
+    """## Rendezvous latency, separate processes on etcd: `join_once` (multiproc.jsonl), then
+    the cold `rdzv join` processes."""
+    mp = data.mp
     md.append("## Rendezvous latency, separate processes on etcd")
     md.append("")
     worker = mp[0]["worker"].split("/")[-1] if mp else "?"
@@ -627,8 +624,8 @@ def main():
               "started after the earlier runs' leases expired (`--settle-every-run`): their median.")
     md.append("")
     rows = []
-    for n in sorted(mp_by):
-        rs = mp_by[n]
+    for n in sorted(data.mp_by):
+        rs = data.mp_by[n]
         med, lo, hi = spread([r["seconds"] for r in rs])
         props = [r["proposals_per_worker"] for r in rs
                  if r.get("proposals_per_worker") is not None and r.get("proposals_clean", True)]
@@ -637,46 +634,56 @@ def main():
                      fmt_s(statistics.median(r["max_connect_s"] or 0 for r in rs)),
                      fmt_n(statistics.median(props)) if props else "–",
                      REFERENCE_TIME_TEXT.get(n, "–"), REFERENCE.get(n, (0, "–"))[1]])
-    failed = [r for r in mp if r.get("failures", 0)]
     md.append(table(["N", "runs", "median", "min–max", "spawning all", "slowest connect",
                      "etcd proposals / worker", "reference time", "reference proposals / worker"], rows))
-    cli = load(res, "multiproc_cli.jsonl")
-    if cli:
-        md.append("")
-        md.append("The same with `rdzv join <url> --hold 2s --format json` processes (the CLI: it stays a member "
-                  "2 s after printing its round, then leaves the run), started by the launcher one after the other "
-                  "with no start gate: time from the first spawn until the last had printed its round (the harness "
-                  "polls their output every 5 ms), spawning included. etcd's proposals are read twice: when every "
-                  "process had printed (the rendezvous, its lease grants and the run's setup included) and after "
-                  "they all exited (their leaves too).")
-        md.append("")
-        by = defaultdict(list)
-        for r in cli:
-            if r.get("failures", 0) == 0:
-                by[r["workers"]].append(r)
-        rows = []
-        for n in sorted(by):
-            med, lo, hi = spread([r["seconds"] for r in by[n]])
-            rows.append([n, len(by[n]), fmt_s(med), f"{fmt_s(lo)}–{fmt_s(hi)}",
-                         fmt_s(statistics.median(r["spawn_seconds"] for r in by[n])),
-                         median_of(by[n], "proposals_per_worker_to_round"),
-                         median_of(by[n], "proposals_per_worker"), median_of(by[n], "ranges_per_worker"),
-                         median_of(by[n], "server_cpu_s_per_1000"), REFERENCE_TIME_TEXT.get(n, "–")])
-        md.append(table(["N", "runs", "median", "min–max", "spawning all", "etcd proposals / worker to the round",
-                         "etcd proposals / worker (leave included)",
-                         "etcd key ranges read / worker", "etcd CPU s / 1000 workers", "reference time"], rows))
-        bad = [r for r in cli if r.get("failures", 0)]
-        if bad:
-            md.append("")
-            md.append(f"{len(bad)} run(s) had failing workers: " + "; ".join(
-                f"N={r['workers']}: {r['failures']} failed ({r['failure_sample'][:1]})" for r in bad))
+    cold_start_table(md, data)
+    failed = [r for r in mp if r.get("failures", 0)]
     if failed:
         md.append("")
         md.append(f"{len(failed)} run(s) had failing workers and are left out: "
                   + "; ".join(f"N={r['workers']}: {r['failures']} failed ({r['failure_sample'][:1]})" for r in failed))
     md.append("")
 
-    # ---- cost
+
+def cold_start_table(md, data):
+    """The cold `rdzv join` processes (multiproc_cli.jsonl): time, proposals, ranges, CPU."""
+    cli = data.cli
+    if not cli:
+        return
+    md.append("")
+    md.append("The same with `rdzv join <url> --hold 2s --format json` processes (the CLI: it stays a member "
+              "2 s after printing its round, then leaves the run), started by the launcher one after the other "
+              "with no start gate: time from the first spawn until the last had printed its round (the harness "
+              "polls their output every 5 ms), spawning included. etcd's proposals are read twice: when every "
+              "process had printed (the rendezvous, its lease grants and the run's setup included) and after "
+              "they all exited (their leaves too).")
+    md.append("")
+    by = defaultdict(list)
+    for r in cli:
+        if r.get("failures", 0) == 0:
+            by[r["workers"]].append(r)
+    rows = []
+    for n in sorted(by):
+        med, lo, hi = spread([r["seconds"] for r in by[n]])
+        rows.append([n, len(by[n]), fmt_s(med), f"{fmt_s(lo)}–{fmt_s(hi)}",
+                     fmt_s(statistics.median(r["spawn_seconds"] for r in by[n])),
+                     median_of(by[n], "proposals_per_worker_to_round"),
+                     median_of(by[n], "proposals_per_worker"), median_of(by[n], "ranges_per_worker"),
+                     median_of(by[n], "server_cpu_s_per_1000"), REFERENCE_TIME_TEXT.get(n, "–")])
+    md.append(table(["N", "runs", "median", "min–max", "spawning all", "etcd proposals / worker to the round",
+                     "etcd proposals / worker (leave included)",
+                     "etcd key ranges read / worker", "etcd CPU s / 1000 workers", "reference time"], rows))
+    bad = [r for r in cli if r.get("failures", 0)]
+    if bad:
+        md.append("")
+        md.append(f"{len(bad)} run(s) had failing workers: " + "; ".join(
+            f"N={r['workers']}: {r['failures']} failed ({r['failure_sample'][:1]})" for r in bad))
+
+
+# ---------------------------------------------------------------- cost
+
+def cost_section(md, data):
+    """## Cost per worker per round (cost.jsonl): counts, failures, memory, time, leaves."""
     md.append("## Cost per worker per round")
     md.append("")
     md.append("`benches/cost.rs`: N in-process workers (`RendezvousHandler`, the protocol alone) on one shared "
@@ -690,7 +697,7 @@ def main():
               "the workers (session and run leases). These counts do not depend on the machine.")
     md.append("")
     rows = []
-    for r in cost:
+    for r in data.cost:
         if r["round"] in (1, 2, "setup"):
             c = r["counts"]
             rows.append([r["backend"], r["workers"], r["round"], fmt_n(c["writes"]), fmt_n(c["reads"]),
@@ -700,64 +707,243 @@ def main():
                      "etcd proposals / worker", "etcd key ranges read / worker", "etcd CPU s / 1000 workers",
                      "time"], rows))
     md.append("")
-    if cost_crashed:
+    cost_failures(md, data)
+    memory_table(md, data)
+    time_memory_table(md, data)
+    leave_table(md, data)
+
+
+def cost_failures(md, data):
+    """The `cost` bench's sizes whose process did not finish, and its failed rounds."""
+    if data.cost_crashed:
         md.append("**Sizes whose bench process did not finish** (`scripts/bench.sh` records these and goes on):")
         md.append("")
-        for r in cost_crashed:
+        for r in data.cost_crashed:
             md.append(f"- {r['backend']}, N = {r['workers']}: {r['failed']}, after {fmt_s(r.get('seconds'))}")
         md.append("")
-    if cost_failed:
+    if data.cost_failed:
         md.append("**Failed rounds** (left out of the table):")
         md.append("")
-        for r in cost_failed:
+        for r in data.cost_failed:
             md.append(f"- {r['backend']}, N = {r['workers']}, round {r['round']}: {r['failed']} of {r['workers']} "
                       f"workers failed after {fmt_s(r['seconds'])} ({r['returned']} returned): "
                       f"{'; '.join(r['errors'])[:400]}. State key then: `{r['state'][:200]}`")
         md.append("")
+
+
+def memory_table(md, data):
+    """Peak resident memory of the `cost` bench's process at each backend and size."""
     rows = [[r["backend"], r["workers"], f"{r['vmhwm_kib'] / 1024:.0f} MiB", f"{r['rss_before_kib'] / 1024:.0f} MiB",
              "yes" if r.get("peak_reset") else "no (whole process)"]
-            for r in cost if r["round"] == "memory"]
+            for r in data.cost if r["round"] == "memory"]
     md.append("Peak resident memory of the bench process (VmHWM; `scripts/bench.sh` runs each backend and size "
               "in a fresh process, with a fresh server), with the RSS before the workers were created:")
     md.append("")
     md.append(table(["backend", "N", "peak (VmHWM)", "RSS before", "peak reset before this size"], rows))
     md.append("")
+
+
+def time_memory_table(md, data):
+    """A round's time and the peak memory against N, a column pair per backend (as plotted)."""
+    cost, bad_rows = data.cost, data.cost_failed + data.cost_crashed
     cost_backends = sorted({r["backend"] for r in cost if r["round"] in (1, 2, "memory")}
-                           | {r["backend"] for r in cost_failed + cost_crashed})
+                           | {r["backend"] for r in bad_rows})
     cost_sizes = sorted({r["workers"] for r in cost if r["round"] in (1, 2, "memory")}
-                        | {r["workers"] for r in cost_failed + cost_crashed})
-    if cost_backends:
-        md.append("Time and peak memory against N (the plots below): a round's time (median of rounds 1 and 2, "
-                  "min–max) and the peak memory; `failed` where a round or the whole process failed at that size.")
-        md.append("")
-        rows = []
-        for n in cost_sizes:
-            row = [n]
-            for b in cost_backends:
-                v = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == n]
-                peak = [r["vmhwm_kib"] for r in cost if r["round"] == "memory" and r["backend"] == b and r["workers"] == n]
-                bad = [r for r in cost_failed + cost_crashed if r["backend"] == b and r["workers"] == n]
-                cell = fmt_spread(v, "rounds") if v else ("failed" if bad else "–")
-                if v and bad:
-                    cell += ", then failed"
-                row += [cell, f"{peak[0] / MIB:.0f} MiB" if peak else "–"]
-            rows.append(row)
-        md.append(table(["N"] + [h for b in cost_backends for h in (f"{b}: time", f"{b}: peak memory")], rows))
-        md.append("")
-    leaves = [r for r in cost if r["round"] == "leave"]
-    if leaves:
-        md.append("All N handlers leaving at once on the one client (`shutdown`, after the rounds): time and "
-                  "failed requests.")
-        md.append("")
-        md.append(table(["backend", "N", "time", "failed leaves", "errors"],
-                        [[r["backend"], r["workers"], fmt_s(r["seconds"]), r["failed_leaves"],
-                          "; ".join(r.get("errors", []))[:200] or "–"] for r in leaves]))
-        md.append("")
+                        | {r["workers"] for r in bad_rows})
+    if not cost_backends:
+        return
+    md.append("Time and peak memory against N (the plots below): a round's time (median of rounds 1 and 2, "
+              "min–max) and the peak memory; `failed` where a round or the whole process failed at that size.")
+    md.append("")
+    rows = []
+    for n in cost_sizes:
+        row = [n]
+        for b in cost_backends:
+            v = data.cost_of(b, n)
+            peak = [r["vmhwm_kib"] for r in cost if r["round"] == "memory" and r["backend"] == b and r["workers"] == n]
+            bad = data.cost_bad(b, n)
+            cell = fmt_spread(v, "rounds") if v else ("failed" if bad else "–")
+            if v and bad:
+                cell += ", then failed"
+            row += [cell, f"{peak[0] / MIB:.0f} MiB" if peak else "–"]
+        rows.append(row)
+    md.append(table(["N"] + [h for b in cost_backends for h in (f"{b}: time", f"{b}: peak memory")], rows))
+    md.append("")
 
-    # ---- figures without a target
-    extra_figures(md, res, cost_rounds)
 
-    # ---- CAS
+def leave_table(md, data):
+    """All N handlers leaving at once on the one client: time and failed requests."""
+    leaves = [r for r in data.cost if r["round"] == "leave"]
+    if not leaves:
+        return
+    md.append("All N handlers leaving at once on the one client (`shutdown`, after the rounds): time and "
+              "failed requests.")
+    md.append("")
+    md.append(table(["backend", "N", "time", "failed leaves", "errors"],
+                    [[r["backend"], r["workers"], fmt_s(r["seconds"]), r["failed_leaves"],
+                      "; ".join(r.get("errors", []))[:200] or "–"] for r in leaves]))
+    md.append("")
+
+
+# ---------------------------------------------------------------- figures without a target
+
+def extra_figures_section(md, data):
+    """## Figures without a target: one client per worker, etcd on disk and as a 3-member
+    cluster, failure detection against the keep-alive TTL, etcd's CPU time."""
+    etcd_cost = [r for r in data.cost_rounds if r.get("server_cpu_s_per_1000") is not None]
+    if not (data.clients or data.disk or data.cluster or data.detect or etcd_cost):
+        return
+    md.append("## Figures without a target")
+    md.append("")
+    clients_figures(md, data)
+    disk_cluster_figures(md, data)
+    detect_figures(md, data)
+    cpu_figures(md, data, etcd_cost)
+
+
+def clients_figures(md, data):
+    """### One client per worker (clients.jsonl)."""
+    clients = data.clients
+    if not clients:
+        return
+    md.append("### One client per worker (what the server sees from separate hosts)")
+    md.append("")
+    md.append("`rdzv bench <etcd> --workers N --rounds 1 --client-per-worker` (`scripts/etcd_figures.py clients`): "
+              "N in-process workers, each on a thread and runtime of its own with its own etcd client and "
+              "connections (as on N hosts), against a local etcd on tmpfs. Time: the round, from all workers calling "
+              "until the last returned (creating the clients and sessions is not in it). Writes and reads per "
+              "worker: counted by the clients, in the round. The server's side is read around the whole "
+              "command (creating N sessions, the round, N workers leaving): etcd's committed proposals and "
+              "the key ranges it read (`etcd_mvcc_range_total`: range requests and transactions' compares "
+              "and reads) per worker, and its CPU time per 1000 workers.")
+    md.append("")
+    rows = []
+    for n in sorted({r["workers"] for r in clients}):
+        rs = [r for r in clients if r["workers"] == n]
+        ok = [r for r in rs if not r.get("failed")]
+        rows.append([n, f"{len(ok)} of {len(rs)}", fmt_spread([r["seconds"] for r in ok]),
+                     median_of(ok, "writes_per_worker_round"), median_of(ok, "reads_per_worker_round"),
+                     median_of(ok, "proposals_per_worker"), median_of(ok, "ranges_per_worker"),
+                     median_of(ok, "server_cpu_s_per_1000"),
+                     f"{statistics.median(r['peak_memory_kib'] for r in ok) / MIB:.0f} MiB"
+                     if ok and all(r.get("peak_memory_kib") for r in ok) else "–",
+                     fmt_s(statistics.median(r["wall_seconds"] for r in ok)) if ok else "–"])
+    md.append(table(["N", "runs completed", "round: median (min–max)", "writes / worker (round)",
+                     "reads / worker (round)", "etcd proposals / worker (whole command)",
+                     "etcd key ranges read / worker (whole command)", "etcd CPU s / 1000 workers (whole command)",
+                     "peak memory of the bench", "whole command"], rows))
+    bad = [r for r in clients if r.get("failed")]
+    if bad:
+        md.append("")
+        md.append("Failed: " + "; ".join(f"N = {r['workers']}, run {r['run']}: {r['failed'][:300]}" for r in bad))
+    md.append("")
+
+
+def disk_cluster_figures(md, data):
+    """### etcd with its data on disk, and a 3-member cluster (multiproc_disk.jsonl,
+    multiproc_cluster.jsonl), beside the tmpfs runs of the same size."""
+    disk, cluster = data.disk, data.cluster
+    if not (disk or cluster):
+        return
+    md.append("### etcd with its data on disk, and a 3-member cluster")
+    md.append("")
+    md.append("The cold-start runs above (`rdzv join … --hold 0s` processes, started one after the other from "
+              "the first spawn, leave included) at one size, against three etcd set-ups: one member with its data "
+              "on tmpfs (the tables above), one member with its data on disk (every commit waits for an fsync), "
+              "and three members on loopback (the URL lists all three; each process talks to one of them, and "
+              "every commit needs a majority). Proposals are as one member counts them; key ranges read and "
+              "CPU time are summed over the members (each member applies every transaction, compares "
+              "included).")
+    md.append("")
+    rows = []
+    sizes = sorted({r["workers"] for r in disk + cluster})
+    for label, rs_all in [("1 member, tmpfs", data.cli), ("1 member, on disk", disk),
+                          ("3 members, tmpfs", cluster)]:
+        for n in sizes:
+            rs = by_workers(rs_all).get(n, [])
+            failed = [r for r in rs_all if r["workers"] == n and (r.get("failures") or r.get("failed"))]
+            if not rs and not failed:
+                continue
+            data_on = sorted({r.get("etcd_data", "?") for r in rs_all if r["workers"] == n})
+            rows.append([label, ", ".join(data_on), n, fmt_spread([r["seconds"] for r in rs]),
+                         median_of(rs, "proposals_per_worker"), median_of(rs, "ranges_per_worker"),
+                         median_of(rs, "server_cpu_s_per_1000"), len(failed)])
+    md.append(table(["etcd", "data on", "N", "time: median (min–max)", "proposals / process",
+                     "key ranges read / process", "etcd CPU s / 1000 workers", "runs with failures"], rows))
+    md.append("")
+
+
+def detect_figures(md, data):
+    """### Failure detection against the keep-alive TTL (detect.jsonl)."""
+    detect = data.detect
+    if not detect:
+        return
+    md.append("### Failure detection against the keep-alive TTL")
+    md.append("")
+    workers = sorted({r["workers"] for r in detect})
+    md.append(f"`scripts/etcd_figures.py detect`: {', '.join(map(str, workers))} `rdzv join … --hold` processes "
+              "on etcd form a round (min = N − 1, max = N, `last_call_timeout=1s`, `keep_alive_ttl` as below); "
+              "about 1 s later one member (not rank 0) is killed with SIGKILL, so its lease is neither "
+              "refreshed nor revoked. Told: from the kill until a survivor printed that its round is over "
+              "(`Rendezvous::round_broken`: the member's keep-alive key went when its lease expired on the "
+              "server). Next round: until the last survivor printed the round of N − 1. Medians over runs "
+              "(min–max of the last survivor told).")
+    md.append("")
+    rows = []
+    for ttl in sorted({r["ttl_s"] for r in detect}):
+        rs = [r for r in detect if r["ttl_s"] == ttl and not r.get("failed")]
+        bad = [r for r in detect if r["ttl_s"] == ttl and r.get("failed")]
+        last = [r["told_last_s"] for r in rs]
+        nexts = [r["next_round_last_s"] for r in rs if r.get("next_round_last_s") is not None]
+        rows.append([f"{ttl} s", len(rs), median_of(rs, "told_first_s"),
+                     f"{fmt_n(statistics.median(last))} ({fmt_n(min(last))}–{fmt_n(max(last))})" if last else "–",
+                     f"{statistics.median(last) / ttl:.2f}" if last else "–",
+                     fmt_n(statistics.median(nexts)) if nexts else "–", len(bad)])
+    md.append(table(["keep_alive_ttl", "runs", "first survivor told (s)", "last survivor told (s)",
+                     "last told / TTL", "next round, last survivor (s)", "failed runs"], rows))
+    reasons = sorted({re.sub(r"rank \d+", "rank k", x) for r in detect for x in r.get("reasons", [])})
+    if reasons:
+        md.append("")
+        md.append("Reasons the survivors gave: " + "; ".join(f"“{x}”" for x in reasons[:4]) + ".")
+    bad = [r for r in detect if r.get("failed")]
+    if bad:
+        md.append("")
+        md.append("Failed: " + "; ".join(f"TTL {r['ttl_s']} s, run {r['run']}: {r['failed'][:200]}" for r in bad))
+    md.append("")
+
+
+def cpu_figures(md, data, etcd_cost):
+    """### etcd's CPU time per 1000 workers, from every record that has it."""
+    cpu_rows = []
+    for n in sorted({r["workers"] for r in etcd_cost}):
+        for rnd in (1, 2):
+            v = [r["server_cpu_s_per_1000"] for r in etcd_cost if r["workers"] == n and r["round"] == rnd]
+            if v:
+                cpu_rows.append([f"in-process, one client (`cost` bench, round {rnd})", n, fmt_n(statistics.median(v))])
+    for label, rows_all in [("processes (`join_once`, gated; creation included)", data.mp),
+                            ("processes (`rdzv join`, cold; creation and leave included)", data.cli),
+                            ("one client per worker (`rdzv bench --client-per-worker`, whole command)", data.clients)]:
+        for n, rs in sorted(by_workers(rows_all).items()):
+            v = [r["server_cpu_s_per_1000"] for r in rs if r.get("server_cpu_s_per_1000") is not None]
+            if v:
+                cpu_rows.append([label, n, f"{fmt_n(statistics.median(v))} ({fmt_n(min(v))}–{fmt_n(max(v))})"])
+    if not cpu_rows:
+        return
+    md.append("### etcd's CPU time per 1000 workers")
+    md.append("")
+    md.append("utime + stime of the etcd process over a round (`process_cpu_seconds_total` from its `/metrics` "
+              "in the `cost` bench; `/proc/<pid>/stat` in the scripts), divided by N / 1000: the server's "
+              "cost of a rendezvous of 1000 workers, on this machine's cores. Median (min–max) over runs; "
+              "the counters tick in 10 ms, so small N are coarse.")
+    md.append("")
+    md.append(table(["workers", "N", "etcd CPU s / 1000 workers"], cpu_rows))
+    md.append("")
+
+
+# ---------------------------------------------------------------- CAS and Store
+
+def cas_section(md, data):
+    """## CAS contention (cas_contention.jsonl): commits per second and conflicts per commit."""
     md.append("## CAS contention")
     md.append("")
     md.append("`benches/cas_contention.rs`: k writers increment one key by compare-and-swap through one client. "
@@ -766,7 +952,7 @@ def main():
               "median over criterion's samples (min–max); conflicts per commit over all samples.")
     md.append("")
     groups = defaultdict(list)
-    for r in cas:
+    for r in data.cas:
         groups[(r["backend"], r["mode"], r["writers"])].append(r)
     rows = []
     for b in sorted({k[0] for k in groups}):
@@ -786,7 +972,9 @@ def main():
                      "swap: commits/s", "swap: conflicts/commit"], rows))
     md.append("")
 
-    # ---- store
+
+def store_section(md, data):
+    """## Store operations (store_ops.jsonl): set, get and add per second, 1 and 16 callers."""
     md.append("## Store operations")
     md.append("")
     md.append("`benches/store_ops.rs`: `set` (64-byte value), `get`, `add` through one shared client; one "
@@ -794,7 +982,7 @@ def main():
               "criterion's samples (min–max).")
     md.append("")
     groups = defaultdict(list)
-    for r in store:
+    for r in data.store:
         if r["seconds"] > 0:
             groups[(r["backend"], r["op"], r["callers"])].append(r["ops"] / r["seconds"])
     rows = []
@@ -812,24 +1000,32 @@ def main():
     md.append(table(["backend", "op", "1 caller", "16 callers"], rows))
     md.append("")
 
-    # ---- plots
+
+# ---------------------------------------------------------------- plots
+
+def latency_chart(data, plot_dir):
+    """latency.svg: in-process rounds and the `join_once` processes against N, with the reference."""
     series = {}
-    for b in backends:
+    for b in data.backends:
         pts = []
-        for n in sizes:
-            v = lat_by.get((b, n))
+        for n in data.sizes:
+            v = data.lat_by.get((b, n))
             if v:
                 med, lo, hi = spread(v)
                 pts.append((n, med, lo, hi))
-        series[f"{b}" if b != "etcd" else "etcd"] = pts
-        if b == "etcd":
-            series["etcd"] = pts
-    if mp_by:
-        series["etcd, processes"] = [(n, *spread([r["seconds"] for r in rs])) for n, rs in sorted(mp_by.items())]
+        series[b] = pts
+    if data.mp_by:
+        series["etcd, processes"] = [(n, *spread([r["seconds"] for r in rs])) for n, rs in sorted(data.mp_by.items())]
     series["reference (processes)"] = [(n, t, None, None) for n, (t, _, _) in sorted(REFERENCE.items())]
-    svg_chart(os.path.join(plot_dir, "latency.svg"), "Rendezvous latency vs N (min = max = N)", series,
-              "N workers", "seconds until all returned (log)", logy=True, hlines=[(1.0, "target: 128 processes, 1024 in-process (mem) ≤ 1 s"),
-                                                                         (1.5, "1024 in-process (etcd, Redis) ≤ 1.5 s")])
+    return svg_chart(os.path.join(plot_dir, "latency.svg"), "Rendezvous latency vs N (min = max = N)", series,
+                     "N workers", "seconds until all returned (log)", logy=True,
+                     hlines=[(1.0, "target: 128 processes, 1024 in-process (mem) ≤ 1 s"),
+                             (1.5, "1024 in-process (etcd, Redis) ≤ 1.5 s")])
+
+
+def cost_chart(data, plot_dir):
+    """cost.svg: writes, reads and etcd proposals per worker against N, with the reference."""
+    cost_rounds = data.cost_rounds
     series = {}
     for b in sorted({r["backend"] for r in cost_rounds}):
         for rnd in (1, 2):
@@ -844,27 +1040,41 @@ def main():
     if pts:
         series["etcd proposals, round 1"] = pts
     series["reference: proposals"] = [(n, p, None, None) for n, (_, p, _) in sorted(REFERENCE.items())]
-    svg_chart(os.path.join(plot_dir, "cost.svg"), "Backend operations per worker per round vs N", series,
-              "N workers", "per worker (log)", logy=True, hlines=[(4.0, "target ≤ 4")])
-    time_series, memory_series = {}, {}
-    for b in sorted({r["backend"] for r in cost_rounds}):
-        pts = []
-        for n in sorted({r["workers"] for r in cost_rounds if r["backend"] == b}):
-            v = [r["seconds"] for r in cost_rounds if r["backend"] == b and r["workers"] == n]
-            pts.append((n, *spread(v)))
-        time_series[b] = pts
-    for b in sorted({r["backend"] for r in cost if r["round"] == "memory"}):
-        memory_series[b] = sorted((r["workers"], r["vmhwm_kib"] / MIB, None, None)
-                                  for r in cost if r["round"] == "memory" and r["backend"] == b)
-    have_time = svg_chart(os.path.join(plot_dir, "time.svg"),
-                          "Round time vs N, in-process workers on one client (cost bench)", time_series,
-                          "N workers", "seconds a round (log)", logy=True,
-                          hlines=[(1.0, "1 s (mem, 1024)"), (1.5, "1.5 s (etcd, Redis, 1024)"),
-                                  (5.0, "5 s (etcd, Redis, 4096)")])
-    have_memory = svg_chart(os.path.join(plot_dir, "memory.svg"),
-                            "Peak memory vs N, in-process workers on one client (cost bench)", memory_series,
-                            "N workers", "peak resident MiB, VmHWM (log)", logy=True,
-                            hlines=[(128, "128 MiB (1024)"), (512, "512 MiB (4096)")])
+    return svg_chart(os.path.join(plot_dir, "cost.svg"), "Backend operations per worker per round vs N", series,
+                     "N workers", "per worker (log)", logy=True, hlines=[(4.0, "target ≤ 4")])
+
+
+def time_chart(data, plot_dir):
+    """time.svg: the `cost` bench's round time against N, per backend; False if nothing to plot."""
+    series = {}
+    for b in sorted({r["backend"] for r in data.cost_rounds}):
+        sizes = sorted({r["workers"] for r in data.cost_rounds if r["backend"] == b})
+        series[b] = [(n, *spread(data.cost_of(b, n))) for n in sizes]
+    return svg_chart(os.path.join(plot_dir, "time.svg"),
+                     "Round time vs N, in-process workers on one client (cost bench)", series,
+                     "N workers", "seconds a round (log)", logy=True,
+                     hlines=[(1.0, "1 s (mem, 1024)"), (1.5, "1.5 s (etcd, Redis, 1024)"),
+                             (5.0, "5 s (etcd, Redis, 4096)")])
+
+
+def memory_chart(data, plot_dir):
+    """memory.svg: the `cost` bench's peak memory against N, per backend; False if nothing to plot."""
+    memory = [r for r in data.cost if r["round"] == "memory"]
+    series = {b: sorted((r["workers"], r["vmhwm_kib"] / MIB, None, None) for r in memory if r["backend"] == b)
+              for b in sorted({r["backend"] for r in memory})}
+    return svg_chart(os.path.join(plot_dir, "memory.svg"),
+                     "Peak memory vs N, in-process workers on one client (cost bench)", series,
+                     "N workers", "peak resident MiB, VmHWM (log)", logy=True,
+                     hlines=[(128, "128 MiB (1024)"), (512, "512 MiB (4096)")])
+
+
+def plots_section(md, data, plot_dir, rel_plot):
+    """## Plots: writes the four SVGs into plot_dir and links them (time and memory only when
+    they have points)."""
+    latency_chart(data, plot_dir)
+    cost_chart(data, plot_dir)
+    have_time = time_chart(data, plot_dir)
+    have_memory = memory_chart(data, plot_dir)
     md.append("## Plots")
     md.append("")
     md.append(f"![latency vs N]({rel_plot}/latency.svg)")
@@ -877,10 +1087,21 @@ def main():
     if have_memory:
         md.append(f"![peak memory vs N, every backend]({rel_plot}/memory.svg)")
         md.append("")
-    notes = os.path.join(res, "notes.md")
-    if os.path.exists(notes):
-        md.append(open(notes).read().rstrip())
+
+
+# ---------------------------------------------------------------- notes and how to regenerate
+
+def notes_section(md, data):
+    """## What the figures show: RESULTS_DIR/notes.md, verbatim, when there is one."""
+    path = os.path.join(data.dir, "notes.md")
+    if os.path.exists(path):
+        with open(path) as f:
+            md.append(f.read().rstrip())
         md.append("")
+
+
+def regenerate_section(md):
+    """## Regenerate: the commands, and what scripts/bench.sh runs."""
     md.append("## Regenerate")
     md.append("")
     md.append("```sh\nscripts/bench.sh            # everything: ~20–25 minutes on 2 cores once built (plus the release build)\n"
@@ -891,6 +1112,29 @@ def main():
               "multi-process runs, `scripts/etcd_figures.py` (one client per worker, failure detection), and "
               "then `scripts/plot.py`. `RDZV_BENCH_URL` points any bench at your "
               "server instead of the built-in ones; `RDZV_BENCH_BACKENDS=mem,etcd` picks built-in backends.")
+
+
+def main():
+    """plot.py RESULTS_DIR OUT_MD PLOT_DIR: writes OUT_MD, section by section, and the plots."""
+    res, out_md, plot_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.makedirs(plot_dir, exist_ok=True)
+    rel_plot = os.path.relpath(plot_dir, os.path.dirname(os.path.abspath(out_md)))
+    data = Results(res)
+    md = []
+    intro_section(md)
+    machine_section(md, data)
+    targets_section(md, data)
+    c10d_section(md, data)
+    promote_section(md, data)
+    latency_section(md, data)
+    processes_section(md, data)
+    cost_section(md, data)
+    extra_figures_section(md, data)
+    cas_section(md, data)
+    store_section(md, data)
+    plots_section(md, data, plot_dir, rel_plot)
+    notes_section(md, data)
+    regenerate_section(md)
     with open(out_md, "w") as f:
         f.write("\n".join(md) + "\n")
 

@@ -3,7 +3,7 @@
 //! on its data directory, and every client connection reset by a `rdzv_netfault::Link`
 //! while watches are open (etcd and Redis). In each, once the world has healed, the workers
 //! that keep calling must complete a round: a timeout is a failure. How long that took after the server came
-//! back is printed (BENCHMARKS.md records it).
+//! back is printed.
 #![allow(clippy::unwrap_used)]
 
 use rdzv_core::testing::rendezvous as support;

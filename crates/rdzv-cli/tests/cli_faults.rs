@@ -2,7 +2,7 @@
 //! and restarted for longer than their keep-alive TTL: they must start new sessions and
 //! carry on, and with the late arrivals they complete the round (they used to exit 1 with
 //! "this worker's session lease was lost"). How long the round took after the server came
-//! back is printed (BENCHMARKS.md records it).
+//! back is printed.
 
 #![allow(clippy::unwrap_used)]
 

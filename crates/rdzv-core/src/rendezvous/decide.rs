@@ -342,7 +342,8 @@ pub fn retry_delay(count: u64, sizing: &Sizing) -> Option<(Duration, Trigger)> {
 /// How much longer a member re-entering its running round waits, per doubling of its rank,
 /// before it ends the round itself (see [`leave_delay`]). Long enough for the first swap to
 /// reach the members of the next tiers when each has a client of its own: with 20 ms, 1,024
-/// workers on their own clients still made 0.3–0.8 lost swaps per worker (BENCHMARKS.md).
+/// workers on their own clients still made 0.3–0.8 lost swaps per worker
+/// (BENCHMARKS.md's history, `git log -p BENCHMARKS.md`).
 pub const LEAVE_STAGGER_STEP: Duration = Duration::from_millis(50);
 
 /// How long a member of rank `rank` that re-enters its running round waits for another member

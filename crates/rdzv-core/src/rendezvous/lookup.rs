@@ -4,7 +4,7 @@
 //! Every member looks for itself in the list of its round (its rank), at least twice a round.
 //! A scan is O(N) per member, so the thousands of handlers of one process that form a round
 //! together did O(N²) compares of node ids per round: 8 % of the client's CPU at 8,192 workers
-//! (`perf`, BENCHMARKS.md). They all look in the same list (one `Arc` per state value), so a
+//! (`perf`, measured in the commit that added this index). They all look in the same list (one `Arc` per state value), so a
 //! long list is indexed once per process, sorted by identity, and each lookup is a binary
 //! search. Short lists are scanned: indexing them costs more than it saves.
 
