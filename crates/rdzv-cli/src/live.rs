@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use rdzv_core::KvError;
 use rdzv_core::KvExt;
 use rdzv_core::kv::WatchScope;
-use rdzv_core::retry::retry_delays;
+use rdzv_core::retry::RetryPolicy;
 
 use crate::cmd::status::{Snapshot, snapshot};
 use crate::exit::{CliError, UNAVAILABLE};
@@ -22,6 +22,9 @@ use crate::target::RunTarget;
 /// Changes come in bursts (a round forming writes several keys): one snapshot after the
 /// burst, not one per key.
 const SETTLE: Duration = Duration::from_millis(100);
+
+/// The pauses before asking an unreachable backend again: 100 ms growing to 5 s.
+const UNREACHABLE: RetryPolicy = RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// How many of the last changes the live view shows.
 const LAST_CHANGES: usize = 10;
@@ -50,7 +53,7 @@ async fn watch_until(
     tokio::pin!(stop);
     let mut shown: Option<Snapshot> = None;
     let mut changes: VecDeque<String> = VecDeque::new();
-    let mut delays = retry_delays(Duration::from_millis(100), Duration::from_secs(5));
+    let mut delays = UNREACHABLE.pauses();
     loop {
         let now = tokio::select! {
             now = snapshot(target) => now,
@@ -61,13 +64,13 @@ async fn watch_until(
             Err(e) if e.code == UNAVAILABLE => {
                 eprintln!("rdzv: {}; trying again", e.message);
                 tokio::select! {
-                    () = tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(5))) => continue,
+                    () = tokio::time::sleep(delays.next().unwrap_or(UNREACHABLE.longest)) => continue,
                     () = &mut stop => return Ok(()),
                 }
             }
             Err(e) => return Err(e),
         };
-        delays = retry_delays(Duration::from_millis(100), Duration::from_secs(5));
+        delays = UNREACHABLE.pauses();
         // Watched from this snapshot's revision, whether it is shown or the same as before.
         let revision = now.revision;
         if shown.as_ref().is_none_or(|before| before.json() != now.json()) {

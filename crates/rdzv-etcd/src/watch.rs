@@ -35,10 +35,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use etcd_client::{WatchOptions, WatchResponse, WatchResponseStream};
 use futures::{Stream, StreamExt};
 use rdzv_core::kv::{Event, EventKind, KeyValue, Revision, WatchStream};
+use rdzv_core::retry::RetryPolicy;
 use rdzv_core::{KvError, KvResult};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -47,11 +47,10 @@ use crate::client::Shared;
 use crate::error::{self, BACKEND, Context};
 use crate::keys::Namespace;
 
-/// Attempts to reopen a broken stream before giving up, with pauses from 100 ms doubling up
-/// to 2 s (about 10 s in all, plus the attempts themselves).
+/// Attempts to reopen a broken stream before giving up, and the pauses between them: from
+/// 100 ms growing to 2 s (about 10 s in all, jitter aside, plus the attempts themselves).
 const RESUME_ATTEMPTS: usize = 8;
-const RESUME_MIN_DELAY: Duration = Duration::from_millis(100);
-const RESUME_MAX_DELAY: Duration = Duration::from_secs(2);
+const RESUME: RetryPolicy = RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// What to watch.
 pub(crate) struct Target {
@@ -330,7 +329,7 @@ struct Driver {
     creating: VecDeque<u64>,
     link: Option<Link>,
     /// Pauses left for reopening, while reopening.
-    backoff: Option<ExponentialBackoff>,
+    backoff: Option<Box<dyn Iterator<Item = Duration> + Send>>,
     /// When to try reopening the broken stream.
     retry_at: Option<Instant>,
     last_error: Option<String>,
@@ -664,13 +663,8 @@ impl Driver {
             }
             Err(e) if e.is_retryable() => {
                 self.last_error = Some(e.to_string());
-                let backoff = self.backoff.get_or_insert_with(|| {
-                    ExponentialBuilder::default()
-                        .with_min_delay(RESUME_MIN_DELAY)
-                        .with_max_delay(RESUME_MAX_DELAY)
-                        .with_max_times(RESUME_ATTEMPTS)
-                        .build()
-                });
+                let backoff =
+                    self.backoff.get_or_insert_with(|| Box::new(RESUME.pauses().take(RESUME_ATTEMPTS)));
                 match backoff.next() {
                     Some(pause) => self.retry_at = Some(Instant::now() + pause),
                     None => {

@@ -1,12 +1,11 @@
 //! The connection state every operation shares, and the one way to run our script:
 //! bounded by a timeout, retried only when the operation is idempotent.
 
-use std::sync::Arc;
-use std::time::Duration;
-
+use rdzv_core::retry::RetryPolicy;
 use rdzv_core::{KvError, KvResult};
 use redis::aio::ConnectionManager;
 use redis::{Client, Script, Value};
+use std::sync::Arc;
 
 use crate::config::RedisConfig;
 use crate::error::{NAME, from_redis};
@@ -157,26 +156,15 @@ impl Shared {
         }
         let timeout = self.config.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let result = match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
+        let once = || async move {
+            match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
                 Ok(r) => r,
                 Err(_) => Err(KvError::Timeout { backend: NAME, operation: op.to_string(), after: timeout }),
-            };
-            match result {
-                Ok(value) => return Reply::parse(value, op, &self.context()),
-                Err(e) if retry == Retry::Idempotent && e.is_retryable() => {
-                    let now = tokio::time::Instant::now();
-                    if now + backoff >= deadline {
-                        return Err(e);
-                    }
-                    tracing::debug!(op, error = %e, "retrying an idempotent redis operation");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => return Err(e),
             }
-        }
+        };
+        let repeatable = |e: &KvError| retry == Retry::Idempotent && e.is_retryable();
+        let value = RetryPolicy::CLIENT.run(Some(deadline), repeatable, once).await?;
+        Reply::parse(value, op, &self.context())
     }
 
     async fn invoke(&self, op: &'static str, args: &[&[u8]]) -> KvResult<Value> {

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdzv_core::kv::{Event, EventKind, KeyValue, Revision};
+use rdzv_core::retry::RetryPolicy;
 use rdzv_core::{KvError, KvResult};
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
@@ -489,18 +490,7 @@ impl Log {
     async fn reconnect(&self) -> KvResult<MultiplexedConnection> {
         let window = self.config.request_timeout.max(Duration::from_secs(3));
         let deadline = tokio::time::Instant::now() + window;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match self.connect().await {
-                Ok(c) => return Ok(c),
-                Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < deadline => {
-                    tracing::debug!(error = %e, "redis watch feed: reconnecting");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        RetryPolicy::CLIENT.run(Some(deadline), KvError::is_retryable, || self.connect()).await
     }
 }
 

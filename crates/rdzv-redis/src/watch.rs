@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rdzv_core::kv::{Event, Revision, WatchScope, WatchStream};
+use rdzv_core::retry::RetryPolicy;
 use rdzv_core::{KvError, KvResult};
 use redis::streams::StreamRangeReply;
 use tokio::sync::broadcast::error::RecvError;
@@ -198,9 +199,8 @@ impl Watch {
     async fn range(&self) -> KvResult<Vec<redis::streams::StreamId>> {
         let window = self.log.config.request_timeout.max(Duration::from_secs(3));
         let deadline = tokio::time::Instant::now() + window;
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let (rev, n) = self.cursor;
+        let (rev, n) = self.cursor;
+        let read = || async move {
             let mut conn = self.shared.conn.clone();
             let read = async {
                 redis::cmd("XRANGE")
@@ -213,16 +213,9 @@ impl Watch {
                     .await
                     .map_err(|e| self.log.err(e, "watch: reading the event log"))
             };
-            match bounded(&self.log, read).await {
-                Ok(reply) => return Ok(reply.ids),
-                Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < deadline => {
-                    tracing::debug!(error = %e, "redis watch: retrying a log read");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            bounded(&self.log, read).await
+        };
+        Ok(RetryPolicy::CLIENT.run(Some(deadline), KvError::is_retryable, read).await?.ids)
     }
 
     async fn deliver(&mut self, id: EntryId, event: &Event) -> KvResult<()> {

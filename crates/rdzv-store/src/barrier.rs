@@ -8,6 +8,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use rdzv_core::kv::{DeleteMode, PutMode};
+use rdzv_core::retry::RetryPolicy;
 use rdzv_core::{KvExt, KvResult};
 
 use crate::counter::add_at;
@@ -75,21 +76,12 @@ impl Store {
     }
 }
 
-/// Runs `step` (one that is safe to repeat) again after each retryable backend error, with
-/// the project's jittered backoff; the caller's deadline bounds it.
-async fn until_done<T, F, Fut>(mut step: F) -> KvResult<T>
+/// Runs `step` (one that is safe to repeat) again after each retryable backend error
+/// ([`RetryPolicy::BUSY`]'s pauses, 50 ms growing to 1 s); the caller's deadline bounds it.
+async fn until_done<T, F, Fut>(step: F) -> KvResult<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = KvResult<T>>,
 {
-    let mut pauses = rdzv_core::retry::retry_delays(Duration::from_millis(50), Duration::from_secs(1));
-    loop {
-        match step().await {
-            Err(e) if e.is_retryable() => {
-                tracing::debug!(error = %e, "barrier: retrying after a backend failure");
-                tokio::time::sleep(pauses.next().unwrap_or(Duration::from_secs(1))).await;
-            }
-            other => return other,
-        }
-    }
+    RetryPolicy::BUSY.run(None, rdzv_core::KvError::is_retryable, step).await
 }

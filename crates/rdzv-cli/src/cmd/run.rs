@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use rdzv::{Rendezvous, Round, Store, StoreError};
-use rdzv_core::retry::retry_delays;
+use rdzv_core::retry::RetryPolicy;
 use tokio::process::Command;
 use tokio::time::Instant;
 
@@ -549,46 +549,37 @@ async fn peer_failure(store: Store) -> String {
     String::from_utf8_lossy(&key_appears(store, FAILED_KEY).await).into_owned()
 }
 
-/// The pauses of [`key_appears`] after a retryable Store error: from the first, growing to
-/// the longest, each with jitter ([`retry_delays`]).
-const KEY_RETRY_FIRST: Duration = Duration::from_millis(100);
-const KEY_RETRY_LONGEST: Duration = Duration::from_secs(2);
+/// The pauses of [`key_appears`] after a retryable Store error: 100 ms growing to 2 s.
+const KEY_RETRY: RetryPolicy = RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(2));
 
-/// Resolves with the value of `key` in `store` once it exists. A retryable error
+/// Resolves with the value of `key` in `store` once it exists. The Store's own timeout (the
+/// backend answered; nobody wrote the key yet) asks again; a retryable error
 /// ([`StoreError::is_retryable`]: a leader election's `Busy`, a dropped connection's
-/// `Unavailable`, an ended watch) is retried after a jittered pause of [`KEY_RETRY_FIRST`]
-/// growing to [`KEY_RETRY_LONGEST`], so that a peer's failure published after an election is
-/// still seen; only an error that retrying cannot fix stops the watch (logged), and then this
-/// never resolves.
+/// `Unavailable`, an ended watch) is retried after [`KEY_RETRY`]'s pauses, so that a peer's
+/// failure published after an election is still seen; only an error that retrying cannot fix
+/// stops the watch (logged), and then this never resolves.
 async fn key_appears(store: Store, key: &str) -> Vec<u8> {
-    let mut pauses = retry_delays(KEY_RETRY_FIRST, KEY_RETRY_LONGEST);
     let mut failing = false;
-    loop {
-        let started = Instant::now();
-        match store.get(key).await {
-            Ok(v) => return v,
-            // The Store's own timeout: the backend answered, nobody wrote the key yet.
-            Err(e) if e.is_timeout() => {
-                pauses = retry_delays(KEY_RETRY_FIRST, KEY_RETRY_LONGEST);
-                failing = false;
-            }
-            Err(e) if e.is_retryable() => {
-                // A wait that lasted longer than the longest pause starts the pauses anew.
-                if started.elapsed() > KEY_RETRY_LONGEST {
-                    pauses = retry_delays(KEY_RETRY_FIRST, KEY_RETRY_LONGEST);
-                    failing = false;
-                }
-                if std::mem::replace(&mut failing, true) {
-                    tracing::debug!("watching the round's Store for `{key}`: {e}; retrying");
-                } else {
-                    tracing::warn!("watching the round's Store for `{key}`: {e}; retrying");
-                }
-                tokio::time::sleep(pauses.next().unwrap_or(KEY_RETRY_LONGEST)).await;
-            }
-            Err(e) => {
-                tracing::warn!("watching the round's Store for `{key}` stopped: {e}");
-                return std::future::pending().await;
-            }
+    let retry = |e: &StoreError| {
+        if e.is_timeout() {
+            failing = false;
+            return true;
+        }
+        if !e.is_retryable() {
+            return false;
+        }
+        if std::mem::replace(&mut failing, true) {
+            tracing::debug!("watching the round's Store for `{key}`: {e}; retrying");
+        } else {
+            tracing::warn!("watching the round's Store for `{key}`: {e}; retrying");
+        }
+        true
+    };
+    match KEY_RETRY.run(None, retry, || store.get(key)).await {
+        Ok(value) => value,
+        Err(e) => {
+            tracing::warn!("watching the round's Store for `{key}` stopped: {e}");
+            std::future::pending().await
         }
     }
 }
@@ -653,7 +644,7 @@ mod tests {
         assert!((3..=100).contains(&tries), "{tries} reads in 10 s of failures");
         faulty.clear();
         store.set(FAILED_KEY, "node b: exit 1").await.expect("set");
-        let found = tokio::time::timeout(2 * 2 * KEY_RETRY_LONGEST, waiting)
+        let found = tokio::time::timeout(2 * 2 * KEY_RETRY.longest, waiting)
             .await
             .expect("the key was not seen after the failures ended")
             .expect("joined");

@@ -14,6 +14,7 @@ use crate::kv::{
     DeleteMode, EventKind, Kv, LeaseId, PutOptions, RangeOptions, RangeOrder, Revision, WatchScope,
 };
 use crate::params::RendezvousParams;
+use crate::retry::RetryPolicy;
 
 use super::changes::KnownRound;
 use super::deadline::{Deadline, Doing};
@@ -145,7 +146,7 @@ impl<'a> Attempt<'a> {
     /// in a `rdzv_phase` tracing span (phase, run id, node, round once known) whose last
     /// event says what came of it: the next phase, the completed round, or the error.
     pub(crate) async fn run(&mut self, deadline: &mut Deadline) -> Result<Completed> {
-        let mut backoff = backoff();
+        let mut backoff = RetryPolicy::PROTOCOL.pauses();
         let mut phase = self.machine.phase_name();
         let (mut span, mut has_version) = self.phase_span();
         let mut action = span.in_scope(|| self.machine.start());
@@ -308,7 +309,7 @@ impl<'a> Attempt<'a> {
                 Input::Ack
             }
             Action::Backoff => {
-                tokio::time::sleep(backoff.next().unwrap_or(Duration::from_secs(2))).await;
+                tokio::time::sleep(backoff.next().unwrap_or(RetryPolicy::PROTOCOL.longest)).await;
                 Input::Timer
             }
             Action::Done(_) | Action::Fail(_) => unreachable!("the run loop ends the call on these"),
@@ -385,9 +386,4 @@ async fn sleep_until(at: Option<Instant>) {
 /// be bound at all.
 pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind(("0.0.0.0", 0))?.local_addr()?.port())
-}
-
-/// The retry delays of the protocol: 50 ms doubling to 2 s, with jitter.
-pub(crate) fn backoff() -> impl Iterator<Item = Duration> {
-    crate::retry::retry_delays(Duration::from_millis(50), Duration::from_secs(2))
 }

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::ext::KvExt;
 use crate::kv::{Event, EventKind, KeyValue, Kv, KvResult, LeaseId, PutMode, PutOptions, WatchScope};
+use crate::retry::RetryPolicy;
 use crate::wait::{Reading, Start, Wait};
 
 use super::keys::RunKeys;
@@ -200,26 +201,24 @@ impl Wait for RoundSettled<'_> {
     }
 }
 
-/// `op` until it succeeds, with a backoff between failures, for up to [`FORGET_RETRY_FOR`];
-/// `None` if it never did. `round`: which round the failures are logged under.
-async fn keep_trying<T, F, Fut>(round: u64, mut op: F) -> Option<T>
+/// `op` until it succeeds, retried after any failure ([`RetryPolicy::PROTOCOL`]) for up to
+/// [`FORGET_RETRY_FOR`]; `None` if it never did. `round`: which round the failures are
+/// logged under.
+async fn keep_trying<T, F, Fut>(round: u64, op: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = crate::kv::KvResult<T>>,
 {
     let give_up = Instant::now() + FORGET_RETRY_FOR;
-    let mut delays = super::executor::backoff();
-    loop {
-        match op().await {
-            Ok(done) => return Some(done),
-            Err(e) if Instant::now() < give_up => {
-                tracing::debug!(error = %e, round, "could not delete an old round's keys yet");
-                tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(2))).await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, round, "gave up deleting old rounds' keys; the next round's creator will");
-                return None;
-            }
+    let retry = |e: &crate::KvError| {
+        tracing::debug!(error = %e, round, "could not delete an old round's keys yet");
+        true
+    };
+    match RetryPolicy::PROTOCOL.run(Some(give_up), retry, op).await {
+        Ok(done) => Some(done),
+        Err(e) => {
+            tracing::warn!(error = %e, round, "gave up deleting old rounds' keys; the next round's creator will");
+            None
         }
     }
 }

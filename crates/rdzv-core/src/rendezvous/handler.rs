@@ -13,6 +13,7 @@ use crate::events::{self, Event, EventKind, LostReason, Subscribers};
 use crate::ext::KvExt;
 use crate::kv::{Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
+use crate::retry::RetryPolicy;
 use crate::session::{RefreshFailed, Session};
 
 use super::broken::RoundBroken;
@@ -341,21 +342,10 @@ impl RendezvousHandler {
         let ctx = &self.inner.ctx;
         if worker.session.as_ref().is_none_or(Session::is_lost) {
             worker.retire_session();
-            let mut delays = super::executor::backoff();
             let told = refresh_failures(&self.inner.events);
-            let session = loop {
-                match Session::start_observed(ctx.kv.clone(), ctx.params.keep_alive_ttl, Some(told.clone()))
-                    .await
-                {
-                    Ok(session) => break session,
-                    Err(e) if e.is_retryable() => {
-                        tracing::debug!(error = %e, "could not start a session; retrying");
-                        tokio::time::sleep(delays.next().unwrap_or(Duration::from_secs(2))).await;
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            };
-            worker.session = Some(session);
+            let start =
+                || Session::start_observed(ctx.kv.clone(), ctx.params.keep_alive_ttl, Some(told.clone()));
+            worker.session = Some(RetryPolicy::PROTOCOL.run(None, KvError::is_retryable, start).await?);
         }
         worker.session.as_ref().ok_or(RendezvousError::LeaseLost)
     }

@@ -14,6 +14,7 @@ use crate::error::KvError;
 use crate::ext::KvExt;
 use crate::kv::{Event, EventKind, Kv, KvResult, Revision, WatchScope};
 use crate::per_process::PerProcess;
+use crate::retry::RetryPolicy;
 use crate::wait::{Reading, Start, Wait};
 
 use super::broken::RoundBroken;
@@ -150,13 +151,12 @@ impl SharedWatch {
     }
 }
 
-/// Pauses before re-checking a round whose watch failed: from `RECHECK_FIRST` growing to
-/// `RECHECK_LONGEST`, each with jitter, so that the monitors of thousands of handlers that
-/// lost their watches together (an outage) neither poll a recovering server every half
-/// second nor come back to it in lockstep. A watch that lasted longer than the longest pause
-/// starts the next failure's pauses from the first again.
-const RECHECK_FIRST: Duration = Duration::from_millis(500);
-const RECHECK_LONGEST: Duration = Duration::from_secs(2);
+/// Pauses before re-checking a round whose watch failed: from 500 ms growing to 2 s, each
+/// with jitter, so that the monitors of thousands of handlers that lost their watches
+/// together (an outage) neither poll a recovering server every half second nor come back to
+/// it in lockstep. A watch that lasted longer than the longest pause starts the next
+/// failure's pauses from the first again.
+const RECHECK: RetryPolicy = RetryPolicy::new(Duration::from_millis(500), Duration::from_secs(2));
 
 /// Watches the round from the revisions its `final` was written and confirmed at, until it
 /// is over; any failure (compaction, an outage) re-checks it with a read after a pause.
@@ -165,7 +165,7 @@ async fn watch_round(round: &Watched) -> RoundBroken {
     let wait = RoundWait {
         round,
         rank_prefix: round.keys.ranks(round.version),
-        pauses: Box::new(crate::retry::retry_delays(RECHECK_FIRST, RECHECK_LONGEST)),
+        pauses: Box::new(RECHECK.pauses()),
         watching_since: Some(Instant::now()),
     };
     round.kv.wait_until(wait, Start::Watch(from)).await.unwrap_or_else(|e| {
@@ -231,10 +231,10 @@ impl Wait for RoundWait<'_> {
 
     /// Every failure re-checks the round, after a pause.
     async fn failed(&mut self, _: KvError) -> KvResult<()> {
-        if self.watching_since.take().is_some_and(|since| since.elapsed() > RECHECK_LONGEST) {
-            self.pauses = Box::new(crate::retry::retry_delays(RECHECK_FIRST, RECHECK_LONGEST));
+        if self.watching_since.take().is_some_and(|since| since.elapsed() > RECHECK.longest) {
+            self.pauses = Box::new(RECHECK.pauses());
         }
-        tokio::time::sleep(self.pauses.next().unwrap_or(RECHECK_LONGEST)).await;
+        tokio::time::sleep(self.pauses.next().unwrap_or(RECHECK.longest)).await;
         Ok(())
     }
 }
