@@ -102,7 +102,7 @@ async fn monitors_that_lost_their_watches_together_back_off_apart() {
 async fn a_handler_is_made_after_one_unavailable_lease_grant() {
     let faulty = FaultyKv::new(Arc::new(MemKv::new()), 2);
     let kv: Arc<dyn Kv> = faulty.clone();
-    faulty.fail_next("lease_grant");
+    faulty.fail_next(rdzv_core::kv::Op::LeaseGrant);
     let started = Instant::now();
     let handler = RendezvousHandler::new(kv.clone(), params("reset", 1, "w0")).await;
     assert!(handler.is_ok(), "{:?}", handler.err());

@@ -158,7 +158,7 @@ async fn metrics_count_rounds_and_backend_operations() {
     for round in timeout(LIMIT, rendezvous_all(&handlers)).await.unwrap() {
         round.unwrap();
     }
-    faulty.fail_next("get");
+    faulty.fail_next(rdzv_core::kv::Op::Get);
     assert!(instrumented.get(b"x").await.is_err());
 
     let text = metrics.encode();

@@ -14,9 +14,8 @@ use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use rdzv_core::kv::{DeleteMode, PutMode, PutOptions, PutOutcome};
-use rdzv_core::layer::{FaultyKv, Layer};
+use rdzv_core::layer::{Decorator, FaultyKv};
 use rdzv_core::protocol::State;
 use rdzv_core::{
     Kv, KvError, KvExt, KvResult, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
@@ -143,12 +142,11 @@ struct Hooked {
     fail_bootstrap: AtomicU32,
 }
 
-#[async_trait]
-impl Layer for Hooked {
+impl Decorator for Hooked {
     fn inner(&self) -> &dyn Kv {
         &*self.inner
     }
-    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
+    async fn put<'a>(&'a self, key: &'a [u8], value: &'a [u8], options: PutOptions) -> KvResult<PutOutcome> {
         if String::from_utf8_lossy(key).contains("/kv/")
             && self.fail_bootstrap.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok()
         {
@@ -991,7 +989,7 @@ mod keys {
             let mut last = 0;
             for round in 0..25 {
                 if round == 2 {
-                    ws.iter().for_each(|w| w.link.fail_next("delete_prefix"));
+                    ws.iter().for_each(|w| w.link.fail_next(rdzv_core::kv::Op::DeletePrefixLimited));
                 }
                 let infos: Vec<_> = timeout(Duration::from_secs(30), support::rendezvous_all(&handlers))
                     .await
@@ -1094,23 +1092,22 @@ mod keys {
         deletes: std::sync::Mutex<Vec<(String, Option<usize>)>>,
     }
 
-    #[async_trait]
-    impl Layer for DeleteLog {
+    impl Decorator for DeleteLog {
         fn inner(&self) -> &dyn Kv {
             &*self.inner
         }
 
-        async fn delete_prefix(
-            &self,
-            prefix: &[u8],
+        async fn delete_prefix<'a>(
+            &'a self,
+            prefix: &'a [u8],
         ) -> rdzv_core::KvResult<rdzv_core::kv::DeletePrefixResponse> {
             self.deletes.lock().unwrap().push((String::from_utf8_lossy(prefix).into_owned(), None));
             self.inner.delete_prefix(prefix).await
         }
 
-        async fn delete_prefix_limited(
-            &self,
-            prefix: &[u8],
+        async fn delete_prefix_limited<'a>(
+            &'a self,
+            prefix: &'a [u8],
             limit: usize,
         ) -> rdzv_core::KvResult<rdzv_core::kv::DeletePrefixResponse> {
             self.deletes.lock().unwrap().push((String::from_utf8_lossy(prefix).into_owned(), Some(limit)));
@@ -1164,15 +1161,14 @@ mod keys {
         done: std::sync::atomic::AtomicBool,
     }
 
-    #[async_trait]
-    impl Layer for ExpiresMidPiece {
+    impl Decorator for ExpiresMidPiece {
         fn inner(&self) -> &dyn Kv {
             &*self.inner
         }
 
-        async fn delete_prefix_limited(
-            &self,
-            prefix: &[u8],
+        async fn delete_prefix_limited<'a>(
+            &'a self,
+            prefix: &'a [u8],
             limit: usize,
         ) -> rdzv_core::KvResult<rdzv_core::kv::DeletePrefixResponse> {
             use std::sync::atomic::Ordering;
@@ -1221,7 +1217,7 @@ mod keys {
             let link = FaultyKv::new(kv.clone(), 1);
             let creator = RendezvousHandler::new(link.clone(), worker_params(1, 1, "a")).await.unwrap();
             link.set_fail_after_applying(true);
-            link.fail_next("put");
+            link.fail_next(rdzv_core::kv::Op::Put);
             assert!(
                 tokio::time::timeout(Duration::from_millis(10), creator.next_rendezvous()).await.is_err()
             );
@@ -1244,7 +1240,7 @@ mod keys {
             link.set_fail_after_applying(true);
             // The join key is written by a counted create where the backend has one (memory does).
             assert!(kv.capabilities().counted_create);
-            link.fail_next("create_counted");
+            link.fail_next(rdzv_core::kv::Op::CreateCounted);
             assert!(tokio::time::timeout(Duration::from_millis(10), ghost.next_rendezvous()).await.is_err());
             link.clear();
             tokio::time::sleep(Duration::from_millis(100)).await;

@@ -58,7 +58,7 @@ pub use prometheus_client;
 pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 use crate::events::{Event, EventKind, LostReason, RestartCause};
-use crate::kv::Kv;
+use crate::kv::{Kv, Op};
 use crate::layer::MeteredKv;
 use crate::rendezvous::RendezvousHandler;
 
@@ -73,61 +73,13 @@ const ROUND_BUCKETS: [f64; 14] =
 const OPERATION_BUCKETS: [f64; 12] =
     [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5];
 
-/// A backend operation, by kind (the `op` label: the [`Kv`] method's name).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Op {
-    Get,
-    Range,
-    Put,
-    Delete,
-    DeletePrefix,
-    LeaseGrant,
-    LeaseKeepAlive,
-    LeaseRevoke,
-    Watch,
-    Compact,
-    CountAtRevision,
-    Increment,
-}
-
-impl Op {
-    /// Every kind, in declaration order (`op as usize` indexes it).
-    pub(crate) const ALL: [Op; 12] = [
-        Op::Get,
-        Op::Range,
-        Op::Put,
-        Op::Delete,
-        Op::DeletePrefix,
-        Op::LeaseGrant,
-        Op::LeaseKeepAlive,
-        Op::LeaseRevoke,
-        Op::Watch,
-        Op::Compact,
-        Op::CountAtRevision,
-        Op::Increment,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            Op::Get => "get",
-            Op::Range => "range",
-            Op::Put => "put",
-            Op::Delete => "delete",
-            Op::DeletePrefix => "delete_prefix",
-            Op::LeaseGrant => "lease_grant",
-            Op::LeaseKeepAlive => "lease_keep_alive",
-            Op::LeaseRevoke => "lease_revoke",
-            Op::Watch => "watch",
-            Op::Compact => "compact",
-            Op::CountAtRevision => "count_at_revision",
-            Op::Increment => "increment",
-        }
-    }
-}
-
-impl EncodeLabelValue for Op {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
+/// The `op` label of a backend operation: the [`Kv`] method's name, except that a batch of
+/// lease refreshes is a `lease_keep_alive` and a prefix delete in pieces a `delete_prefix`.
+fn op_label(op: Op) -> &'static str {
+    match op {
+        Op::LeaseKeepAliveMany => Op::LeaseKeepAlive.name(),
+        Op::DeletePrefixLimited => Op::DeletePrefix.name(),
+        op => op.name(),
     }
 }
 
@@ -149,12 +101,12 @@ impl EncodeLabelValue for Outcome {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OpLabels {
-    op: Op,
+    op: &'static str,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OpResultLabels {
-    op: Op,
+    op: &'static str,
     result: Outcome,
 }
 
@@ -312,6 +264,7 @@ impl Metrics {
     /// per call).
     pub(crate) fn operation(&self, op: Op) -> OperationMetrics {
         let m = &*self.inner;
+        let op = op_label(op);
         OperationMetrics {
             ok: m.operations.get_or_create_owned(&OpResultLabels { op, result: Outcome::Ok }),
             error: m.operations.get_or_create_owned(&OpResultLabels { op, result: Outcome::Error }),

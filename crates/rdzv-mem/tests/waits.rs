@@ -6,9 +6,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use rdzv_core::kv::{DeleteMode, DeleteOutcome, Event, PutOptions, Revision, WatchScope, WatchStream};
-use rdzv_core::layer::Layer;
+use rdzv_core::layer::Decorator;
 use rdzv_core::wait::{Reading, Start, Wait};
 use rdzv_core::{Kv, KvError, KvExt, KvResult};
 use rdzv_mem::MemKv;
@@ -23,13 +22,12 @@ struct CompactedOnce {
     failed: AtomicBool,
 }
 
-#[async_trait]
-impl Layer for CompactedOnce {
+impl Decorator for CompactedOnce {
     fn inner(&self) -> &dyn Kv {
         &self.inner
     }
 
-    async fn watch(&self, key: &[u8], scope: WatchScope, start: Revision) -> KvResult<WatchStream> {
+    async fn watch<'a>(&'a self, key: &'a [u8], scope: WatchScope, start: Revision) -> KvResult<WatchStream> {
         if !self.failed.swap(true, Ordering::SeqCst) {
             return Err(KvError::Compacted { requested: start, oldest: start + 1 });
         }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdzv_core::Kv;
-use rdzv_core::kv::LeaseId;
+use rdzv_core::kv::{LeaseId, Op};
 use rdzv_core::layer::{FaultyKv, Latency};
 use rdzv_mem::MemKv;
 use rdzv_store::{CompareSet, Store, StoreError};
@@ -17,7 +17,7 @@ use rdzv_store::{CompareSet, Store, StoreError};
 const T: Duration = Duration::from_secs(10);
 
 /// A Store on memory through a `FaultyKv` whose next `operation` takes effect and then fails.
-fn losing_next(operation: &'static str) -> (Store, Arc<FaultyKv>) {
+fn losing_next(operation: Op) -> (Store, Arc<FaultyKv>) {
     let faulty = FaultyKv::new(Arc::new(MemKv::new()), 7);
     faulty.set_fail_after_applying(true);
     faulty.fail_next(operation);
@@ -42,39 +42,39 @@ async fn leased(kv: &Arc<FaultyKv>) -> LeaseId {
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_a_count_append_or_push_is_never_retryable() {
     // Native increment (memory without a lease).
-    let (store, _) = losing_next("increment");
+    let (store, _) = losing_next(Op::Increment);
     assert_unknown(store.add("n", 1).await, "add");
     assert_eq!(store.get("n").await.unwrap(), b"1", "it was counted once");
     // Compare-and-swap counter (a leased Store).
-    let (store, faulty) = losing_next("put");
+    let (store, faulty) = losing_next(Op::Put);
     let store = store.with_lease(Some(leased(&faulty).await));
     assert_unknown(store.add("n", 5).await, "add");
     assert_eq!(store.get("n").await.unwrap(), b"5");
-    let (store, _) = losing_next("put");
+    let (store, _) = losing_next(Op::Put);
     assert_unknown(store.append("log", "a").await, "append");
     assert_eq!(store.get("log").await.unwrap(), b"a");
-    let (store, _) = losing_next("put");
+    let (store, _) = losing_next(Op::Put);
     assert_unknown(store.queue_push("q", "x").await, "queue_push");
     assert_eq!(store.queue_len("q").await.unwrap(), 1, "the item is in the queue");
     // A pop whose delete took effect: the item is gone, and was not returned.
-    let (store, faulty) = losing_next("delete");
+    let (store, faulty) = losing_next(Op::Delete);
     faulty.clear();
     store.queue_push("q", "x").await.unwrap();
     faulty.set_fail_after_applying(true);
-    faulty.fail_next("delete");
+    faulty.fail_next(Op::Delete);
     assert_unknown(store.queue_pop("q", false).await, "queue_pop");
     assert_eq!(store.queue_len("q").await.unwrap(), 0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_a_set_or_compare_set_is_retryable_and_calling_again_is_safe() {
-    let (store, _) = losing_next("put");
+    let (store, _) = losing_next(Op::Put);
     let e = store.set("k", "v").await.unwrap_err();
     assert!(e.is_retryable(), "{e}");
     store.set("k", "v").await.unwrap();
     assert_eq!(store.get("k").await.unwrap(), b"v");
 
-    let (store, _) = losing_next("put");
+    let (store, _) = losing_next(Op::Put);
     let e = store.compare_set("c", "", "first").await.unwrap_err();
     assert!(e.is_retryable(), "{e}");
     // The first swap took effect: the second finds `desired` and writes nothing.
@@ -88,7 +88,7 @@ async fn a_lost_answer_to_a_set_or_compare_set_is_retryable_and_calling_again_is
 /// `compare_set_checked` says `swapped: false`).
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_a_multi_set_delete_or_checked_swap_is_retryable_and_calling_again_is_safe() {
-    let (store, _) = losing_next("put");
+    let (store, _) = losing_next(Op::Put);
     let items = [("a", "1"), ("b", "2"), ("c", "3")];
     let e = store.multi_set(items).await.unwrap_err();
     assert!(e.is_retryable() && !e.is_timeout(), "{e}");
@@ -96,17 +96,17 @@ async fn a_lost_answer_to_a_multi_set_delete_or_checked_swap_is_retryable_and_ca
     assert_eq!(store.multi_get(["a", "b", "c"]).await.unwrap(), [b"1", b"2", b"3"]);
     assert_eq!(store.num_keys().await.unwrap(), 3);
 
-    let (store, faulty) = losing_next("delete");
+    let (store, faulty) = losing_next(Op::Delete);
     faulty.clear();
     store.set("d", "v").await.unwrap();
     faulty.set_fail_after_applying(true);
-    faulty.fail_next("delete");
+    faulty.fail_next(Op::Delete);
     let e = store.delete_key("d").await.unwrap_err();
     assert!(e.is_retryable() && !e.is_timeout(), "{e}");
     assert!(!store.delete_key("d").await.unwrap(), "the first delete took effect: the second finds nothing");
     assert!(!store.check(["d"]).await.unwrap());
 
-    let (store, _) = losing_next("put");
+    let (store, _) = losing_next(Op::Put);
     let e = store.compare_set_checked("s", "", "first").await.unwrap_err();
     assert!(e.is_retryable() && !e.is_timeout(), "{e}");
     let again = store.compare_set_checked("s", "", "first").await.unwrap();
@@ -119,7 +119,7 @@ async fn a_lost_answer_to_a_multi_set_delete_or_checked_swap_is_retryable_and_ca
 #[tokio::test(start_paused = true)]
 async fn a_barrier_whose_count_lost_its_answer_is_an_unknown_outcome() {
     // Native increment (memory without a lease), then the compare-and-swap count (leased).
-    for (operation, leased_store) in [("increment", false), ("put", true)] {
+    for (operation, leased_store) in [(Op::Increment, false), (Op::Put, true)] {
         let (store, faulty) = losing_next(operation);
         let store = if leased_store { store.with_lease(Some(leased(&faulty).await)) } else { store };
         let started = tokio::time::Instant::now();
@@ -155,7 +155,7 @@ async fn a_barrier_whose_done_key_write_fails_still_releases_every_rank() {
     let first = store.clone();
     let waiting = tokio::spawn(async move { first.barrier("b", 2, T).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    faulty.fail_next("put");
+    faulty.fail_next(Op::Put);
     store.barrier("b", 2, T).await.unwrap();
     waiting.await.unwrap().unwrap();
 }

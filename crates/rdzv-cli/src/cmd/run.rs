@@ -673,7 +673,7 @@ mod tests {
         let b = Rendezvous::new(kv.clone(), params("b")).await.expect("b");
         let (round, other) = tokio::join!(a.next_rendezvous(), b.next_rendezvous());
         let (round, _other) = (round.expect("a's round"), other.expect("b's round"));
-        link.hang_next("put");
+        link.hang_next(rdzv_core::kv::Op::Put);
         let c = Rendezvous::new(kv.clone(), params("c")).await.expect("c");
         let _waits = tokio::spawn(async move { c.next_rendezvous().await });
         let over = tokio::spawn(async move { round_over(&a, &round, Duration::from_millis(500)).await });

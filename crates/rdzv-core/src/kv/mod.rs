@@ -8,6 +8,7 @@
 
 pub(crate) mod contract;
 mod limit;
+mod op;
 mod prefix;
 mod types;
 
@@ -16,6 +17,7 @@ mod types;
 pub use bytes::Bytes;
 pub use contract::WatchStream;
 pub use limit::SizeLimit;
+pub use op::Op;
 pub use prefix::{check_delete_piece, prefix_end};
 pub use types::{
     Capabilities, CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind,

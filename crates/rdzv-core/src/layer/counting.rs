@@ -4,15 +4,12 @@
 use std::ops::{Add, Sub};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use async_trait::async_trait;
+use std::future::Future;
 
-use super::Layer;
-use crate::kv::{
-    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, GetResponse, Kv, KvResult, LeaseId,
-    PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
-};
+use super::{Answer, Decorator, Request};
+use crate::error::KvError;
+use crate::kv::{Kv, KvResult, Op};
 
 /// Counts of the operations made through a [`CountingKv`], by kind. Every call counts,
 /// whether it succeeded or not, except `increments`, which counts only the increments that
@@ -158,10 +155,6 @@ pub struct CountingKv {
     counters: Counters,
 }
 
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 impl CountingKv {
     /// Wraps `inner` with all counts at zero.
     pub fn new(inner: Arc<dyn Kv>) -> Arc<CountingKv> {
@@ -218,115 +211,58 @@ impl CountingKv {
     }
 }
 
-#[async_trait]
-impl Layer for CountingKv {
+impl Counters {
+    /// The counter of `op`'s calls (both kinds of prefix delete are prefix deletes, a count at
+    /// a past revision is a range read).
+    fn of(&self, op: Op) -> &AtomicU64 {
+        match op {
+            Op::Get => &self.gets,
+            Op::Range | Op::CountAtRevision => &self.ranges,
+            Op::Put => &self.puts,
+            Op::Delete => &self.deletes,
+            Op::DeletePrefix | Op::DeletePrefixLimited => &self.delete_prefixes,
+            Op::LeaseGrant => &self.lease_grants,
+            Op::LeaseKeepAlive | Op::LeaseKeepAliveMany => &self.lease_keep_alives,
+            Op::LeaseRevoke => &self.lease_revokes,
+            Op::Watch => &self.watches,
+            Op::Compact => &self.compactions,
+            Op::CreateCounted => &self.counted_creates,
+            Op::Increment => &self.increments,
+        }
+    }
+
+    /// Counts a call and what it answered: `request.count` calls (one per lease of a batch of
+    /// refreshes) — none for a call the backend does not support ([`KvError::Unsupported`],
+    /// or an increment it declined) — and the keys its answer visited.
+    fn record<T: Answer>(&self, request: Request, result: &KvResult<T>) {
+        let unsupported = match result {
+            // Only an increment that wrote counts: the caller's compare-and-swap otherwise.
+            Err(_) if request.op == Op::Increment => true,
+            Err(KvError::Unsupported { .. }) => matches!(request.op, Op::CountAtRevision | Op::CreateCounted),
+            Err(_) => false,
+            Ok(answer) => answer.declined(),
+        };
+        if !unsupported {
+            self.of(request.op).fetch_add(request.count, Ordering::Relaxed);
+        }
+        if let Ok(answer) = result {
+            self.keys_visited.fetch_add(answer.keys_visited(), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Decorator for CountingKv {
     fn inner(&self) -> &dyn Kv {
         &*self.inner
     }
 
-    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        bump(&self.counters.gets);
-        let result = self.inner.get(key).await;
-        if let Ok(GetResponse { kv: Some(_), .. }) = &result {
-            bump(&self.counters.keys_visited);
-        }
-        result
-    }
-
-    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
-        bump(&self.counters.ranges);
-        let result = self.inner.range(prefix, options).await;
-        if let Ok(response) = &result {
-            self.counters.keys_visited.fetch_add(response.count, Ordering::Relaxed);
-        }
-        result
-    }
-
-    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
-        bump(&self.counters.puts);
-        self.inner.put(key, value, options).await
-    }
-
-    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
-        bump(&self.counters.deletes);
-        self.inner.delete(key, mode).await
-    }
-
-    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
-        bump(&self.counters.delete_prefixes);
-        self.inner.delete_prefix(prefix).await
-    }
-
-    /// Counted as a prefix delete.
-    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
-        bump(&self.counters.delete_prefixes);
-        self.inner.delete_prefix_limited(prefix, limit).await
-    }
-
-    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
-        bump(&self.counters.lease_grants);
-        self.inner.lease_grant(ttl).await
-    }
-
-    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
-        bump(&self.counters.lease_keep_alives);
-        self.inner.lease_keep_alive(lease).await
-    }
-
-    /// Counted as one keep-alive per lease.
-    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
-        self.counters.lease_keep_alives.fetch_add(leases.len() as u64, Ordering::Relaxed);
-        self.inner.lease_keep_alive_many(leases).await
-    }
-
-    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
-        bump(&self.counters.lease_revokes);
-        self.inner.lease_revoke(lease).await
-    }
-
-    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
-        bump(&self.counters.watches);
-        self.inner.watch(key, scope, start_revision).await
-    }
-
-    async fn compact(&self, revision: Revision) -> KvResult<()> {
-        bump(&self.counters.compactions);
-        self.inner.compact(revision).await
-    }
-
-    /// Counted as a range read (when supported).
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
-        let result = self.inner.count_at_revision(prefix, revision).await;
-        if !matches!(result, Err(crate::KvError::Unsupported { .. })) {
-            bump(&self.counters.ranges);
-        }
-        if let Ok(count) = &result {
-            self.counters.keys_visited.fetch_add(*count, Ordering::Relaxed);
-        }
-        result
-    }
-
-    /// Counted when supported.
-    async fn create_counted(
+    async fn around<T: Answer>(
         &self,
-        key: &[u8],
-        value: &[u8],
-        lease: Option<LeaseId>,
-        tally: &[u8],
-        tally_lease: Option<LeaseId>,
-    ) -> KvResult<CountedCreate> {
-        let result = self.inner.create_counted(key, value, lease, tally, tally_lease).await;
-        if !matches!(result, Err(crate::KvError::Unsupported { .. })) {
-            bump(&self.counters.counted_creates);
-        }
-        result
-    }
-
-    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
-        let result = self.inner.increment(key, delta).await;
-        if matches!(result, Ok(Some(_))) {
-            bump(&self.counters.increments);
-        }
+        request: Request,
+        call: impl Future<Output = KvResult<T>> + Send,
+    ) -> KvResult<T> {
+        let result = call.await;
+        self.counters.record(request, &result);
         result
     }
 }
@@ -335,8 +271,10 @@ impl Layer for CountingKv {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    // Not `super::*`: with `Layer` in scope too, calls on a `CountingKv` are ambiguous.
-    use super::{Arc, CountingKv, Duration, OpCounts};
+    // Not `super::*`: with `Decorator` in scope too, calls on a `CountingKv` are ambiguous.
+    use std::time::Duration;
+
+    use super::{Arc, CountingKv, OpCounts};
     use crate::kv::{DeleteMode, Kv, PutMode, PutOptions, RangeOptions, WatchScope};
     use crate::stub::Stub;
     use futures::StreamExt;

@@ -3,21 +3,18 @@
 //! shared handle; random choices come from a seeded RNG, so a run is reproducible as long as
 //! the calls arrive in the same order.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::Layer;
+use super::{Answer, Decorator, Request};
 use crate::error::KvError;
-use crate::kv::{
-    CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, GetResponse, Kv, KvResult,
-    LeaseId, PutOptions, PutOutcome, RangeOptions, RangeResponse, Revision, WatchScope, WatchStream,
-};
+use crate::kv::{Event, Kv, KvResult, Op, WatchStream};
 
 /// Latency added before each call reaches the wrapped backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,9 +39,9 @@ struct Config {
     /// The absolute call number (1-based) that fails.
     fail_at: Option<u64>,
     /// The operation whose next call fails.
-    fail_op: Option<&'static str>,
+    fail_op: Option<Op>,
     /// The operation whose next call never answers.
-    hang_op: Option<&'static str>,
+    hang_op: Option<Op>,
     fail_probability: f64,
     drop_watch_after: Option<usize>,
     fail_after_applying: bool,
@@ -111,35 +108,31 @@ impl FaultyKv {
         self.config().fail_at = (n > 0).then(|| self.calls() + n);
     }
 
-    /// Makes the next call of `operation` fail with `Unavailable`, once. Operations are named
-    /// after the [`Kv`] methods: `"get"`, `"range"`, `"put"`, `"delete"`, `"delete_prefix"`
-    /// (which [`Kv::delete_prefix_limited`] counts as too), `"lease_grant"`, `"lease_keep_alive"`, `"lease_keep_alive_many"`, `"lease_revoke"`,
-    /// `"watch"`, `"compact"`, `"count_at_revision"`, `"create_counted"`, `"increment"`; any other name never
-    /// matches.
+    /// Makes the next call of `operation` fail with `Unavailable`, once.
     ///
     /// ```
     /// # use std::sync::Arc;
     /// # use rdzv_core::Kv;
-    /// # use rdzv_core::kv::PutOptions;
+    /// # use rdzv_core::kv::{Op, PutOptions};
     /// # use rdzv_core::layer::FaultyKv;
     /// # async fn demo(backend: Arc<dyn Kv>) -> Result<(), rdzv_core::KvError> {
     /// let faulty = FaultyKv::new(backend, 1);
-    /// faulty.fail_next("delete_prefix");
+    /// faulty.fail_next(Op::DeletePrefix);
     /// faulty.put(b"a/1", b"x", PutOptions::OVERWRITE).await?;
     /// assert!(faulty.delete_prefix(b"a/").await.is_err());
     /// assert_eq!(faulty.delete_prefix(b"a/").await?.deleted, 1);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn fail_next(&self, operation: &'static str) {
+    pub fn fail_next(&self, operation: Op) {
         self.config().fail_op = Some(operation);
     }
 
-    /// Makes the next call of `operation` (named as for [`fail_next`](Self::fail_next)) never
-    /// answer, once: a request stuck on a connection that went silent, which its caller
-    /// waits for until it gives up. It does not reach the wrapped backend; [`clear`](Self::clear)
-    /// cancels a hang not yet taken, not one under way.
-    pub fn hang_next(&self, operation: &'static str) {
+    /// Makes the next call of `operation` never answer, once: a request stuck on a
+    /// connection that went silent, which its caller waits for until it gives up. It does not
+    /// reach the wrapped backend; [`clear`](Self::clear) cancels a hang not yet taken, not one
+    /// under way.
+    pub fn hang_next(&self, operation: Op) {
         self.config().hang_op = Some(operation);
     }
 
@@ -183,7 +176,7 @@ impl FaultyKv {
     }
 
     /// Runs one call of `operation` with the configured latency and failure.
-    async fn call<T>(&self, operation: &str, call: impl Future<Output = KvResult<T>>) -> KvResult<T> {
+    async fn call<T>(&self, operation: Op, call: impl Future<Output = KvResult<T>>) -> KvResult<T> {
         let (delay, fail, number, after, hang) = {
             let mut config = self.config();
             let number = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -251,90 +244,31 @@ struct Dropping {
     error: Option<KvError>,
 }
 
-#[async_trait]
-impl Layer for FaultyKv {
+impl Decorator for FaultyKv {
     fn inner(&self) -> &dyn Kv {
         &*self.inner
     }
 
-    async fn get(&self, key: &[u8]) -> KvResult<GetResponse> {
-        self.call("get", self.inner.get(key)).await
+    async fn around<T: Answer>(
+        &self,
+        request: Request,
+        call: impl Future<Output = KvResult<T>> + Send,
+    ) -> KvResult<T> {
+        self.call(request.op, call).await
     }
 
-    async fn range(&self, prefix: &[u8], options: RangeOptions) -> KvResult<RangeResponse> {
-        self.call("range", self.inner.range(prefix, options)).await
-    }
-
-    async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
-        self.call("put", self.inner.put(key, value, options)).await
-    }
-
-    async fn delete(&self, key: &[u8], mode: DeleteMode) -> KvResult<DeleteOutcome> {
-        self.call("delete", self.inner.delete(key, mode)).await
-    }
-
-    async fn delete_prefix(&self, prefix: &[u8]) -> KvResult<DeletePrefixResponse> {
-        self.call("delete_prefix", self.inner.delete_prefix(prefix)).await
-    }
-
-    /// Faulted as a `"delete_prefix"`.
-    async fn delete_prefix_limited(&self, prefix: &[u8], limit: usize) -> KvResult<DeletePrefixResponse> {
-        self.call("delete_prefix", self.inner.delete_prefix_limited(prefix, limit)).await
-    }
-
-    async fn lease_grant(&self, ttl: Duration) -> KvResult<LeaseId> {
-        self.call("lease_grant", self.inner.lease_grant(ttl)).await
-    }
-
-    async fn lease_keep_alive(&self, lease: LeaseId) -> KvResult<Duration> {
-        self.call("lease_keep_alive", self.inner.lease_keep_alive(lease)).await
-    }
-
-    async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
-        let batch = async { Ok(self.inner.lease_keep_alive_many(leases).await) };
-        match self.call("lease_keep_alive_many", batch).await {
-            Ok(answers) => answers,
-            Err(e) => leases.iter().map(|_| Err(e.duplicate())).collect(),
-        }
-    }
-
-    async fn lease_revoke(&self, lease: LeaseId) -> KvResult<()> {
-        self.call("lease_revoke", self.inner.lease_revoke(lease)).await
-    }
-
-    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+    /// Cut after the configured number of events, or when [`drop_open_watches`](Self::drop_open_watches)
+    /// is called.
+    fn events(&self, stream: WatchStream) -> WatchStream {
         let mut cut = self.cut.subscribe();
         cut.mark_unchanged();
         let state = Dropping {
-            inner: self.call("watch", self.inner.watch(key, scope, start_revision)).await?,
+            inner: stream,
             left: self.config().drop_watch_after,
             cut: Some(cut),
             error: Some(self.unavailable("injected drop of the watch connection".into())),
         };
-        Ok(Box::pin(futures::stream::unfold(state, next_event)))
-    }
-
-    async fn compact(&self, revision: Revision) -> KvResult<()> {
-        self.call("compact", self.inner.compact(revision)).await
-    }
-
-    async fn count_at_revision(&self, prefix: &[u8], revision: Revision) -> KvResult<u64> {
-        self.call("count_at_revision", self.inner.count_at_revision(prefix, revision)).await
-    }
-
-    async fn create_counted(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        lease: Option<LeaseId>,
-        tally: &[u8],
-        tally_lease: Option<LeaseId>,
-    ) -> KvResult<CountedCreate> {
-        self.call("create_counted", self.inner.create_counted(key, value, lease, tally, tally_lease)).await
-    }
-
-    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
-        self.call("increment", self.inner.increment(key, delta)).await
+        Box::pin(futures::stream::unfold(state, next_event))
     }
 }
 

@@ -3,9 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_trait::async_trait;
 use rdzv_core::kv::{Capabilities, PutOptions, Revision, WatchScope, WatchStream};
-use rdzv_core::layer::Layer;
+use rdzv_core::layer::Decorator;
 use rdzv_core::{Kv, KvError, KvExt, KvResult};
 use rdzv_mem::MemKv;
 
@@ -27,8 +26,7 @@ impl QuirkyKv {
     }
 }
 
-#[async_trait]
-impl Layer for QuirkyKv {
+impl Decorator for QuirkyKv {
     fn inner(&self) -> &dyn Kv {
         &self.inner
     }
@@ -41,7 +39,12 @@ impl Layer for QuirkyKv {
         Capabilities { native_increment: self.native_increment, ..self.inner.capabilities() }
     }
 
-    async fn watch(&self, key: &[u8], scope: WatchScope, start_revision: Revision) -> KvResult<WatchStream> {
+    async fn watch<'a>(
+        &'a self,
+        key: &'a [u8],
+        scope: WatchScope,
+        start_revision: Revision,
+    ) -> KvResult<WatchStream> {
         if self.compact_every_other_watch && self.watches.fetch_add(1, Ordering::Relaxed).is_multiple_of(2) {
             let compacted = KvError::Compacted { requested: start_revision, oldest: start_revision + 1 };
             return Ok(Box::pin(futures::stream::iter([Err(compacted)])));
@@ -49,7 +52,7 @@ impl Layer for QuirkyKv {
         self.inner.watch(key, scope, start_revision).await
     }
 
-    async fn increment(&self, key: &[u8], delta: i64) -> KvResult<Option<i64>> {
+    async fn increment<'a>(&'a self, key: &'a [u8], delta: i64) -> KvResult<Option<i64>> {
         if !self.native_increment {
             return Err(KvError::Unsupported { backend: "quirky-mem", what: "native increments" });
         }
