@@ -2,7 +2,8 @@
 # Installs what building and testing rdzv needs on a Debian machine, when it is missing:
 # protoc and protobuf's well-known .proto files (the etcd client's build needs both), etcd
 # and redis-server (the tests start their own servers from these binaries), prometheus (the
-# metrics test starts one to scrape `rdzv run`), and the Rust components rustfmt and clippy.
+# metrics test starts one to scrape `rdzv run`), cargo-nextest (which runs the tests), and
+# the Rust components rustfmt and clippy.
 # Idempotent, and silent when everything is already there. It starts no server.
 set -euo pipefail
 
@@ -123,6 +124,20 @@ if ((${#missing[@]} > 0)) || $want_etcd; then
     done
     protoc_has_includes \
         || die "protoc cannot find google/protobuf/descriptor.proto after installing ${missing[*]} (the etcd client's build needs protobuf's well-known .proto files)"
+fi
+
+# cargo-nextest runs the tests (scripts/test.sh): each test in a process of its own, several
+# at once, with a time limit each. Its `priority` setting (.config/nextest.toml) needs 0.9.91
+# or later; this machine image ships it, elsewhere it is built from crates.io (minutes).
+nextest_is_current() {
+    local version
+    version=$(cargo nextest --version 2>/dev/null | awk 'NR == 1 { print $2 }')
+    [[ -n $version ]] && printf '0.9.91\n%s\n' "$version" | sort --version-sort --check=quiet
+}
+if ! nextest_is_current; then
+    log "installing cargo-nextest (cargo install --locked cargo-nextest)"
+    cargo install --locked --quiet cargo-nextest || die "cargo install cargo-nextest failed"
+    nextest_is_current || die "cargo-nextest is still missing or older than 0.9.91 after installing it"
 fi
 
 components=()

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The Python package (crates/rdzv-py) and the torchrun backend, tested with real torch, etcd
-# and Redis. Creates or reuses two virtualenvs (git-ignored): .venv-py/ with the pinned torch
-# (requirements-test.txt), where every test runs, and .venv-py-oldest/ with the oldest torch
-# release the backend supports (requirements-test-oldest.txt), where the tests of how a job
-# ends (test_lifecycle.py) run again through torchrun, since torch's calls of the backend
-# differ between releases. Installs the pinned tools and torch into each only when they are
-# missing (pip's normal cache keeps the wheels, so a fresh clone reinstalls without
+# and Redis. Creates or reuses two virtualenvs in the machine's venv cache (scripts/venv.sh:
+# outside the checkout, shared by every checkout and CI run): one with the pinned torch
+# (requirements-test.txt), where every test runs, three at a time (pytest-xdist), and one with
+# the oldest torch release the backend supports (requirements-test-oldest.txt), where the
+# tests of how a job ends (test_lifecycle.py) run again through torchrun, since torch's calls
+# of the backend differ between releases. Installs the pinned tools and torch into each only
+# when they are missing (pip's normal cache keeps the wheels, so a new venv installs without
 # downloading again), installs the package into each as a contributor does (`pip install
 # ./crates/rdzv-py`, below), and runs pytest. Fails loudly when something is missing; never
 # skips. Arguments go to the first pytest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/venv.sh
 
 for bin in etcd redis-server python3; do
     if ! command -v "$bin" >/dev/null 2>&1; then
@@ -22,11 +24,14 @@ done
 # Two cores: keep the Rust build inside pip's build at two jobs.
 export CARGO_BUILD_JOBS=2
 
-# prepare VENV REQUIREMENTS: the virtualenv VENV with the pinned REQUIREMENTS and the package.
+# prepare REQUIREMENTS: the virtualenv of REQUIREMENTS, with its pins and the package.
 prepare() {
-    local venv=$1 requirements=$2
+    local requirements=$1 venv
+    venv=$(venv_for "$requirements")
+    venv_prune "$requirements"
     if [[ ! -x $venv/bin/python ]]; then
         echo "test-python: creating $venv" >&2
+        mkdir -p "$(dirname "$venv")"
         python3 -m venv "$venv"
     fi
     # Install only when a pinned requirement is not satisfied (a quick check, no network).
@@ -60,12 +65,14 @@ PY
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./crates/rdzv-py
 }
 
-# run_pytest VENV ARGS...: pytest in VENV (exit 5, no test collected, is a failure too).
+# run_pytest REQUIREMENTS ARGS...: pytest in the venv of REQUIREMENTS (exit 5, no test
+# collected, is a failure too).
 run_pytest() {
-    local venv=$1 code
+    local venv code
+    venv=$(venv_for "$1")
     shift
     set +e
-    VIRTUAL_ENV=$PWD/$venv PATH=$PWD/$venv/bin:$PATH \
+    VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider -W ignore::UserWarning "$@"
     code=$?
     set -e
@@ -76,13 +83,21 @@ run_pytest() {
     return $code
 }
 
-prepare .venv-py crates/rdzv-py/requirements-test.txt
-prepare .venv-py-oldest crates/rdzv-py/requirements-test-oldest.txt
+pinned=crates/rdzv-py/requirements-test.txt
+oldest=crates/rdzv-py/requirements-test-oldest.txt
+prepare "$pinned"
+prepare "$oldest"
 # The `rdzv` binary, for the tests of `rdzv run` driving torch, and `rdzv-netfault`, the
-# partition harness (conftest.py's `Link`); both already built by the Rust tests.
+# partition harness (conftest.py's `Link`); both already built by the Rust tests, wherever
+# the target directory is.
 cargo build --quiet -p rdzv-cli -p rdzv-netfault
+bin=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug
+export RDZV_BIN=${RDZV_BIN:-$bin/rdzv} RDZV_NETFAULT_BIN=${RDZV_NETFAULT_BIN:-$bin/rdzv-netfault}
 
-run_pytest .venv-py crates/rdzv-py/tests "$@"
-oldest=$(.venv-py-oldest/bin/python -W ignore -c 'import torch; print(torch.__version__)')
-echo "test-python: how a job ends through torchrun, on torch $oldest" >&2
-run_pytest .venv-py-oldest crates/rdzv-py/tests/test_lifecycle.py -k torchrun
+# Three at a time: the tests wait on agents, servers and TTLs more than they compute, and
+# their timing bounds (a fenced node's workers stopped within the TTL and a few seconds, …)
+# hold with three on two cores; with six, torch's start-up under load broke them.
+run_pytest "$pinned" -n 3 --dist worksteal crates/rdzv-py/tests "$@"
+version=$("$(venv_for "$oldest")/bin/python" -W ignore -c 'import torch; print(torch.__version__)')
+echo "test-python: how a job ends through torchrun, on torch $version" >&2
+run_pytest "$oldest" crates/rdzv-py/tests/test_lifecycle.py -k torchrun

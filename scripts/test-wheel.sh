@@ -7,7 +7,7 @@
 #  1. a fresh venv without torch: `import rdzv` (no torch), the version, the metadata, the
 #     `rdzv` binary on PATH, `rdzv demo`, `python -m rdzv` (scripts/wheel_checks.py);
 #  2. a fresh venv of the oldest CPython the wheel claims (3.9), when one is installed;
-#  3. the cached venv of the python step, .venv-py/ (git-ignored; torch is several GB and is
+#  3. the python step's venv of the pinned torch (scripts/venv.sh; torch is several GB and is
 #     installed once, so it is reused rather than installed into a venv of its own): its
 #     rdzv is replaced by the wheel (`rdzv[torch]` resolved against the pinned torch with no
 #     index), then torchrun with `--rdzv-backend=rdzv` (2 agents x 2 workers) and `rdzv run`
@@ -19,6 +19,7 @@
 # max_wheel_bytes). Fails loudly when something is missing.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/venv.sh
 
 log() { echo "test-wheel: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -31,8 +32,8 @@ for bin in etcd python3 cargo; do
 done
 
 out=target/wheel-test
-venv=.venv-py
 requirements=crates/rdzv-py/requirements-test.txt
+venv=$(venv_for "$requirements")
 start=$SECONDS
 
 rm -rf "$out"
@@ -107,13 +108,13 @@ fi
 log "3. $venv, with $torch_pin"
 if [[ ! -x $venv/bin/python ]]; then
     log "creating $venv"
+    mkdir -p "$(dirname "$venv")"
     python3 -m venv "$venv"
 fi
 if ! "$venv/bin/python" -m pip install --quiet --no-index "$torch_pin" "$pytest_pin" >/dev/null 2>&1; then
     log "installing $torch_pin $pytest_pin into $venv (several GB the first time)"
     "$venv/bin/python" -m pip install --quiet "$torch_pin" "$pytest_pin"
 fi
-venv=$PWD/$venv
 in_venv "$venv" "$venv/bin/python" -m pip uninstall --yes --quiet rdzv 2>/dev/null || true
 # `[torch]` with no index: pip must find the extra satisfied by the pinned torch already there.
 install "$venv" "$wheel[torch]"

@@ -28,7 +28,11 @@ step docs env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -j2
 step readme-demo bash scripts/readme-demo.sh
 # Without this, tests whose server binary is missing would skip instead of failing.
 export RDZV_REQUIRE_SERVERS=1
-step tests cargo test --workspace -j2
+# cargo-nextest runs each test in a process of its own, eight at once (.config/nextest.toml):
+# they wait on real servers and timers far more than they compute. It runs no doc tests;
+# cargo test does those.
+step tests cargo nextest run --workspace --build-jobs 2
+step doc-tests cargo test --workspace --doc -j2
 step python bash scripts/test-python.sh
 step wheel bash scripts/test-wheel.sh
 echo "==> all steps passed" >&2

@@ -15,7 +15,8 @@
 #
 # Usage: scripts/wheel.sh [--out DIR]     (default dist/; takes 5–9 minutes on 2 cores
 # from a cold build). Needs cargo and protoc (scripts/setup.sh); installs its pinned tools
-# (crates/rdzv-py/requirements-wheel.txt) into .venv-wheel-build/ (git-ignored) once.
+# (crates/rdzv-py/requirements-wheel.txt) once, into a venv of the machine's venv cache
+# (scripts/venv.sh).
 set -euo pipefail
 
 log() { echo "wheel: $*" >&2; }
@@ -31,6 +32,7 @@ while (($# > 0)); do
     esac
 done
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/venv.sh
 out=${out:-$PWD/dist}
 
 if ! command -v cargo >/dev/null 2>&1 && [[ -x "$HOME/.cargo/bin/cargo" ]]; then
@@ -40,8 +42,8 @@ for bin in cargo protoc python3; do
     command -v "$bin" >/dev/null 2>&1 || die "\`$bin\` is not installed; run scripts/setup.sh"
 done
 
-venv=.venv-wheel-build
 requirements=crates/rdzv-py/requirements-wheel.txt
+venv=$(venv_for "$requirements")
 # maturin's data folder of the module `rdzv._rdzv`: what is in its scripts/ goes into the
 # wheel's `.data/scripts/`, which pip installs on PATH. Never committed, never left behind
 # (a build of `./crates/rdzv-py` would otherwise pick up a stale binary).
@@ -52,6 +54,7 @@ expected_platforms="manylinux2014_x86_64 manylinux_2_17_x86_64"
 
 if [[ ! -x $venv/bin/python ]]; then
     log "creating $venv"
+    mkdir -p "$(dirname "$venv")"
     python3 -m venv "$venv"
 fi
 # Nothing to fetch when the pins are installed; otherwise from the index.
@@ -59,7 +62,7 @@ if ! "$venv/bin/python" -m pip install --quiet --no-index -r "$requirements" >/d
     log "installing $requirements into $venv"
     "$venv/bin/python" -m pip install --quiet -r "$requirements"
 fi
-export PATH="$PWD/$venv/bin:$PATH"
+export PATH="$venv/bin:$PATH"
 
 version=$(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
 import json, sys
