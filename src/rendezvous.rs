@@ -1,12 +1,16 @@
 //! [`Rendezvous`]: the handler of `rdzv-core` plus the round's Store and bootstrap info.
 
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use rdzv_core::{Kv, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams};
+use rdzv_core::events::{Event, EventKind};
+use rdzv_core::protocol::RunKeys;
+use rdzv_core::{
+    Kv, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken,
+    RunOutcome, Waiting,
+};
 use rdzv_store::Store;
 
 use crate::bootstrap::{self, Bootstrap};
@@ -19,12 +23,11 @@ const MIN_BOOTSTRAP_TIME: Duration = Duration::from_secs(1);
 /// ([`next_rendezvous`](Rendezvous::next_rendezvous), which also hands out the round's Store
 /// and bootstrap info), tells when a round breaks, and leaves when shut down or dropped.
 ///
-/// It dereferences to its [`RendezvousHandler`], whose methods it has as its own
-/// ([`round_broken`](RendezvousHandler::round_broken),
-/// [`num_nodes_waiting`](RendezvousHandler::num_nodes_waiting),
-/// [`set_closed`](RendezvousHandler::set_closed), [`shutdown`](RendezvousHandler::shutdown),
-/// …); only `next_rendezvous` is its own, returning the whole [`Round`] where the handler's
-/// returns the bare [`RendezvousInfo`].
+/// Its other calls ([`round_broken`](Rendezvous::round_broken),
+/// [`num_nodes_waiting`](Rendezvous::num_nodes_waiting), [`set_closed`](Rendezvous::set_closed),
+/// [`shutdown`](Rendezvous::shutdown), …) are its [`RendezvousHandler`]'s, which
+/// [`handler`](Rendezvous::handler) gives for code that drives the protocol itself (its
+/// `next_rendezvous` returns the bare [`RendezvousInfo`]).
 ///
 /// Cheap to clone (all clones are the same worker). Dropping the last clone leaves like
 /// [`shutdown`](RendezvousHandler::shutdown), in the background.
@@ -81,14 +84,118 @@ impl Rendezvous {
     }
 }
 
-/// A `Rendezvous` *is* its worker's [`RendezvousHandler`] (plus the Store and bootstrap that
-/// [`next_rendezvous`](Rendezvous::next_rendezvous) adds): every other method —
-/// `round_broken`, `num_nodes_waiting`, `waiting`, `set_closed`, `shutdown`, `run_id`,
-/// `backend`, `keys`, … — is the handler's, documented there.
-impl Deref for Rendezvous {
-    type Target = RendezvousHandler;
-
-    fn deref(&self) -> &RendezvousHandler {
+/// The worker's other calls: each is its [`RendezvousHandler`]'s, documented there in full.
+impl Rendezvous {
+    /// The worker's core handler: for code that drives the protocol without the Store and
+    /// bootstrap of a [`Round`] (its `next_rendezvous` returns the bare [`RendezvousInfo`]).
+    pub fn handler(&self) -> &RendezvousHandler {
         &self.handler
+    }
+
+    /// Resolves when this worker's round is over, with the reason
+    /// ([`RendezvousHandler::round_broken`]).
+    pub async fn round_broken(&self) -> RoundBroken {
+        self.handler.round_broken().await
+    }
+
+    /// How many waiting workers the next round could admit while the current one runs: 0 for
+    /// a full, intact round, whose spares only a member's departure admits
+    /// ([`RendezvousHandler::num_nodes_waiting`]).
+    pub async fn num_nodes_waiting(&self) -> Result<usize, RendezvousError> {
+        self.handler.num_nodes_waiting().await
+    }
+
+    /// The workers waiting for the next round, in the order it would take them
+    /// ([`RendezvousHandler::waiting`]).
+    pub async fn waiting(&self) -> Result<Waiting, RendezvousError> {
+        self.handler.waiting().await
+    }
+
+    /// Whether the run is closed ([`RendezvousHandler::is_closed`]).
+    pub async fn is_closed(&self) -> Result<bool, RendezvousError> {
+        self.handler.is_closed().await
+    }
+
+    /// How the job ended, as the run's close says ([`RendezvousHandler::run_outcome`]).
+    pub async fn run_outcome(&self) -> Result<Option<RunOutcome>, RendezvousError> {
+        self.handler.run_outcome().await
+    }
+
+    /// Closes the run for every worker ([`RendezvousHandler::set_closed`]).
+    pub async fn set_closed(&self) -> Result<(), RendezvousError> {
+        self.handler.set_closed().await
+    }
+
+    /// Closes the run, saying how the job ended ([`RendezvousHandler::set_closed_with`]).
+    pub async fn set_closed_with(&self, outcome: RunOutcome) -> Result<(), RendezvousError> {
+        self.handler.set_closed_with(outcome).await
+    }
+
+    /// Leaves: this worker's keys vanish at once; does not close the run
+    /// ([`RendezvousHandler::shutdown`]).
+    pub async fn shutdown(&self) -> Result<(), RendezvousError> {
+        self.handler.shutdown().await
+    }
+
+    /// Publishes `value` for round `version` ([`RendezvousHandler::store_extra_data`]).
+    pub async fn store_extra_data(
+        &self,
+        version: u64,
+        key: &str,
+        value: &[u8],
+    ) -> Result<(), RendezvousError> {
+        self.handler.store_extra_data(version, key, value).await
+    }
+
+    /// Reads extra data of round `version`, waiting for it up to `timeout`
+    /// ([`RendezvousHandler::load_extra_data`]).
+    pub async fn load_extra_data(
+        &self,
+        version: u64,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, RendezvousError> {
+        self.handler.load_extra_data(version, key, timeout).await
+    }
+
+    /// Calls `subscriber` with each event of this worker from now on
+    /// ([`RendezvousHandler::on_event`]: it must return at once).
+    pub fn on_event(&self, subscriber: impl Fn(&Event) + Send + Sync + 'static) {
+        self.handler.on_event(subscriber);
+    }
+
+    /// Reports `kind` as an event of this worker ([`RendezvousHandler::emit`]).
+    pub fn emit(&self, kind: EventKind) {
+        self.handler.emit(kind);
+    }
+
+    /// The run id.
+    pub fn run_id(&self) -> &str {
+        self.handler.run_id()
+    }
+
+    /// This worker's descriptor (node id, address, pid).
+    pub fn participant(&self) -> &Participant {
+        self.handler.participant()
+    }
+
+    /// The parameters.
+    pub fn params(&self) -> &RendezvousParams {
+        self.handler.params()
+    }
+
+    /// The backend's name (`"etcd"`, `"redis"`, `"mem"`, …).
+    pub fn backend_name(&self) -> &'static str {
+        self.handler.backend_name()
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Arc<dyn Kv> {
+        self.handler.backend()
+    }
+
+    /// The key layout of this run.
+    pub fn keys(&self) -> &RunKeys {
+        self.handler.keys()
     }
 }

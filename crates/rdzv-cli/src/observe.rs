@@ -64,7 +64,7 @@ impl Observe {
     /// Subscribes the metrics and the log to `worker`'s events.
     pub fn attach(&self, worker: &Rendezvous) {
         if let Some(metrics) = &self.metrics {
-            metrics.attach(worker);
+            metrics.attach(worker.handler());
         }
         if let Some(log) = &self.log {
             worker.on_event(log.subscriber());

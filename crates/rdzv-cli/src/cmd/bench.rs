@@ -162,7 +162,7 @@ async fn shared_client(
     for i in 0..n {
         let worker = Rendezvous::new(shared.clone(), worker_params(params, i)).await?;
         if let Some(metrics) = metrics {
-            metrics.attach(&worker);
+            metrics.attach(worker.handler());
         }
         workers.push(worker);
     }
