@@ -45,22 +45,26 @@ pub use rendezvous::{
     Waiting,
 };
 
-/// The protocol's pure core (docs/PROTOCOL.md): the decision tables and the state machine of
-/// one `next_rendezvous` call, which do no I/O, with the values they work on (the state
-/// value, the key layout). [`RendezvousHandler`] drives them against a [`Kv`]; they are
-/// public so that tests, tools that read a run's keys (`rdzv status`) and other executors
-/// can use them directly.
+/// **Unstable**: the protocol's pure core (docs/PROTOCOL.md), for what needs it beside
+/// [`RendezvousHandler`] — tools that read a run's keys (`rdzv status`: the state value and
+/// the key layout), the protocol's own tests, another executor of the state machine of one
+/// `next_rendezvous` call. Its items may change in any release, without notice; a program
+/// that takes part in a run uses [`RendezvousHandler`] (or the `rdzv` facade) instead.
 pub mod protocol {
-    pub use crate::rendezvous::decide;
-    pub use crate::rendezvous::forget;
-    /// (Public, in this module, because the facade's bootstrap uses it too: rank 0 picks a
-    /// `MASTER_PORT` with it when it offered none; so would another executor filling a
-    /// worker's descriptor.)
+    /// (The facade's bootstrap uses it too: rank 0 picks a `MASTER_PORT` with it when it
+    /// offered none; so would another executor filling a worker's descriptor.)
     pub use crate::rendezvous::free_port;
+    pub use crate::rendezvous::{Joiner, LastRound, RunKeys, State};
+    // The state machine and what it needs to be driven by hand.
+    pub use crate::rendezvous::decide::{Candidate, LEAVE_STAGGER_STEP, Sizing, leave_delay};
     pub use crate::rendezvous::machine::{
         Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed,
     };
-    pub use crate::rendezvous::{Joiner, LastRound, RunKeys, State};
+    // Which old rounds a round's creator deletes, and in what pieces.
+    pub use crate::rendezvous::forget::{
+        FORGET_WAIT_FOR, Forgotten, KEYS_PER_DELETE, MAX_ROUNDS_FORGOTTEN_AT_ONCE, PAUSE_BETWEEN_DELETES,
+        record_after, rounds_to_forget,
+    };
 }
 
 #[cfg(feature = "testing")]

@@ -14,12 +14,12 @@ use rdzv_core::kv::{
     CountedCreate, DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision,
 };
 use rdzv_core::params::RankOrder;
+use rdzv_core::protocol::Candidate;
 use rdzv_core::protocol::Joiner;
 use rdzv_core::protocol::RunKeys;
-use rdzv_core::protocol::decide::Candidate;
-use rdzv_core::protocol::decide::Sizing;
-use rdzv_core::protocol::forget::{Forgotten, record_after, rounds_to_forget};
+use rdzv_core::protocol::Sizing;
 use rdzv_core::protocol::{Action, Bind, Call, Completed, Input, Machine, Observed};
+use rdzv_core::protocol::{Forgotten, record_after, rounds_to_forget};
 use rdzv_core::{KvError, Participant, RendezvousError};
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use rdzv_core::kv::{Bytes, DeleteMode, DeleteOutcome, KeyValue, LeaseId, PutMode, PutOutcome, Revision};
 use rdzv_core::params::RankOrder;
-use rdzv_core::protocol::decide::Sizing;
+use rdzv_core::protocol::Sizing;
 use rdzv_core::protocol::{Action, Bind, Call, Input, Leaving, Machine, Observed};
 use rdzv_core::protocol::{RunKeys, State};
 use rdzv_core::{KvError, Participant, RendezvousError};
@@ -177,7 +177,7 @@ fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
     let now = Instant::now();
     match fifth.on(Input::Ack, now) {
         Action::Await { until: Some(until), prefix: false } => {
-            assert_eq!(until - now, rdzv_core::protocol::decide::leave_delay(5));
+            assert_eq!(until - now, rdzv_core::protocol::leave_delay(5));
             assert_eq!(until - now, Duration::from_millis(150), "rank 5: three steps of 50 ms");
         }
         other => panic!("{other:?}"),

@@ -17,13 +17,13 @@
 mod broken;
 mod changes;
 mod deadline;
-pub mod decide;
+pub(crate) mod decide;
 mod executor;
-pub mod forget;
+pub(crate) mod forget;
 mod handler;
 mod keys;
 mod lookup;
-pub mod machine;
+pub(crate) mod machine;
 mod monitor;
 mod recent;
 mod run_lease;

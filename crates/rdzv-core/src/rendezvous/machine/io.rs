@@ -169,7 +169,7 @@ pub enum Action {
         after: Revision,
     },
     /// In the background, delete everything of the rounds nobody can be in any more now
-    /// that round `version` is open after `previous` (see [`crate::rendezvous::forget`];
+    /// that round `version` is open after `previous` (see [`rounds_to_forget`](crate::protocol::rounds_to_forget);
     /// retried a while, never awaited) → [`Input::Ack`] at once.
     ForgetRounds {
         /// The round just opened.
