@@ -235,8 +235,8 @@ async fn agent(
     // The round this node is a member of, and its workers' ranks there.
     let mut round: Option<Round> = None;
     let mut assignment: Option<Assignment> = None;
-    // This node's last round and the global rank of its local rank 0 in it.
-    let mut previous: Option<(u64, usize)> = None;
+    // This node's place in its last round.
+    let mut previous: Option<Placement> = None;
     loop {
         tracing::debug!(?decision, "agent decision");
         observe.decision(worker, &decision, agent.restarts(), args.max_restarts);
@@ -269,9 +269,11 @@ async fn agent(
                 let assigned =
                     assignment.as_ref().ok_or_else(|| internal("no ranks to start the workers with"))?;
                 let round = held(&round)?;
+                let before = previous.filter(|p| p.is_compared_with(round));
+                previous = Some(Placement { version: round.info.version, base_rank: assigned.base_rank });
                 let restarts = agent.restarts();
-                run_workers(args, setup, worker, observe, round, assigned, restarts, &mut previous, signals)
-                    .await
+                let launch = Launch { args, setup, worker, round, assignment: assigned, restarts, before };
+                run_workers(&launch, observe, signals).await
             }
             Decision::AwaitFinish => finish(args, worker, held(&round)?, signals).await,
             Decision::CheckFailure => Event::FailureMark {
@@ -339,31 +341,48 @@ async fn exchange_ranks(
     }
 }
 
-/// Starts this node's workers and watches them until they end or must be stopped (then
-/// stops them); `previous` is this node's last round, updated to this one.
-#[allow(clippy::too_many_arguments)]
-async fn run_workers(
-    args: &RunArgs,
-    setup: &Setup,
-    worker: &Rendezvous,
-    observe: &Observe,
-    round: &Round,
-    assignment: &Assignment,
+/// This node's place in a round it was a member of: the round, and the global rank of its
+/// local rank 0 there (what `RDZV_PREVIOUS_RANK` counts from).
+#[derive(Clone, Copy, Debug)]
+struct Placement {
+    version: u64,
+    base_rank: usize,
+}
+
+impl Placement {
+    /// Whether `round`'s changes are counted from this one, with this node a member of it.
+    fn is_compared_with(&self, round: &Round) -> bool {
+        let changes = &round.info.changes;
+        changes.previous_rank.is_some() && changes.previous_version == Some(self.version)
+    }
+}
+
+/// One start of this node's workers in a round: what their environment and their
+/// supervision need.
+struct Launch<'a> {
+    args: &'a RunArgs,
+    setup: &'a Setup,
+    worker: &'a Rendezvous,
+    round: &'a Round,
+    /// Their ranks.
+    assignment: &'a Assignment,
+    /// Restarts used so far (`TORCHELASTIC_RESTART_COUNT`).
     restarts: u32,
-    previous: &mut Option<(u64, usize)>,
-    signals: &mut Signals,
-) -> Event {
-    let before = previous.filter(|(v, _)| {
-        round.info.changes.previous_rank.is_some() && Some(*v) == round.info.changes.previous_version
-    });
+    /// This node's place in the round the changes are counted from, if it was a member.
+    before: Option<Placement>,
+}
+
+/// Starts this node's workers and watches them until they end or must be stopped (then
+/// stops them).
+async fn run_workers(launch: &Launch<'_>, observe: &Observe, signals: &mut Signals) -> Event {
+    let Launch { args, setup, worker, round, assignment, restarts, .. } = *launch;
     let specs = (0..setup.nproc)
         .map(|local_rank| WorkerSpec {
             local_rank,
             rank: assignment.base_rank + local_rank,
-            env: worker_env(args, setup, worker, round, assignment, local_rank, restarts, before),
+            env: launch.worker_env(local_rank),
         })
         .collect();
-    *previous = Some((round.info.version, assignment.base_rank));
     let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
     match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
         Ok(mut group) => supervise(args, worker, observe, round, &mut group, restarts, signals).await,
@@ -411,57 +430,49 @@ fn hide_credentials(cmd: &mut Command, rdzv_url: Option<std::ffi::OsString>) {
     };
 }
 
-/// The environment of local worker `local_rank` (torchrun's names, then rdzv's; the error
-/// file is added by [`Group::start`]). `before` is this node's previous round and the base
-/// rank it had there, when the node was a member of the round the changes are counted from.
-#[allow(clippy::too_many_arguments)]
-fn worker_env(
-    args: &RunArgs,
-    setup: &Setup,
-    worker: &Rendezvous,
-    round: &Round,
-    a: &Assignment,
-    local_rank: usize,
-    restarts: u32,
-    before: Option<(u64, usize)>,
-) -> Vec<(&'static str, String)> {
-    let changes = &round.info.changes;
-    let ranks = crate::output::rank_list;
-    let mut env = vec![
-        ("RANK", (a.base_rank + local_rank).to_string()),
-        ("LOCAL_RANK", local_rank.to_string()),
-        ("WORLD_SIZE", a.world_size.to_string()),
-        ("LOCAL_WORLD_SIZE", setup.nproc.to_string()),
-        ("GROUP_RANK", round.info.rank.to_string()),
-        ("GROUP_WORLD_SIZE", round.info.world_size.to_string()),
-        ("ROLE_RANK", (a.base_role_rank + local_rank).to_string()),
-        ("ROLE_WORLD_SIZE", a.role_world_size.to_string()),
-        ("ROLE_NAME", args.role.clone()),
-        ("MASTER_ADDR", round.bootstrap.master_addr.clone()),
-        ("MASTER_PORT", round.bootstrap.master_port.to_string()),
-        ("TORCHELASTIC_RUN_ID", round.info.run_id.clone()),
-        ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
-        ("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string()),
-        // The workers make their own store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it).
-        ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
-        ("RDZV_RUN_ID", round.info.run_id.clone()),
-        ("RDZV_VERSION", round.info.version.to_string()),
-        ("RDZV_NODE_ID", worker.participant().node.clone()),
-        ("RDZV_RESTART_COUNT", restarts.to_string()),
-        ("RDZV_PREVIOUS_VERSION", changes.previous_version.map_or(String::new(), |v| v.to_string())),
-        ("RDZV_PREVIOUS_GROUP_RANK", changes.previous_rank.map_or(String::new(), |r| r.to_string())),
-        ("RDZV_PREVIOUS_RANK", before.map_or(String::new(), |(_, base)| (base + local_rank).to_string())),
-        ("RDZV_LEFT_GROUP_RANKS", ranks(&changes.left)),
-        ("RDZV_JOINED_GROUP_RANKS", ranks(&changes.joined)),
-    ];
-    // As torchrun does, unless the user chose otherwise.
-    if std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
-        env.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".into()));
+impl Launch<'_> {
+    /// The environment of local worker `local_rank` (torchrun's names, then rdzv's; the error
+    /// file is added by [`Group::start`]).
+    fn worker_env(&self, local_rank: usize) -> Vec<(&'static str, String)> {
+        let Launch { args, setup, worker, round, assignment: a, restarts, before } = *self;
+        let changes = &round.info.changes;
+        let ranks = crate::output::rank_list;
+        let mut env = vec![
+            ("RANK", (a.base_rank + local_rank).to_string()),
+            ("LOCAL_RANK", local_rank.to_string()),
+            ("WORLD_SIZE", a.world_size.to_string()),
+            ("LOCAL_WORLD_SIZE", setup.nproc.to_string()),
+            ("GROUP_RANK", round.info.rank.to_string()),
+            ("GROUP_WORLD_SIZE", round.info.world_size.to_string()),
+            ("ROLE_RANK", (a.base_role_rank + local_rank).to_string()),
+            ("ROLE_WORLD_SIZE", a.role_world_size.to_string()),
+            ("ROLE_NAME", args.role.clone()),
+            ("MASTER_ADDR", round.bootstrap.master_addr.clone()),
+            ("MASTER_PORT", round.bootstrap.master_port.to_string()),
+            ("TORCHELASTIC_RUN_ID", round.info.run_id.clone()),
+            ("TORCHELASTIC_RESTART_COUNT", restarts.to_string()),
+            ("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string()),
+            // The workers make their own store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it).
+            ("TORCHELASTIC_USE_AGENT_STORE", "False".into()),
+            ("RDZV_RUN_ID", round.info.run_id.clone()),
+            ("RDZV_VERSION", round.info.version.to_string()),
+            ("RDZV_NODE_ID", worker.participant().node.clone()),
+            ("RDZV_RESTART_COUNT", restarts.to_string()),
+            ("RDZV_PREVIOUS_VERSION", changes.previous_version.map_or(String::new(), |v| v.to_string())),
+            ("RDZV_PREVIOUS_GROUP_RANK", changes.previous_rank.map_or(String::new(), |r| r.to_string())),
+            ("RDZV_PREVIOUS_RANK", before.map_or(String::new(), |p| (p.base_rank + local_rank).to_string())),
+            ("RDZV_LEFT_GROUP_RANKS", ranks(&changes.left)),
+            ("RDZV_JOINED_GROUP_RANKS", ranks(&changes.joined)),
+        ];
+        // As torchrun does, unless the user chose otherwise.
+        if std::env::var_os("TORCH_NCCL_ASYNC_ERROR_HANDLING").is_none() {
+            env.push(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1".into()));
+        }
+        if setup.nproc > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+            env.push(("OMP_NUM_THREADS", "1".into()));
+        }
+        env
     }
-    if setup.nproc > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
-        env.push(("OMP_NUM_THREADS", "1".into()));
-    }
-    env
 }
 
 /// Waits for the workers to end or for a reason to stop them (then stops them).
