@@ -77,7 +77,7 @@ fn survey(n: u32) {
     for _ in 0..n {
         let world = strategy.new_tree(&mut runner).unwrap().current();
         let records = run(&world);
-        for v in props::violations(&world, &records) {
+        for v in props::check::violations(&world, &records) {
             let entry = tally.entry(v.property).or_insert((0, world.clone(), v.message.clone()));
             if entry.1.plans.len() > world.plans.len() {
                 (entry.1, entry.2) = (world.clone(), v.message.clone());
