@@ -646,22 +646,31 @@ mod tests {
         }
     }
 
-    /// Every branch of [`Agent::on`]: the events of a row, and the decisions they lead to.
+    /// A row of the table of [`Agent::on`]: its name, the `--max-restarts`, the events, and
+    /// the decisions they lead to (the first is the one the agent starts with).
+    type Row = (&'static str, u32, Vec<Event>, Vec<Decision>);
+
+    /// Drives each row and reports every row that failed, not only the first.
+    fn check_rows(rows: Vec<Row>) {
+        let failed: Vec<String> = rows
+            .into_iter()
+            .filter_map(|(name, max_restarts, events, expected)| {
+                let got = decisions(max_restarts, events);
+                (got != expected).then(|| format!("{name}:\n  expected {expected:?}\n  got      {got:?}"))
+            })
+            .collect();
+        assert!(failed.is_empty(), "{} row(s) failed:\n{}", failed.len(), failed.join("\n"));
+    }
+
+    /// Forming a round: spares and members of a run closed meanwhile, a timeout.
     #[test]
-    fn every_event_leads_to_its_decision() {
-        let lease_lost = "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl); its workers were stopped; rejoining";
+    fn forming_a_round() {
         let timeout = || RendezvousError::Timeout {
             run_id: RUN.into(),
             phase: "joining".into(),
             after: Duration::from_secs(1),
         };
-        let store_timeout = || StoreError::Timeout {
-            operation: "barrier",
-            keys: vec![b"rdzv_run/finished".to_vec()],
-            after: Duration::from_secs(1),
-        };
-        let rows: Vec<(&str, u32, Vec<Event>, Vec<Decision>)> = vec![
-            // Forming a round.
+        check_rows(vec![
             (
                 "a spare of a closed run was never needed",
                 3,
@@ -724,7 +733,13 @@ mod tests {
                 vec![Event::Signal(Received::Interrupt)],
                 vec![first(), exit(130, None)],
             ),
-            // Agreeing on the ranks.
+        ]);
+    }
+
+    /// Agreeing on the ranks and starting the workers: a signal, a failed exchange, a round broken before the start, a rank out of range, workers that cannot start.
+    #[test]
+    fn agreeing_on_ranks_and_starting_the_workers() {
+        check_rows(vec![
             (
                 "a signal while agreeing on ranks",
                 3,
@@ -784,7 +799,6 @@ mod tests {
                     )),
                 ],
             ),
-            // The workers.
             (
                 "the workers cannot start: the run is closed as failed, whatever closing gives",
                 3,
@@ -811,6 +825,13 @@ mod tests {
                     ],
                 ),
             ),
+        ]);
+    }
+
+    /// While the workers run: a signal passed on, success, a failure with and without restarts left, the run closed, a member gone.
+    #[test]
+    fn while_the_workers_run() {
+        check_rows(vec![
             (
                 "a signal passed on, the workers exited 0",
                 3,
@@ -916,6 +937,45 @@ mod tests {
                 with(started(), [fail(closed(None).into())]),
             ),
             (
+                "a member died: restarts until none is left",
+                1,
+                with(
+                    running(),
+                    [
+                        Event::Broken(RoundBroken::MemberGone { rank: None }),
+                        no_regroup(),
+                        formed(),
+                        assigned(),
+                        Event::Broken(RoundBroken::Ended),
+                        no_regroup(),
+                    ],
+                ),
+                with(
+                    started(),
+                    [
+                        Decision::CheckRegroup,
+                        join(
+                            Rejoin::Restart { count: 1, cause: RestartCause::MemberLost },
+                            "round 5 is over: a member is gone; re-forming the group (restart 1 of 1)",
+                        ),
+                        Decision::ExchangeRanks,
+                        start(1),
+                        Decision::CheckRegroup,
+                        fail(CliError::other(
+                            "round 5 is over: it was ended (a member left or died, and a waiting or leaving worker ended it); no restarts left (--max-restarts 1)",
+                        )),
+                    ],
+                ),
+            ),
+        ]);
+    }
+
+    /// A lost lease, whenever it comes: the node rejoins, counting no restart.
+    #[test]
+    fn a_lost_lease_counts_no_restart() {
+        let lease_lost = "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl); its workers were stopped; rejoining";
+        check_rows(vec![
+            (
                 "the lease was lost: rejoin, no restart counted",
                 3,
                 with(running(), [Event::Broken(RoundBroken::LeaseLost), formed(), assigned()]),
@@ -961,37 +1021,18 @@ mod tests {
                     ],
                 ),
             ),
-            (
-                "a member died: restarts until none is left",
-                1,
-                with(
-                    running(),
-                    [
-                        Event::Broken(RoundBroken::MemberGone { rank: None }),
-                        no_regroup(),
-                        formed(),
-                        assigned(),
-                        Event::Broken(RoundBroken::Ended),
-                        no_regroup(),
-                    ],
-                ),
-                with(
-                    started(),
-                    [
-                        Decision::CheckRegroup,
-                        join(
-                            Rejoin::Restart { count: 1, cause: RestartCause::MemberLost },
-                            "round 5 is over: a member is gone; re-forming the group (restart 1 of 1)",
-                        ),
-                        Decision::ExchangeRanks,
-                        start(1),
-                        Decision::CheckRegroup,
-                        fail(CliError::other(
-                            "round 5 is over: it was ended (a member left or died, and a waiting or leaving worker ended it); no restarts left (--max-restarts 1)",
-                        )),
-                    ],
-                ),
-            ),
+        ]);
+    }
+
+    /// A peer's failure, and waiting for the other nodes to finish.
+    #[test]
+    fn a_peers_failure_and_the_finish() {
+        let store_timeout = || StoreError::Timeout {
+            operation: "barrier",
+            keys: vec![b"rdzv_run/finished".to_vec()],
+            after: Duration::from_secs(1),
+        };
+        check_rows(vec![
             (
                 "a peer's worker failed while these ran",
                 3,
@@ -1007,7 +1048,6 @@ mod tests {
                     ],
                 ),
             ),
-            // Waiting for the other nodes to finish.
             (
                 "a peer's worker failed while this node waited for the others",
                 3,
@@ -1123,10 +1163,7 @@ mod tests {
                     ],
                 ),
             ),
-        ];
-        for (name, max_restarts, events, expected) in rows {
-            assert_eq!(decisions(max_restarts, events), expected, "{name}");
-        }
+        ]);
     }
 
     #[test]
