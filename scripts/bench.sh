@@ -149,11 +149,12 @@ if [ -x "$cli" ]; then
         --out "$results/detect.jsonl" || echo "bench: the failure-detection runs failed"
 
     echo "== against PyTorch's default rendezvous (c10d over a TCPStore), separate processes"
-    if [ -x .venv-py/bin/python ] && .venv-py/bin/python -c 'import torch, rdzv' 2>/dev/null; then
-        python3 scripts/c10d_compare.py --python .venv-py/bin/python --sizes "${C10D_SIZES:-32,64}" --runs "${C10D_RUNS:-5}" \
+    torch_python=$(source scripts/venv.sh && venv_for crates/rdzv-py/requirements-test.txt)/bin/python
+    if [ -x "$torch_python" ] && "$torch_python" -c 'import torch, rdzv' 2>/dev/null; then
+        python3 scripts/c10d_compare.py --python "$torch_python" --sizes "${C10D_SIZES:-32,64}" --runs "${C10D_RUNS:-5}" \
             --out "$results/c10d.jsonl" || echo "bench: the c10d comparison failed"
     else
-        echo "bench: no .venv-py with torch and rdzv (run scripts/test-python.sh once); skipping the c10d comparison"
+        echo "bench: no venv with torch and rdzv at $torch_python (run scripts/test-python.sh once); skipping the c10d comparison"
     fi
 
     echo "== spare promotion: a spare takes a SIGKILLed member's place, against the keep-alive TTL"

@@ -3,7 +3,8 @@
 
 usage: c10d_compare.py --python PY --sizes 32,64 --runs 5 --out FILE
 
-PY is a Python with torch and rdzv installed (scripts/test-python.sh's .venv-py/bin/python).
+PY is a Python with torch and rdzv installed (the venv of scripts/test-python.sh: scripts/venv.sh
+says where).
 For each size N and run, N worker processes of each system are started and, once every one of
 them has imported its library and connected (the *ready* line), all are told to go at the same
 instant (one line on each one's stdin); the time runs from that instant until the last of them

@@ -513,7 +513,7 @@ def c10d_section(md, data):
         return
     md.append("### Against PyTorch's default rendezvous (torchrun's `c10d` backend)")
     md.append("")
-    md.append("`python3 scripts/c10d_compare.py --python .venv-py/bin/python --sizes 32,64 --runs 5 --out "
+    md.append("`python3 scripts/c10d_compare.py --python <the test venv's python> --sizes 32,64 --runs 5 --out "
               "benches/results/c10d.jsonl` (run by `scripts/bench.sh`): N separate worker processes of each "
               "system, alternating run by run; each imports its library and connects (c10d: "
               "`DynamicRendezvousHandler` over a TCPStore this script hosts, torch "

@@ -8,7 +8,7 @@
 # of the backend differ between releases. Installs the pinned tools and torch into each only
 # when they are missing (pip's normal cache keeps the wheels, so a new venv installs without
 # downloading again), installs the package into each as a contributor does (`pip install
-# ./crates/rdzv-py`, below), and runs pytest. Fails loudly when something is missing; never
+# ./crates/rdzv-py`, built once: install_package below), and runs pytest. Fails loudly when something is missing; never
 # skips. Arguments go to the first pytest run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,7 +24,7 @@ done
 # Two cores: keep the Rust build inside pip's build at two jobs.
 export CARGO_BUILD_JOBS=2
 
-# prepare REQUIREMENTS: the virtualenv of REQUIREMENTS, with its pins and the package.
+# prepare REQUIREMENTS: the virtualenv of REQUIREMENTS, with its pins.
 prepare() {
     local requirements=$1 venv
     venv=$(venv_for "$requirements")
@@ -54,15 +54,26 @@ PY
         echo "test-python: installing $requirements into $venv (torch is several GB the first time)" >&2
         "$venv/bin/python" -m pip install --quiet -r "$requirements"
     fi
-    # The package, installed the way a contributor does from a checkout: `pip install
-    # ./crates/rdzv-py` (a regular, non-editable install; pip builds it in place with
-    # maturin's PEP 517 backend, which it installs into an isolated build environment from
-    # the index, pinned to the requirements' maturin by PIP_CONSTRAINT). Built in the dev
-    # profile (maturin's PEP 517 backend reads MATURIN_PEP517_ARGS; its default is a release
-    # build, a second full build of every dependency) into the workspace's target directory,
-    # so it reuses what the Rust tests built.
-    PIP_CONSTRAINT=$PWD/$requirements MATURIN_PEP517_ARGS="--profile dev" \
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check ./crates/rdzv-py
+}
+
+# install_package: the package, built the way a contributor's `pip install ./crates/rdzv-py`
+# builds it — pip's PEP 517 build with maturin's backend, which pip installs into an
+# isolated build environment from the index, pinned to the requirements' maturin by
+# PIP_CONSTRAINT — once (`pip wheel`), then installed into both venvs. Built in the dev
+# profile (maturin's PEP 517 backend reads MATURIN_PEP517_ARGS; its default is a release
+# build, a second full build of every dependency) into the workspace's target directory,
+# so it reuses what the Rust tests built.
+install_package() {
+    local built venv
+    built=$(mktemp -d)
+    PIP_CONSTRAINT=$PWD/$pinned MATURIN_PEP517_ARGS="--profile dev" \
+        "$(venv_for "$pinned")/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+        --wheel-dir "$built" ./crates/rdzv-py
+    for venv in "$(venv_for "$pinned")" "$(venv_for "$oldest")"; do
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+            "$built"/rdzv-*.whl
+    done
+    rm -rf "$built"
 }
 
 # run_pytest REQUIREMENTS ARGS...: pytest in the venv of REQUIREMENTS (exit 5, no test
@@ -87,6 +98,7 @@ pinned=crates/rdzv-py/requirements-test.txt
 oldest=crates/rdzv-py/requirements-test-oldest.txt
 prepare "$pinned"
 prepare "$oldest"
+install_package
 # The `rdzv` binary, for the tests of `rdzv run` driving torch, and `rdzv-netfault`, the
 # partition harness (conftest.py's `Link`); both already built by the Rust tests, wherever
 # the target directory is.
