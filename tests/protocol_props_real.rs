@@ -5,7 +5,8 @@
 //! in-memory run. Worlds are small (2–6 workers, TTL 1–2 s, last call ≤ 1 s, faults for up
 //! to 3 s) and few, so each backend takes well under two minutes.
 //!
-//! Cases per backend: `RDZV_REAL_PROPS_CASES`, else 60 with `RDZV_SOAK=1`, else 6.
+//! Cases per backend: `RDZV_REAL_PROPS_CASES`, else 60 with `RDZV_SOAK=1`, else 6, run as two
+//! tests of half each ([`PARTS`]).
 #![allow(clippy::unwrap_used)]
 
 mod props;
@@ -45,7 +46,12 @@ fn shape(ttl_ms: std::ops::Range<u64>) -> Shape {
     }
 }
 
-/// Runs the property over worlds of `shape`, each on a fresh namespace from `backend`.
+/// Each backend's worlds run as two tests of half the cases each, which run side by side (a
+/// world costs seconds of real time, mostly waiting).
+const PARTS: u32 = 2;
+
+/// Runs the property over this part's share of the worlds of `shape`, each on a fresh
+/// namespace from `backend`, from a random seed (printed on failure).
 fn property<F, Fut>(name: &str, shape: Shape, backend: F)
 where
     F: Fn() -> Fut,
@@ -53,14 +59,16 @@ where
 {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let config = ProptestConfig {
-        cases: cases(),
+        cases: cases().div_ceil(PARTS),
         failure_persistence: None,
         // Each case costs seconds of real time (a wedged one, its whole bound): report the
         // failing world as found rather than spend minutes shrinking it.
         max_shrink_iters: 0,
         ..ProptestConfig::default()
     };
-    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let seed: [u8; 32] = std::array::from_fn(|_| fastrand_byte());
+    let rng = proptest::test_runner::TestRng::from_seed(proptest::test_runner::RngAlgorithm::ChaCha, &seed);
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(config, rng);
     let n = std::sync::atomic::AtomicU64::new(0);
     let outcome = runner.run(&props::worlds(shape), |world| {
         let n = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -75,17 +83,41 @@ where
         Ok(())
     });
     if let Err(e) = outcome {
-        panic!("{name}: {e}");
+        panic!("{name}: {e} (seed {seed:?})");
     }
 }
 
-#[test]
-fn guarantees_hold_on_etcd() {
-    // etcd grants no lease shorter than about 2 s: a shorter TTL would silently be longer.
+/// A random byte (each test's worlds differ from the other part's and from the last run's).
+fn fastrand_byte() -> u8 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish() as u8
+}
+
+/// etcd grants no lease shorter than about 2 s: a shorter TTL would silently be longer.
+fn on_etcd() {
     property("etcd", shape(2000..2001), rdzv_etcd::testing::fresh_namespace);
 }
 
-#[test]
-fn guarantees_hold_on_redis() {
+fn on_redis() {
     property("redis", shape(1000..2001), || rdzv_redis::testing::shared().kv());
+}
+
+#[test]
+fn guarantees_hold_on_etcd_part_1() {
+    on_etcd();
+}
+
+#[test]
+fn guarantees_hold_on_etcd_part_2() {
+    on_etcd();
+}
+
+#[test]
+fn guarantees_hold_on_redis_part_1() {
+    on_redis();
+}
+
+#[test]
+fn guarantees_hold_on_redis_part_2() {
+    on_redis();
 }
