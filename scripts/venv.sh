@@ -13,12 +13,14 @@ venv_for() {
     echo "$root/$name-$hash"
 }
 
-# venv_prune REQUIREMENTS: removes the venvs of REQUIREMENTS' earlier contents.
+# venv_prune REQUIREMENTS: removes the venvs of REQUIREMENTS' earlier contents — only those
+# named after this very file and a 12-digit hash (requirements-test's pruning must not take
+# requirements-test-oldest's venv).
 venv_prune() {
     local keep old
     keep=$(venv_for "$1")
     for old in "${keep%-*}"-*; do
-        if [[ -d $old && $old != "$keep" ]]; then
+        if [[ -d $old && $old != "$keep" && ${old##*/} =~ ^$(basename "$1" .txt)-[0-9a-f]{12}$ ]]; then
             echo "venv: removing $old (made for an earlier $(basename "$1"))" >&2
             rm -rf "$old"
         fi
