@@ -34,16 +34,17 @@
 //! ```
 
 mod bootstrap;
+pub mod health;
 mod registry;
 mod rendezvous;
 
 // One path per item: what a user of rdzv names is here; a backend's author (the `Kv`
 // contract, the protocol) depends on `rdzv-core` itself.
 pub use bootstrap::{Bootstrap, MASTER_ADDR_KEY, MASTER_PORT_KEY};
-pub use rdzv_core::params::RankOrder;
+pub use rdzv_core::params::{HealthParams, RankOrder};
 pub use rdzv_core::{
-    ConfigError, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
-    RoundBroken, RoundChanges, RoundTimings, RunOutcome, Waiting,
+    ConfigError, Exclusion, Participant, RendezvousError, RendezvousHandler, RendezvousInfo,
+    RendezvousParams, RoundBroken, RoundChanges, RoundTimings, RunOutcome, Waiting,
 };
 pub use rdzv_mem as mem;
 pub use rdzv_store::{Store, StoreError};

@@ -1,6 +1,6 @@
 //! [`Rendezvous`]: the handler of `rdzv-core` plus the round's Store and bootstrap info.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -8,12 +8,13 @@ use tokio::time::Instant;
 use rdzv_core::events::{Event, EventKind};
 use rdzv_core::protocol::RunKeys;
 use rdzv_core::{
-    Kv, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams, RoundBroken,
-    RunOutcome, Waiting,
+    Exclusion, Kv, Participant, RendezvousError, RendezvousHandler, RendezvousInfo, RendezvousParams,
+    RoundBroken, RunOutcome, Waiting,
 };
 use rdzv_store::Store;
 
 use crate::bootstrap::{self, Bootstrap};
+use crate::health::{Gate, MemberWatch};
 
 /// The least time rank 0 gives the publication of the bootstrap keys before it carries on
 /// and keeps trying in the background, even when the call's deadline is nearly spent.
@@ -29,11 +30,21 @@ const MIN_BOOTSTRAP_TIME: Duration = Duration::from_secs(1);
 /// [`handler`](Rendezvous::handler) gives for code that drives the protocol itself (its
 /// `next_rendezvous` returns the bare [`RendezvousInfo`]).
 ///
+/// With a health gate (the `health_check` option, [`RendezvousParams::health`]): each
+/// `next_rendezvous` joins only once the node's checks pass (until then the node stays out,
+/// excluded, checking again every interval), withdraws if a check fails while it waits, and
+/// while the round runs a check runs every interval; after `health_check_failures` failures
+/// in a row the worker leaves the round ([`RoundBroken::Unhealthy`]) and is excluded, and the
+/// others re-form at once (docs/PROTOCOL.md "Health gates").
+///
 /// Cheap to clone (all clones are the same worker). Dropping the last clone leaves like
 /// [`shutdown`](RendezvousHandler::shutdown), in the background.
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
     handler: RendezvousHandler,
+    gate: Option<Arc<Gate>>,
+    /// The watch over this worker's health while it is a member (with a gate).
+    watch: Arc<Mutex<Option<MemberWatch>>>,
 }
 
 /// This worker's place in a completed round, with what it needs to work in it.
@@ -51,9 +62,13 @@ pub struct Round {
 
 impl Rendezvous {
     /// A worker of `params.run_id` on an already-built backend. Starts this worker's session
-    /// lease, so an unreachable backend fails here with [`RendezvousError::Unavailable`].
+    /// lease, so an unreachable backend fails here with [`RendezvousError::Unavailable`]; a
+    /// health check that names an unknown built-in fails with [`RendezvousError::Config`].
     pub async fn new(kv: Arc<dyn Kv>, params: RendezvousParams) -> Result<Rendezvous, RendezvousError> {
-        Ok(Rendezvous { handler: RendezvousHandler::new(kv, params).await? })
+        let health = params.health.clone();
+        let handler = RendezvousHandler::new(kv, params).await?;
+        let gate = health.map(|health| Gate::new(&handler, &health)).transpose()?.map(Arc::new);
+        Ok(Rendezvous { handler, gate, watch: Arc::default() })
     }
 
     /// Blocks until a round completes with this worker in it, and hands out the round's
@@ -67,9 +82,17 @@ impl Rendezvous {
     /// meanwhile, [`RendezvousError::State`] on a corrupt value. A failed or cancelled call withdraws
     /// what it wrote, so it leaves no ghost behind (see
     /// [`RendezvousHandler::next_rendezvous`]).
+    ///
+    /// With a health gate, the call first waits until this node's checks pass, however long
+    /// that takes (the deadline runs from the join that follows); a check that cannot run at
+    /// all the first time (the shell's "not found") fails it with [`RendezvousError::Config`].
     pub async fn next_rendezvous(&self) -> Result<Round, RendezvousError> {
-        let deadline = Instant::now() + self.handler.params().timeout;
-        let info = self.handler.next_rendezvous().await?;
+        self.stop_watch();
+        let (info, started) = match &self.gate {
+            Some(gate) => gate.join(&self.handler).await?,
+            None => (self.handler.next_rendezvous().await?, Instant::now()),
+        };
+        let deadline = started + self.handler.params().timeout;
         // Rank 0's address and port come with the participant list; only rank 0 writes them
         // to the Store, so no member waits on another here. (Racing this against
         // `round_broken` once let rank 0 abandon a complete round its peers had already
@@ -80,7 +103,16 @@ impl Rendezvous {
             .with_timeout(left)
             .with_lease(info.run_lease);
         let bootstrap = bootstrap::exchange(&info, &store, &self.handler).await?;
+        if let Some(gate) = &self.gate {
+            let watch = gate.watch_member(self.handler.clone(), info.version);
+            *self.watch.lock().unwrap_or_else(|p| p.into_inner()) = Some(watch);
+        }
         Ok(Round { info, store: store.with_timeout(rdzv_store::DEFAULT_TIMEOUT), bootstrap })
+    }
+
+    /// Stops watching this worker's health as a member (it leaves, or re-enters).
+    fn stop_watch(&self) {
+        self.watch.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
@@ -103,6 +135,12 @@ impl Rendezvous {
     /// ([`RendezvousHandler::num_nodes_waiting`]).
     pub async fn num_nodes_waiting(&self) -> Result<usize, RendezvousError> {
         self.handler.num_nodes_waiting().await
+    }
+
+    /// The nodes that their health check keeps out of the run, by node id
+    /// ([`RendezvousHandler::exclusions`]).
+    pub async fn exclusions(&self) -> Result<Vec<Exclusion>, RendezvousError> {
+        self.handler.exclusions().await
     }
 
     /// The workers waiting for the next round, in the order it would take them
@@ -134,6 +172,7 @@ impl Rendezvous {
     /// Leaves: this worker's keys vanish at once; does not close the run
     /// ([`RendezvousHandler::shutdown`]).
     pub async fn shutdown(&self) -> Result<(), RendezvousError> {
+        self.stop_watch();
         self.handler.shutdown().await
     }
 

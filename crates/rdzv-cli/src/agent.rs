@@ -126,6 +126,9 @@ pub enum Rejoin {
     Regroup,
     /// This node's lease was lost (its workers were stopped): no restart.
     LeaseLost,
+    /// This node failed its health check and left its round (its workers were stopped): no
+    /// restart; it joins again once healthy.
+    Unhealthy,
     /// A death or a failure: restart `count` of the allowed ones.
     Restart {
         /// How many restarts were used, this one included.
@@ -143,6 +146,7 @@ impl Rejoin {
             Rejoin::First => None,
             Rejoin::Regroup => Some((RestartCause::AdmitWaiting, false)),
             Rejoin::LeaseLost => Some((RestartCause::LeaseLost, false)),
+            Rejoin::Unhealthy => Some((RestartCause::Unhealthy, false)),
             Rejoin::Restart { cause, .. } => Some((cause, true)),
         }
     }
@@ -328,6 +332,9 @@ impl Agent {
                 Rejoin::LeaseLost,
                 "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl) before its workers started; rejoining".into(),
             ),
+            (Stage::Exchanging(_), Event::BrokenBeforeStart(RoundBroken::Unhealthy { reason })) => {
+                self.drained(&reason, "before its workers started")
+            }
             (Stage::Exchanging(member), Event::BrokenBeforeStart(reason)) => {
                 let what = format!("round {} is over: {}", member.version, why(&reason));
                 self.regroup_or_restart(what, RestartCause::MemberLost)
@@ -378,6 +385,9 @@ impl Agent {
                 Rejoin::LeaseLost,
                 "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl); its workers were stopped; rejoining".into(),
             ),
+            (Stage::Running(_), Event::Broken(RoundBroken::Unhealthy { reason })) => {
+                self.drained(&reason, "its workers were stopped")
+            }
             (Stage::Running(member), Event::Broken(reason)) => {
                 let what = format!("round {} is over: {}", member.version, why(&reason));
                 self.regroup_or_restart(what, RestartCause::MemberLost)
@@ -415,6 +425,9 @@ impl Agent {
                 Rejoin::LeaseLost,
                 "this node's session lease was lost (out of touch with the backend for longer than keep_alive_ttl) while it waited for the other nodes to finish; rejoining".into(),
             ),
+            (Stage::Finishing(_), Event::BrokenWhileFinishing(RoundBroken::Unhealthy { reason })) => {
+                self.drained(&reason, "while it waited for the other nodes to finish")
+            }
             (Stage::Finishing(member), Event::BrokenWhileFinishing(reason)) => {
                 self.unfinished(member, &reason, RestartCause::MemberLost)
             }
@@ -470,6 +483,15 @@ impl Agent {
     fn join(&mut self, why: Rejoin, say: String) -> Decision {
         self.stage = Stage::Joining;
         Decision::Join { why, say: Some(say) }
+    }
+
+    /// This node failed its health check and left its round (`when`): no failure of the job,
+    /// so no restart counted; it rejoins once its check passes.
+    fn drained(&mut self, reason: &str, when: &str) -> Decision {
+        let say = format!(
+            "this node failed its health check and left its round ({when}): {reason}; it rejoins once healthy"
+        );
+        self.join(Rejoin::Unhealthy, say)
     }
 
     /// The group must re-form for `reason`: first read whether that is a regroup (no
@@ -1022,6 +1044,63 @@ mod tests {
                 ),
             ),
         ]);
+    }
+
+    /// A node drained by its health check, whenever: it rejoins once healthy, counting no
+    /// restart (its restarts stay for the job's own failures).
+    #[test]
+    fn a_drained_node_counts_no_restart() {
+        let sick = || RoundBroken::Unhealthy { reason: "check `x`: exit status 1".into() };
+        let said = |when: &str| {
+            format!(
+                "this node failed its health check and left its round ({when}): check `x`: exit status 1; it rejoins once healthy"
+            )
+        };
+        check_rows(vec![
+            (
+                "drained while the workers ran",
+                0,
+                with(running(), [Event::Broken(sick()), formed(), assigned()]),
+                with(
+                    started(),
+                    [
+                        join(Rejoin::Unhealthy, &said("its workers were stopped")),
+                        Decision::ExchangeRanks,
+                        start(0),
+                    ],
+                ),
+            ),
+            (
+                "drained while the ranks were exchanged",
+                0,
+                vec![formed(), Event::BrokenBeforeStart(sick()), formed(), assigned()],
+                vec![
+                    first(),
+                    Decision::ExchangeRanks,
+                    join(Rejoin::Unhealthy, &said("before its workers started")),
+                    Decision::ExchangeRanks,
+                    start(0),
+                ],
+            ),
+            (
+                "drained while waiting for the others to finish",
+                0,
+                with(
+                    running(),
+                    [Event::WorkersSucceeded, Event::BrokenWhileFinishing(sick()), formed(), assigned()],
+                ),
+                with(
+                    started(),
+                    [
+                        Decision::AwaitFinish,
+                        join(Rejoin::Unhealthy, &said("while it waited for the other nodes to finish")),
+                        Decision::ExchangeRanks,
+                        start(0),
+                    ],
+                ),
+            ),
+        ]);
+        assert_eq!(Rejoin::Unhealthy.cause(), Some((RestartCause::Unhealthy, false)));
     }
 
     /// A peer's failure, and waiting for the other nodes to finish.

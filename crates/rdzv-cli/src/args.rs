@@ -41,6 +41,12 @@ pub fn positive_duration(value: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A `--health-check`: a shell command, or `builtin:` checks that exist.
+pub fn health_check(value: &str) -> Result<String, String> {
+    rdzv::health::Checks::parse(&[value.to_string()], Duration::from_secs(1)).map_err(|e| reason(&e))?;
+    Ok(value.to_string())
+}
+
 /// The part of a configuration error that clap does not already say (clap names the flag
 /// and the value itself).
 fn reason(e: &ConfigError) -> String {

@@ -189,6 +189,13 @@ fn changes_between(before: Option<&Snapshot>, now: &Snapshot) -> Vec<String> {
     for node in now.spares.iter().filter(|n| !before.spares.contains(n)) {
         said.push(format!("{} waits as a spare", printable(node)));
     }
+    let was_excluded = |node: &str| before.excluded.iter().any(|e| e.node_id == node);
+    for e in now.excluded.iter().filter(|e| !was_excluded(&e.node_id)) {
+        said.push(format!("{} excluded: {}", printable(&e.node_id), printable(&e.reason)));
+    }
+    for e in before.excluded.iter().filter(|e| !now.excluded.iter().any(|n| n.node_id == e.node_id)) {
+        said.push(format!("{} no longer excluded", printable(&e.node_id)));
+    }
     said
 }
 
@@ -253,6 +260,10 @@ mod tests {
         assert_eq!(changes_between(Some(&first), &lost), ["member n1 (rank 1) lost"]);
         let second = round(2, &[true, true]);
         assert_eq!(changes_between(Some(&lost), &second), ["round 2 formed: 2 members"]);
+        let mut sick = second.clone();
+        sick.excluded = vec![rdzv::Exclusion::new("n9", "h", "exit status 1", std::time::SystemTime::now())];
+        assert_eq!(changes_between(Some(&second), &sick), ["n9 excluded: exit status 1"]);
+        assert_eq!(changes_between(Some(&sick), &second), ["n9 no longer excluded"]);
         let closed = Snapshot {
             run_id: "job".into(),
             status: "closed".into(),

@@ -58,6 +58,7 @@ enum Command {
     Run(cmd::run::RunArgs),
     Status(cmd::status::StatusArgs),
     Close(cmd::close::CloseArgs),
+    Health(cmd::health::HealthArgs),
     Bench(cmd::bench::BenchArgs),
     Demo(cmd::demo::DemoArgs),
     #[command(name = "__exec")]
@@ -89,7 +90,8 @@ fn main() -> ExitCode {
     // a short `rdzv join` spent (thread start-up, cross-thread wake-ups) when many start at
     // once. `run` (an agent supervising its workers), `bench` and `demo` (many workers in
     // one process) keep a multi-thread runtime.
-    let single = matches!(cli.command, Command::Join(_) | Command::Status(_) | Command::Close(_));
+    let single =
+        matches!(cli.command, Command::Join(_) | Command::Status(_) | Command::Close(_) | Command::Health(_));
     let mut builder = if single {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
             Command::Run(args) => cmd::run::run(args).await,
             Command::Status(args) => cmd::status::run(args).await,
             Command::Close(args) => cmd::close::run(args).await,
+            Command::Health(args) => cmd::health::run(args).await,
             Command::Bench(args) => cmd::bench::run(args).await,
             Command::Demo(args) => cmd::demo::run(args).await,
             Command::Exec(_) | Command::Guard(_) => {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use rdzv::{Rendezvous, RendezvousError, RendezvousParams};
+use rdzv::{ConfigError, Rendezvous, RendezvousError, RendezvousParams};
 use rdzv_core::Kv;
 use rdzv_core::protocol::RunKeys;
 use rdzv_core::url::RunAddress;
@@ -50,17 +50,21 @@ pub async fn worker(
     node_id: Option<String>,
     local_addr: Option<String>,
 ) -> Result<Rendezvous, RendezvousError> {
-    worker_on(url, node_id, local_addr, |kv| kv).await
+    worker_on(url, node_id, local_addr, |_| Ok(()), |kv| kv).await
 }
 
-/// [`worker`], on the backend as `wrap` returns it (e.g. with its operations counted).
+/// [`worker`], with the parameters as `adjust` leaves them (the command line's flags over
+/// the URL's options), on the backend as `wrap` returns it (e.g. with its operations
+/// counted).
 pub async fn worker_on(
     url: &str,
     node_id: Option<String>,
     local_addr: Option<String>,
+    adjust: impl FnOnce(&mut RendezvousParams) -> Result<(), ConfigError>,
     wrap: impl FnOnce(Arc<dyn Kv>) -> Arc<dyn Kv>,
 ) -> Result<Rendezvous, RendezvousError> {
     let (kv, mut params) = rdzv::registry().connect(url).await?;
+    adjust(&mut params)?;
     let kv = wrap(kv);
     if node_id.is_some() {
         params.node_id = node_id;

@@ -213,3 +213,60 @@ async fn run_hides_the_password_from_the_command() {
         }
     }
 }
+
+/// `rdzv health`: each built-in alone, exit 0 or 1 with one line why; the `gpu` check reads
+/// what nvidia-smi lists (a stand-in script named by RDZV_NVIDIA_SMI: this machine has no
+/// GPU); a check that does not exist is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_runs_each_builtin_and_says_why_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let smi = dir.path().join("nvidia-smi");
+    let listing = "GPU 0: NVIDIA H100 (UUID: GPU-0)\nGPU 1: NVIDIA H100 (UUID: GPU-1)";
+    std::fs::write(&smi, format!("#!/bin/sh\nprintf '%s\\n' '{listing}'\n")).unwrap();
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let smi = smi.to_str().unwrap();
+    let cases: [(&[&str], &[(&str, &str)], i32, &str); 7] = [
+        (&["health", "gpu", "--nproc-per-node", "2"], &[("RDZV_NVIDIA_SMI", smi)], 0, "healthy: gpu passed"),
+        (
+            &["health", "gpu:4"],
+            &[("RDZV_NVIDIA_SMI", smi)],
+            1,
+            "unhealthy: builtin gpu: nvidia-smi lists 2 GPU(s); 4 expected",
+        ),
+        (
+            &["health", "gpu"],
+            &[("RDZV_NVIDIA_SMI", "/nonexistent/nvidia-smi")],
+            1,
+            "not found: no NVIDIA driver",
+        ),
+        (&["health", "disk:/:1K", "builtin:disk:/tmp:1"], &[], 0, "healthy: disk:/, disk:/tmp passed"),
+        (&["health", "disk:/:1000000T"], &[], 1, "unhealthy: builtin disk: / has"),
+        (&["health", "store", "--url", "mem://health/run"], &[], 0, "healthy: store passed"),
+        (&["health", "store"], &[], 2, "needs the run's URL"),
+    ];
+    for (args, env, code, says) in cases {
+        let (got, out, err) = cli_support::run_with_env(args, env).await;
+        assert_eq!(got, code, "{args:?}: {out}{err}");
+        let said = if code == 2 { &err } else { &out };
+        assert!(said.contains(says) && said.lines().count() == 1, "{args:?}: {out}{err}");
+    }
+    let (code, _, err) = run_once(&["health", "gpus"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown built-in check"), "{err}");
+}
+
+/// `rdzv run`'s health flags: a check that does not exist, or a timing flag without any
+/// check, stops it before it joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_rejects_a_bad_health_check_at_start() {
+    let url = "mem://health/run?min_workers=1";
+    let (code, _, err) = run_once(&["run", url, "--health-check", "builtin:gpu,disk", "--", "true"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("disk:PATH:MIN"), "{err}");
+    let (code, _, err) = run_once(&["run", url, "--health-check-interval", "5s", "--", "true"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--health-check-interval") && err.contains("without --health-check"), "{err}");
+    let (code, _, err) = run_once(&["run", url, "--health-check", "rdzv-no-such-check", "--", "true"]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("health_check") && err.contains("not found"), "{err}");
+}

@@ -130,6 +130,40 @@ pub enum EventKind {
         /// The agent's words for it.
         reason: String,
     },
+    /// A health check of this worker failed (reported by the `rdzv` facade's health gate,
+    /// docs/PROTOCOL.md "Health gates").
+    HealthCheckFailed {
+        /// The check's own words: exit status or timeout, and the last lines of its output.
+        reason: String,
+        /// Failed checks in a row, this one included.
+        consecutive: u32,
+        /// The running round this worker is a member of, if any (`None`: it was waiting to
+        /// join, or excluded).
+        member_of: Option<u64>,
+    },
+    /// This worker left its running round because its health check failed
+    /// `health_check_failures` times in a row: its session was given up, so the others saw
+    /// it gone at once. Followed by an [`Excluded`](EventKind::Excluded).
+    Drained {
+        /// The round it left.
+        version: u64,
+        /// Its rank there.
+        rank: usize,
+        /// The last failed check's words.
+        reason: String,
+    },
+    /// This worker recorded itself as excluded from the run (its health check failed): it
+    /// joins no round, and is no waiting node, until the check passes. Reported once per
+    /// exclusion.
+    Excluded {
+        /// The failed check's words.
+        reason: String,
+    },
+    /// This worker's health check passed again: its exclusion record is gone and it joins.
+    Readmitted {
+        /// How long it was excluded, in seconds.
+        excluded_seconds: f64,
+    },
     /// One of an agent's workers exited by itself (reported by the agent; workers the agent
     /// stops are not reported).
     WorkerExited {
@@ -184,18 +218,21 @@ pub enum RestartCause {
     AdmitWaiting,
     /// This node's session lease was lost (no restart counted).
     LeaseLost,
+    /// This node failed its health check and left the round (no restart counted).
+    Unhealthy,
     /// Anything else (the nodes could not agree on their ranks).
     Other,
 }
 
 impl RestartCause {
     /// Every cause.
-    pub const ALL: [RestartCause; 6] = [
+    pub const ALL: [RestartCause; 7] = [
         RestartCause::WorkerFailure,
         RestartCause::PeerFailure,
         RestartCause::MemberLost,
         RestartCause::AdmitWaiting,
         RestartCause::LeaseLost,
+        RestartCause::Unhealthy,
         RestartCause::Other,
     ];
 
@@ -207,6 +244,7 @@ impl RestartCause {
             RestartCause::MemberLost => "member_lost",
             RestartCause::AdmitWaiting => "admit_waiting",
             RestartCause::LeaseLost => "lease_lost",
+            RestartCause::Unhealthy => "unhealthy",
             RestartCause::Other => "other",
         }
     }
@@ -224,6 +262,10 @@ impl EventKind {
             EventKind::NodesWaiting { .. } => "nodes_waiting",
             EventKind::Restart { .. } => "restart",
             EventKind::WorkerExited { .. } => "worker_exited",
+            EventKind::HealthCheckFailed { .. } => "health_check_failed",
+            EventKind::Drained { .. } => "drained",
+            EventKind::Excluded { .. } => "excluded",
+            EventKind::Readmitted { .. } => "readmitted",
         }
     }
 }
@@ -357,6 +399,10 @@ mod tests {
                 reason: "rank 0 failed".into(),
             },
             EventKind::WorkerExited { rank: 3, local_rank: 1, status: "SIGKILL".into() },
+            EventKind::HealthCheckFailed { reason: "status 1".into(), consecutive: 2, member_of: Some(2) },
+            EventKind::Drained { version: 2, rank: 1, reason: "status 1".into() },
+            EventKind::Excluded { reason: "status 1".into() },
+            EventKind::Readmitted { excluded_seconds: 30.5 },
         ];
         for kind in kinds {
             let event = Event { time: SystemTime::UNIX_EPOCH, run_id: "r".into(), node: "n".into(), kind };

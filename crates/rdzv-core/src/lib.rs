@@ -41,8 +41,8 @@ pub use url::parse::RendezvousUrl;
 
 // The rendezvous: the worker's handle and what it tells about rounds.
 pub use rendezvous::{
-    Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges, RoundTimings, RunOutcome,
-    Waiting,
+    Exclusion, Participant, RendezvousHandler, RendezvousInfo, RoundBroken, RoundChanges, RoundTimings,
+    RunOutcome, Waiting,
 };
 
 /// **Unstable**: the protocol's pure core (docs/PROTOCOL.md), for what needs it beside

@@ -157,6 +157,11 @@ struct Inner {
     restarts: Family<CauseLabels, Counter>,
     worker_exits: Family<StatusLabels, Counter>,
     lease_refresh_failures: Counter,
+    health_check_failures: Counter,
+    drains: Counter,
+    exclusions: Counter,
+    readmissions: Counter,
+    excluded: Gauge,
     operations: Family<OpResultLabels, Counter>,
     operation_duration: Family<OpLabels, Histogram, fn() -> Histogram>,
 }
@@ -184,6 +189,11 @@ impl Metrics {
             restarts: Family::default(),
             worker_exits: Family::default(),
             lease_refresh_failures: Counter::default(),
+            health_check_failures: Counter::default(),
+            drains: Counter::default(),
+            exclusions: Counter::default(),
+            readmissions: Counter::default(),
+            excluded: Gauge::default(),
             operations: Family::default(),
             operation_duration: Family::new_with_constructor(op_histogram),
         };
@@ -255,6 +265,20 @@ impl Metrics {
             }
             EventKind::WorkerExited { status, .. } => {
                 m.worker_exits.get_or_create(&StatusLabels { status: status.clone() }).inc();
+            }
+            EventKind::HealthCheckFailed { .. } => {
+                m.health_check_failures.inc();
+            }
+            EventKind::Drained { .. } => {
+                m.drains.inc();
+            }
+            EventKind::Excluded { .. } => {
+                m.exclusions.inc();
+                m.excluded.set(1);
+            }
+            EventKind::Readmitted { .. } => {
+                m.readmissions.inc();
+                m.excluded.set(0);
             }
             EventKind::RunClosed { .. } => {}
         }
@@ -336,6 +360,31 @@ impl Inner {
             "rdzv_lease_refresh_failures",
             "Refreshes of this worker's session lease that failed (each is retried until the TTL runs out)",
             self.lease_refresh_failures.clone(),
+        );
+        r.register(
+            "rdzv_health_check_failures",
+            "Health checks of this worker that failed (while waiting, excluded, or a member)",
+            self.health_check_failures.clone(),
+        );
+        r.register(
+            "rdzv_drains",
+            "Rounds this worker left because its health check failed health_check_failures times in a row",
+            self.drains.clone(),
+        );
+        r.register(
+            "rdzv_exclusions",
+            "Times this worker excluded itself from the run (its health check failed)",
+            self.exclusions.clone(),
+        );
+        r.register(
+            "rdzv_readmissions",
+            "Times this worker's health check passed again after an exclusion",
+            self.readmissions.clone(),
+        );
+        r.register(
+            "rdzv_excluded",
+            "1 while this worker is excluded by its health check, else 0",
+            self.excluded.clone(),
         );
         r.register(
             "rdzv_backend_operations",

@@ -287,6 +287,51 @@ fn parameters_from_options_reject_unknown_and_doubled() {
     ));
 }
 
+/// The health gate's options: the check with its defaults, each value checked, and the
+/// timing options refused without a check (they would do nothing).
+#[test]
+fn health_check_options() {
+    let params = |pairs: &[(&str, &str)]| {
+        let options: std::collections::BTreeMap<String, String> =
+            [("min_workers", "1")].iter().chain(pairs).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        rdzv_core::RendezvousParams::from_options("r", &options)
+    };
+    assert_eq!(params(&[]).expect("no gate").health, None);
+    let health =
+        params(&[("health_check", "builtin:gpu+disk:/tmp:10G")]).expect("a gate").health.expect("some");
+    assert_eq!(health, rdzv_core::params::HealthParams::new("builtin:gpu+disk:/tmp:10G"));
+    assert_eq!(
+        (health.timeout, health.interval, health.failures, health.gpus),
+        (Duration::from_secs(60), Duration::from_secs(30), 2, 1)
+    );
+    let tuned = params(&[
+        ("health_check", "test -e /ok"),
+        ("health_check_timeout", "5s"),
+        ("health_check_interval", "2"),
+        ("health_check_failures", "3"),
+    ])
+    .expect("tuned")
+    .health
+    .expect("some");
+    assert_eq!(
+        (tuned.timeout, tuned.interval, tuned.failures),
+        (Duration::from_secs(5), Duration::from_secs(2), 3)
+    );
+    for (pairs, option) in [
+        (&[("health_check_interval", "5s")][..], "health_check_interval"),
+        (&[("health_check", "x"), ("health_check_failures", "0")], "health_check_failures"),
+        (&[("health_check", "x"), ("health_check_failures", "two")], "health_check_failures"),
+        (&[("health_check", "x"), ("health_check_timeout", "0")], "health_check_timeout"),
+        (&[("health_check", "x"), ("health_check_interval", "soon")], "health_check_interval"),
+        (&[("health_check", " ")], "health_check"),
+    ] {
+        match params(pairs) {
+            Err(ConfigError::InvalidValue { option: o, .. }) => assert_eq!(o, option, "{pairs:?}"),
+            other => panic!("{pairs:?}: expected an invalid {option}, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn syntax_errors() {
     for url in [

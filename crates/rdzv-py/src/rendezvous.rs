@@ -129,6 +129,7 @@ impl Rendezvous {
             RoundBroken::LeaseLost => "lease_lost",
             RoundBroken::Left => "left",
             RoundBroken::NoRound => "no_round",
+            RoundBroken::Unhealthy { .. } => "unhealthy",
         }))
     }
 

@@ -192,10 +192,10 @@ def test_prometheus_scrapes_the_agents_and_sees_a_member_killed(etcd: str, run_i
 
         # The docs' dashboard queries, as written there, each with a sensible answer.
         queries = dashboard_queries()
-        restarts_by_cause, p90, restarts_by_node, spares, lease_failures, latency = queries
+        restarts_by_cause, p90, restarts_by_node, spares, lease_failures, excluded, drains, latency = queries
         assert restarts_by_cause == "sum by (cause) (increase(rdzv_restarts_total[1h]))", queries
         restarts = prometheus.by(restarts_by_cause, "cause")
-        causes = {"worker_failure", "peer_failure", "member_lost", "admit_waiting", "lease_lost", "other"}
+        causes = {"worker_failure", "peer_failure", "member_lost", "admit_waiting", "lease_lost", "unhealthy", "other"}
         assert set(restarts) == causes and restarts["member_lost"] >= 1, restarts
         assert all(v == 0 for c, v in restarts.items() if c != "member_lost"), restarts
         assert "rdzv_rendezvous_duration_seconds_bucket" in p90, queries
@@ -209,6 +209,11 @@ def test_prometheus_scrapes_the_agents_and_sees_a_member_killed(etcd: str, run_i
         assert set(per_node) == {"m0", "s2"} and per_node["m0"] >= 1 and per_node["s2"] == 0, per_node
         assert spares == "max(rdzv_spare_nodes)", queries
         assert prometheus.query(spares) == {"{}": 0}, "no spare waits once it was promoted"
+        # No agent has a health gate here: nobody is out, nobody was drained.
+        assert excluded == "sum(rdzv_excluded)", queries
+        assert prometheus.query(excluded) == {"{}": 0}, "an agent without a health check counts as excluded"
+        assert "rdzv_drains_total" in drains, queries
+        assert prometheus.query(drains) == {"{}": 0}, "an agent without a health check was drained"
         assert "rdzv_backend_operation_duration_seconds_bucket" in latency, queries
         p99 = prometheus.by(latency, "op")
         assert {"put", "lease_keep_alive"} <= {op for op, v in p99.items() if math.isfinite(v)}, p99

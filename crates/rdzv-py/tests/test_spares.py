@@ -43,10 +43,13 @@ def agent(
     ttl: int = TTL,
     extra_env: dict[str, str] | None = None,
     timeout: int = 90,
+    health: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     """Starts one agent (its etcd at `etcd`, `host:port`) running `script` in a session of its
     own (so that it dies with its workers); `extra_env` goes to the agent and its workers;
-    `timeout` is its rendezvous deadline in seconds."""
+    `timeout` is its rendezvous deadline in seconds; `health` its health gate (`check`,
+    `interval`, `timeout`, `failures`: seconds and a count), as `--rdzv-conf` keys for
+    torchrun and as flags for `rdzv run`."""
     env = dict(
         os.environ,
         OUT_DIR=str(out),
@@ -63,17 +66,23 @@ def agent(
             sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
-            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout={timeout}", "--local-addr=127.0.0.1",
-            "--monitor-interval=0.5", "--max-restarts=3", script,
+            f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout={timeout}"
+            + "".join(f",health_check{'' if k == 'check' else '_' + k}={v}" for k, v in (health or {}).items()),
+            "--local-addr=127.0.0.1", "--monitor-interval=0.5", "--max-restarts=3", script,
         ]  # fmt: skip
     else:
         url = (
             f"etcd://{etcd}/{run_id}?min_workers={lo}&max_workers={hi or lo}"
             f"&keep_alive_ttl={ttl}s&last_call_timeout=2s&timeout={timeout}s"
         )
+        flags = [
+            ("--health-check" + ("" if k == "check" else f"-{k}"), v if k in ("check", "failures") else f"{v}s")
+            for k, v in (health or {}).items()
+        ]
         cmd = [
             rdzv_binary(), "run", url, "--nproc-per-node", "1", "--local-addr", "127.0.0.1",
-            "--monitor-interval", "0.5s", "--grace-period", "2s", "--", sys.executable, script,
+            "--monitor-interval", "0.5s", "--grace-period", "2s", *[a for f in flags for a in f],
+            "--", sys.executable, script,
         ]  # fmt: skip
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)

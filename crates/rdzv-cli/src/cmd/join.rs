@@ -187,5 +187,6 @@ pub fn why(reason: &RoundBroken) -> String {
         RoundBroken::LeaseLost => "this worker's lease was lost".into(),
         RoundBroken::Left => "this worker left".into(),
         RoundBroken::NoRound => "this worker is in no round".into(),
+        RoundBroken::Unhealthy { reason } => format!("this node failed its health check ({reason})"),
     }
 }

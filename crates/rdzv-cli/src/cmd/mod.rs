@@ -5,6 +5,7 @@ pub mod close;
 pub mod demo;
 pub mod exec;
 pub mod guard;
+pub mod health;
 pub mod join;
 pub mod run;
 pub mod status;

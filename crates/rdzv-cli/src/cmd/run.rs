@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use rdzv::{Rendezvous, Round, Store, StoreError};
+use rdzv::{ConfigError, HealthParams, Rendezvous, RendezvousParams, Round, Store, StoreError};
 use rdzv_core::retry::RetryPolicy;
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -88,6 +88,18 @@ dies or leaves, the spare that came first takes its place (and its group rank), 
 other nodes keep theirs. A spare waits as long as the run lasts (its timeout does not run
 while the round it waits behind is full).
 
+Health gates: --health-check CMD (or the URL's health_check) runs CMD with `sh -c` before
+each join, every --health-check-interval while the node waits, and every interval while its
+workers run (--health-check builtin:gpu,disk:/tmp:10G,store for the built-in checks, see
+`rdzv health --help`; repeat the flag to combine). A failed check (exit status not 0, a
+signal, or still running at --health-check-timeout: then it is killed with its process
+group) keeps the node out: it does not join, says why on stderr, records itself as excluded
+(`rdzv status` shows it, with the reason) and checks again every interval; a waiting node or
+spare that fails withdraws. A member that fails --health-check-failures checks in a row stops
+its workers (SIGTERM, --grace-period, SIGKILL), leaves its round at once (the others re-form
+without waiting for its TTL, a spare taking its group rank) and rejoins once healthy, counting
+no restart. A check that cannot run at all the first time (`not found`) is an error (exit 2).
+
 When all its workers exit 0, the agent reports success in the round's Store and waits (at
 most --finish-timeout) until every node's did; then it closes the run (as succeeded) and
 exits 0; spares and nodes still waiting to join then exit 0 too. When a worker fails and no
@@ -157,6 +169,24 @@ pub struct RunArgs {
     /// Append one JSON line per event to FILE (`-`: write them to stderr).
     #[arg(long, value_name = "FILE|-")]
     events: Option<PathBuf>,
+    /// Check this node's health before each join, every interval while it waits, and every
+    /// interval while it is a member: a shell command (healthy when it exits 0), or
+    /// `builtin:` and built-in checks joined by `,` or `+` (gpu, gpu:N, disk:PATH:MIN,
+    /// store, store:BOUND). Repeat to combine. Replaces the URL's health_check.
+    #[arg(long, env = "RDZV_HEALTH_CHECK", value_name = "CMD|builtin:LIST", value_parser = crate::args::health_check)]
+    health_check: Vec<String>,
+    /// How long the checks may take, together, before they are killed and count as failed
+    /// [default: the URL's health_check_timeout, else 60s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::positive_duration)]
+    health_check_timeout: Option<Duration>,
+    /// How often the checks run while the node waits, is excluded, or is a member
+    /// [default: the URL's health_check_interval, else 30s].
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::positive_duration)]
+    health_check_interval: Option<Duration>,
+    /// How many failed checks in a row make a member stop its workers and leave its round
+    /// [default: the URL's health_check_failures, else 2].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    health_check_failures: Option<u32>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "CMD")]
     command: Vec<String>,
@@ -178,7 +208,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let mut signals = Signals::catch().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
     let setup = prepare(&args)?;
     let observe = Observe::start(args.metrics_addr.as_deref(), args.events.as_deref()).await?;
-    let worker = target::worker_on(&args.url, args.node_id.clone(), args.local_addr.clone(), |kv| {
+    let place = |params: &mut RendezvousParams| health_from_flags(&args, setup.nproc, params);
+    let worker = target::worker_on(&args.url, args.node_id.clone(), args.local_addr.clone(), place, |kv| {
         observe.instrument(kv)
     })
     .await?;
@@ -189,6 +220,35 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     }
     observe.finish();
     result
+}
+
+/// The health gate of the URL (`health_check*` options) with the command line's flags over
+/// it; a bare `gpu` check expects `nproc` GPUs. A timing flag without any check is an error.
+fn health_from_flags(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -> Result<(), ConfigError> {
+    if !args.health_check.is_empty() {
+        let health = params.health.get_or_insert_with(|| HealthParams::new(""));
+        health.checks = args.health_check.clone();
+    }
+    let flags = [
+        ("--health-check-timeout", args.health_check_timeout.is_some()),
+        ("--health-check-interval", args.health_check_interval.is_some()),
+        ("--health-check-failures", args.health_check_failures.is_some()),
+    ];
+    let Some(health) = params.health.as_mut() else {
+        return match flags.into_iter().find(|(_, given)| *given) {
+            Some((flag, _)) => Err(ConfigError::InvalidValue {
+                option: flag.into(),
+                value: String::new(),
+                reason: "has no effect without --health-check (or the URL's health_check)".into(),
+            }),
+            None => Ok(()),
+        };
+    };
+    health.timeout = args.health_check_timeout.unwrap_or(health.timeout);
+    health.interval = args.health_check_interval.unwrap_or(health.interval);
+    health.failures = args.health_check_failures.unwrap_or(health.failures);
+    health.gpus = nproc;
+    Ok(())
 }
 
 /// Checks what can be checked before joining: a node that cannot start its workers must

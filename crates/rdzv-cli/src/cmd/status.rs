@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use rdzv::Participant;
 use rdzv_core::kv::{RangeOptions, Revision};
 use rdzv_core::protocol::State;
-use rdzv_core::{Kv, Waiting};
+use rdzv_core::{Exclusion, Kv, Waiting};
 use serde_json::json;
 
 use crate::exit::CliError;
@@ -20,8 +20,10 @@ their liveness (whether their keep-alive key is still there), the workers that j
 forming round, and, while a round runs, the workers waiting for the next one in the order it
 would take them: those it could admit (waiting: as many as max_workers leaves room for beside
 the live members; `num_nodes_waiting` counts these) and the spares beyond them, which only a
-member's death or departure admits. Also the extra data keys of the round. Needs no
-min_workers in the URL; max_workers comes from the round itself (or the URL's).
+member's death or departure admits. Also the extra data keys of the round, and the nodes
+their health check keeps out of the run (excluded: node, address, since when, and why; they
+never count as waiting). Needs no min_workers in the URL; max_workers comes from the round
+itself (or the URL's).
 
 With --watch it stays, and shows the run again each time something under its keys changes
 (it watches them; it does not poll): on a terminal the screen is redrawn, with the last
@@ -73,6 +75,8 @@ pub struct Snapshot {
     pub spares: Vec<String>,
     /// Extra data keys of the round.
     pub extra_data: Vec<String>,
+    /// The nodes their health check keeps out, by node id.
+    pub excluded: Vec<Exclusion>,
     /// The backend's revision when the state was read: every later change comes after it.
     pub revision: Revision,
 }
@@ -110,6 +114,7 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
     if let Some(State::Closed { outcome: Some(outcome) }) = &state {
         snap.outcome = Some(outcome.as_str().to_string());
     }
+    snap.excluded = Exclusion::read_all(kv, keys).await?;
     let Some(version) = snap.version else { return Ok(snap) };
     if let Some(State::Frozen { participants, .. } | State::Final { participants, .. }) = &state {
         for (rank, p) in participants.iter().enumerate() {
@@ -165,6 +170,8 @@ impl Snapshot {
             "spares": self.spares,
             "spares_count": self.spares.len(),
             "extra_data": self.extra_data,
+            "excluded": self.excluded,
+            "excluded_count": self.excluded.len(),
         })
     }
 
@@ -199,6 +206,18 @@ impl Snapshot {
             out.push_str(&format!("spares: {}{}\n", self.spares.len(), list(&self.spares)));
         }
         out.push_str(&format!("extra data keys: {}{}\n", self.extra_data.len(), list(&self.extra_data)));
+        if !self.excluded.is_empty() {
+            out.push_str(&format!("excluded by their health check: {}\n", self.excluded.len()));
+            for e in &self.excluded {
+                out.push_str(&format!(
+                    "  {} ({}) since {}: {}\n",
+                    printable(&e.node_id),
+                    printable(&e.addr),
+                    printable(&e.since),
+                    printable(&e.reason)
+                ));
+            }
+        }
         out
     }
 }
@@ -227,10 +246,20 @@ mod tests {
             waiting: vec!["c".into()],
             spares: vec!["d".into()],
             extra_data: vec!["x".into()],
+            excluded: vec![Exclusion {
+                node_id: "e".into(),
+                addr: "h".into(),
+                reason: "check `x`: exit status 1".into(),
+                since: "2026-12-05T10:00:00Z".into(),
+            }],
             ..Snapshot::default()
         };
         let text = snap.text();
         assert!(text.contains("round 2 is final"), "{text}");
+        assert!(
+            text.ends_with("excluded by their health check: 1\n  e (h) since 2026-12-05T10:00:00Z: check `x`: exit status 1\n"),
+            "{text}"
+        );
         assert!(text.contains("1 of 2 alive, max 2"), "{text}");
         assert!(text.contains("waiting for the next round: 1 (c)\nspares: 1 (d)\n"), "{text}");
         let v = snap.json();
@@ -238,6 +267,11 @@ mod tests {
         assert_eq!(v["spares"], json!(["d"]));
         assert_eq!(v["participants"][1]["alive"], false);
         assert_eq!(v["participants"][1]["rank"], 1);
+        assert_eq!(v["excluded_count"], 1);
+        assert_eq!(
+            v["excluded"][0],
+            json!({"node_id": "e", "addr": "h", "reason": "check `x`: exit status 1", "since": "2026-12-05T10:00:00Z"})
+        );
     }
 
     #[test]

@@ -46,6 +46,46 @@ pub struct RendezvousParams {
     pub local_addr: Option<String>,
     /// In which order newcomers take the free ranks of a round (default: arrival).
     pub rank_order: RankOrder,
+    /// The node's health gate, if any: checks run before each join and while the worker
+    /// waits or is a member (docs/PROTOCOL.md "Health gates"). The handler only carries
+    /// them; the `rdzv` facade's worker runs them.
+    pub health: Option<HealthParams>,
+}
+
+/// A node's health gate (the `health_check*` options): what to check, how long a check may
+/// run, how often it runs, and how many consecutive failures drain a member.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthParams {
+    /// The checks, each passed in turn (`health_check` gives one; `rdzv run
+    /// --health-check` may give several): a shell command (passed when it exits 0), or
+    /// `builtin:` and a list of built-in checks separated by `,` or `+` (`gpu`, `gpu:N`,
+    /// `disk:PATH:MIN`, `store`, `store:BOUND`). Parsed by whoever runs them (the `rdzv`
+    /// facade, which rejects an unknown built-in when the worker is made).
+    pub checks: Vec<String>,
+    /// How long one check may run before it is killed and counts as failed
+    /// (`health_check_timeout`, 60 s).
+    pub timeout: Duration,
+    /// How often the check runs while the node waits, is excluded or is a member
+    /// (`health_check_interval`, 30 s).
+    pub interval: Duration,
+    /// How many failed checks in a row drain a member (`health_check_failures`, 2).
+    pub failures: u32,
+    /// How many GPUs a bare `gpu` check expects (1; not an option: `rdzv run` sets its
+    /// `--nproc-per-node`).
+    pub gpus: usize,
+}
+
+impl HealthParams {
+    /// The single check `check`, with every other value at its default.
+    pub fn new(check: impl Into<String>) -> HealthParams {
+        HealthParams {
+            checks: vec![check.into()],
+            timeout: Duration::from_secs(60),
+            interval: Duration::from_secs(30),
+            failures: 2,
+            gpus: 1,
+        }
+    }
 }
 
 /// In which order the newcomers of a round (workers that were not members of the round
@@ -116,6 +156,7 @@ impl RendezvousParams {
             node_id: None,
             local_addr: None,
             rank_order: RankOrder::Arrival,
+            health: None,
         }
     }
 
@@ -182,8 +223,31 @@ impl RendezvousParams {
         if self.prefix.is_empty() {
             return invalid("prefix", String::new(), "the key prefix must not be empty");
         }
+        if let Some(health) = &self.health {
+            validate_health(health)?;
+        }
         Ok(())
     }
+}
+
+/// A health gate's values: a check given, positive durations, at least one failure.
+fn validate_health(health: &HealthParams) -> Result<(), ConfigError> {
+    let invalid = |option: &str, value: String, reason: &str| {
+        Err(ConfigError::InvalidValue { option: option.into(), value, reason: reason.into() })
+    };
+    if health.checks.is_empty() || health.checks.iter().any(|c| c.trim().is_empty()) {
+        return invalid("health_check", String::new(), "must name a command or `builtin:` checks");
+    }
+    for (name, d) in [("health_check_timeout", health.timeout), ("health_check_interval", health.interval)] {
+        if d.is_zero() {
+            return invalid(name, "0".into(), "must be greater than zero");
+        }
+        check_duration_bound(name, &format!("{d:?}"), d)?;
+    }
+    if health.failures == 0 {
+        return invalid("health_check_failures", "0".into(), "at least one failed check must drain a member");
+    }
+    Ok(())
 }
 
 /// An advertised address (host name, IPv4 or IPv6 address, possibly with a zone): it ends up
@@ -237,6 +301,10 @@ pub const OPTIONS: &[(&str, Option<&str>)] = &[
     ("node_id", None),
     ("local_addr", None),
     ("rank_order", None),
+    ("health_check", None),
+    ("health_check_timeout", None),
+    ("health_check_interval", None),
+    ("health_check_failures", None),
 ];
 
 /// The canonical names of the rendezvous options, in the order of [`OPTIONS`].
@@ -323,6 +391,39 @@ fn parse_count(option: &str, value: &str) -> Result<usize, ConfigError> {
     })
 }
 
+/// The health gate the `health_check*` options give: `None` without `health_check` (the
+/// others alone are an error: they would do nothing).
+fn health_from(given: &BTreeMap<String, String>) -> Result<Option<HealthParams>, ConfigError> {
+    let Some(check) = given.get("health_check") else {
+        if let Some(name) = ["health_check_timeout", "health_check_interval", "health_check_failures"]
+            .into_iter()
+            .find(|n| given.contains_key(*n))
+        {
+            return Err(ConfigError::InvalidValue {
+                option: name.into(),
+                value: given[name].clone(),
+                reason: "has no effect without health_check (the check to run)".into(),
+            });
+        }
+        return Ok(None);
+    };
+    let mut health = HealthParams::new(check.clone());
+    if let Some(v) = given.get("health_check_timeout") {
+        health.timeout = parse_duration("health_check_timeout", v)?;
+    }
+    if let Some(v) = given.get("health_check_interval") {
+        health.interval = parse_duration("health_check_interval", v)?;
+    }
+    if let Some(v) = given.get("health_check_failures") {
+        health.failures = v.parse().map_err(|_| ConfigError::InvalidValue {
+            option: "health_check_failures".into(),
+            value: v.clone(),
+            reason: "expected a whole number of failed checks in a row, at least 1".into(),
+        })?;
+    }
+    Ok(Some(health))
+}
+
 impl RendezvousParams {
     /// Parameters for `run_id` from the rendezvous options of a URL (names canonical or
     /// aliases, values as strings): `min_workers` is required, `max_workers` defaults to it,
@@ -401,6 +502,7 @@ impl RendezvousParams {
         if let Some(v) = given.get("rank_order") {
             params.rank_order = RankOrder::parse(v)?;
         }
+        params.health = health_from(&given)?;
         for (name, target) in [("node_id", &mut params.node_id), ("local_addr", &mut params.local_addr)] {
             if let Some(v) = given.get(name) {
                 if v.is_empty() {

@@ -19,6 +19,12 @@ pub enum RoundBroken {
     LeaseLost,
     /// This worker left the round (it called `next_rendezvous` again, or shut down).
     Left,
+    /// This worker left the round because its health check failed
+    /// ([`RendezvousHandler::exclude`](crate::RendezvousHandler::exclude)).
+    Unhealthy {
+        /// The failed check's words.
+        reason: String,
+    },
     /// This worker is not a member of any round.
     NoRound,
 }

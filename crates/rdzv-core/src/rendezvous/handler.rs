@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{KvError, RendezvousError};
 use crate::events::{self, Event, EventKind, LostReason, Subscribers};
 use crate::ext::KvExt;
-use crate::kv::{Kv, LeaseId, PutMode};
+use crate::kv::{DeleteMode, Kv, LeaseId, PutMode};
 use crate::params::RendezvousParams;
 use crate::retry::RetryPolicy;
 use crate::session::{RefreshFailed, Session};
@@ -20,6 +20,7 @@ use super::broken::RoundBroken;
 use super::changes::{KnownRound, RoundChanges};
 use super::deadline::Deadline;
 use super::decide::Sizing;
+use super::excluded::Exclusion;
 use super::executor::{Attempt, Context, History, clean};
 use super::keys::RunKeys;
 use super::machine::{Completed, RoundTimings};
@@ -102,6 +103,9 @@ struct Worker {
     since: Option<crate::kv::Revision>,
     /// The last few sessions this worker gave up, newest last: their keys are its own.
     retired: Vec<LeaseId>,
+    /// Since when this worker is excluded by its health check (wall clock for its record,
+    /// monotonic for how long), if it is.
+    excluded: Option<(SystemTime, Instant)>,
 }
 
 impl Worker {
@@ -118,13 +122,18 @@ impl Worker {
     /// remembers its lease: should the revoke not get through, the keys it still holds on the
     /// server are known to be this worker's own.
     fn retire_session(&mut self) {
+        drop(self.take_session());
+    }
+
+    /// Takes the current session out, remembered as retired.
+    fn take_session(&mut self) -> Option<Session> {
         const REMEMBERED: usize = 8;
-        if let Some(session) = self.session.take() {
-            if self.retired.len() == REMEMBERED {
-                self.retired.remove(0);
-            }
-            self.retired.push(session.lease());
+        let session = self.session.take()?;
+        if self.retired.len() == REMEMBERED {
+            self.retired.remove(0);
         }
+        self.retired.push(session.lease());
+        Some(session)
     }
 }
 
@@ -191,13 +200,7 @@ impl RendezvousHandler {
         let inner = &*self.inner;
         let started = Instant::now();
         let shut_down = inner.shut_down.clone();
-        let mut worker = tokio::select! {
-            worker = inner.worker.lock() => worker,
-            _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
-        };
-        if shut_down.is_cancelled() {
-            return Err(RendezvousError::Shutdown);
-        }
+        let mut worker = self.lock_worker().await?;
         let previous = self.leave_running_round(&mut worker);
         let (round, waited_behind) = self.form_round(&mut worker, previous, started).await?;
         if shut_down.is_cancelled() {
@@ -517,6 +520,115 @@ impl RendezvousHandler {
             session.close().await?;
         }
         Ok(())
+    }
+
+    /// Keeps this worker out of the run because its health check failed for `reason` (the
+    /// check's words): docs/PROTOCOL.md "Health gates". Call it while no
+    /// [`next_rendezvous`](Self::next_rendezvous) of this worker runs (it waits for one to
+    /// end). If this worker is a member of a running round, it leaves it first: its session
+    /// is given up (revoked, so that its keys vanish at once and the others see it gone, as
+    /// after a death, without waiting for its TTL), [`round_broken`](Self::round_broken)
+    /// tells [`RoundBroken::Unhealthy`], and an [`EventKind::Drained`] is reported. Then it
+    /// writes its exclusion record `rdzv/excluded/<node>` (reason, address, since when),
+    /// bound to its (new) session so that it goes with the worker; nobody waits on it. The
+    /// first call of an exclusion reports [`EventKind::Excluded`]; later ones only update the
+    /// reason (and write the record again, should it have gone with a lost session). Ends
+    /// with [`readmit`](Self::readmit).
+    ///
+    /// Fails with [`RendezvousError::Shutdown`] after [`shutdown`](Self::shutdown), or with
+    /// the backend's error if the record could not be written within the `timeout`
+    /// parameter (the worker is still out: it joins nothing until readmitted).
+    pub async fn exclude(&self, reason: &str) -> Result<()> {
+        let inner = &*self.inner;
+        let ctx = &inner.ctx;
+        let mut worker = self.lock_worker().await?;
+        if let Some((round, monitor)) = worker.membership.take() {
+            drop(monitor);
+            self.publish(None, Some(RoundBroken::Unhealthy { reason: reason.to_string() }));
+            inner.events.emit(|| EventKind::Drained {
+                version: round.version,
+                rank: round.rank,
+                reason: reason.to_string(),
+            });
+            tracing::warn!(run_id = %ctx.params.run_id, version = round.version, rank = round.rank, %reason, "left the round: this node failed its health check");
+            if let Some(session) = worker.take_session() {
+                // Revoked now, so that the others re-form now; failing that, it expires.
+                let revoked = tokio::time::timeout(ctx.params.keep_alive_ttl, session.close()).await;
+                if !matches!(revoked, Ok(Ok(()))) {
+                    tracing::debug!(
+                        "could not revoke the session of the round left; it expires within its TTL"
+                    );
+                }
+            }
+        }
+        if worker.excluded.is_none() {
+            worker.excluded = Some((SystemTime::now(), Instant::now()));
+            inner.events.emit(|| EventKind::Excluded { reason: reason.to_string() });
+        }
+        let since = worker.excluded.map_or_else(SystemTime::now, |(since, _)| since);
+        let record = Exclusion::new(&ctx.me.node, &ctx.me.addr, reason, since);
+        let deadline = Instant::now() + ctx.params.timeout;
+        let write = async {
+            let session = self.live_session(&mut worker).await?.lease();
+            let write = || record.write(&*ctx.kv, &ctx.keys, session);
+            RetryPolicy::CLIENT.run(Some(deadline), KvError::is_retryable, write).await?;
+            Ok(())
+        };
+        match tokio::time::timeout_at(deadline, write).await {
+            Ok(written) => written,
+            Err(_) => Err(self.timed_out("writing this node's exclusion record")),
+        }
+    }
+
+    /// Ends this worker's exclusion ([`exclude`](Self::exclude)): its health check passed.
+    /// Deletes its record and reports [`EventKind::Readmitted`]; nothing happens if it is
+    /// not excluded. Should the delete fail, the session that holds the record is given up
+    /// instead (the record goes with it), so no stale record outlives the exclusion. Fails
+    /// only with [`RendezvousError::Shutdown`].
+    pub async fn readmit(&self) -> Result<()> {
+        let ctx = &self.inner.ctx;
+        let mut worker = self.lock_worker().await?;
+        let Some((_, since)) = worker.excluded.take() else { return Ok(()) };
+        let key = ctx.keys.excluded(&ctx.me.node);
+        let deadline = Instant::now() + ctx.params.keep_alive_ttl;
+        let delete = || ctx.kv.delete(&key, DeleteMode::Any);
+        if let Err(e) = RetryPolicy::CLIENT.run(Some(deadline), KvError::is_retryable, delete).await {
+            tracing::warn!(
+                "could not delete this node's exclusion record ({e}); giving up its session instead"
+            );
+            worker.retire_session();
+        }
+        self.inner
+            .events
+            .emit(|| EventKind::Readmitted { excluded_seconds: events::seconds(since.elapsed()) });
+        Ok(())
+    }
+
+    /// The nodes that their health check keeps out of the run, by node id (reads
+    /// `rdzv/excluded/`).
+    pub async fn exclusions(&self) -> Result<Vec<Exclusion>> {
+        let ctx = &self.inner.ctx;
+        Exclusion::read_all(&*ctx.kv, &ctx.keys).await
+    }
+
+    /// Resolves once [`shutdown`](Self::shutdown) has been called (at once if it was): for
+    /// what waits beside the handler's own calls (a health gate between its checks).
+    pub async fn stopped(&self) {
+        self.inner.shut_down.cancelled().await;
+    }
+
+    /// The worker's state, once no other call holds it; [`RendezvousError::Shutdown`] after
+    /// [`shutdown`](Self::shutdown).
+    async fn lock_worker(&self) -> Result<tokio::sync::MutexGuard<'_, Worker>> {
+        let shut_down = self.inner.shut_down.clone();
+        let worker = tokio::select! {
+            worker = self.inner.worker.lock() => worker,
+            _ = shut_down.cancelled() => return Err(RendezvousError::Shutdown),
+        };
+        if shut_down.is_cancelled() {
+            return Err(RendezvousError::Shutdown);
+        }
+        Ok(worker)
     }
 
     /// Publishes `value` for round `version` of the run; readable by

@@ -32,6 +32,16 @@ impl RunKeys {
         format!("{}rdzv/forgotten", self.root).into_bytes()
     }
 
+    /// Prefix of the exclusion records of the nodes that failed their health check.
+    pub fn excluded_nodes(&self) -> Vec<u8> {
+        format!("{}rdzv/excluded/", self.root).into_bytes()
+    }
+
+    /// The exclusion record of `node` (bound to its session: it goes with the node).
+    pub fn excluded(&self, node: &str) -> Vec<u8> {
+        format!("{}rdzv/excluded/{node}", self.root).into_bytes()
+    }
+
     /// The id of the run lease.
     pub fn run_lease(&self) -> Vec<u8> {
         format!("{}lease", self.root).into_bytes()
@@ -110,5 +120,6 @@ mod tests {
         assert_eq!(keys.extra_data(3, "x"), b"/torchelastic/p2p/run_1234/rdzv/v_3/extra_data/x");
         assert_eq!(keys.store(3), b"/torchelastic/p2p/run_1234/rdzv/v_3/kv/");
         assert_eq!(keys.run_lease(), b"/torchelastic/p2p/run_1234/lease");
+        assert_eq!(keys.excluded("n"), b"/torchelastic/p2p/run_1234/rdzv/excluded/n");
     }
 }

@@ -13,11 +13,13 @@
 //! - `forget.rs`: deleting the rounds nobody can be in any more.
 //! - `changes.rs`: what changed for a member between two rounds.
 //! - `waiting.rs`: who waits for the next round, and how many of them it could admit.
+//! - `excluded.rs`: the nodes their health check keeps out, and why.
 
 mod broken;
 mod changes;
 mod deadline;
 pub(crate) mod decide;
+mod excluded;
 mod executor;
 pub(crate) mod forget;
 mod handler;
@@ -32,6 +34,7 @@ mod waiting;
 
 pub use broken::RoundBroken;
 pub use changes::RoundChanges;
+pub use excluded::Exclusion;
 pub use executor::free_port;
 pub use handler::{RendezvousHandler, RendezvousInfo};
 pub use keys::RunKeys;

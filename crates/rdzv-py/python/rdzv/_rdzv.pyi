@@ -9,7 +9,7 @@ __version__: str
 Key = Union[str, bytes]
 Value = Union[str, bytes]
 Seconds = Union[float, int, timedelta]
-BrokenReason = Literal["member_gone", "ended", "closed", "lease_lost", "left", "no_round"]
+BrokenReason = Literal["member_gone", "ended", "closed", "lease_lost", "left", "no_round", "unhealthy"]
 
 class Error(Exception):
     """Base of every rdzv error."""
@@ -162,7 +162,8 @@ class Rendezvous:
         holds this handle keeps it from leaving when dropped: call ``shutdown``."""
     def round_broken(self, timeout: Optional[Seconds] = None) -> Optional[BrokenReason]:
         """Waits until this worker's round is over and returns why; ``None`` if ``timeout``
-        passes first (``timeout=0`` only looks). ``"no_round"`` at once outside a round."""
+        passes first (``timeout=0`` only looks). ``"no_round"`` at once outside a round;
+        ``"unhealthy"`` when this worker left it because its health check failed."""
     def __enter__(self) -> Rendezvous: ...
     def __exit__(
         self,

@@ -46,6 +46,16 @@ rank; the surviving agents keep theirs.
 ``num_nodes_waiting()`` also counts this agent's round as needing a restart when a member
 of it is gone (died or left) or this agent's own lease was lost, so the agents re-form within
 the keep-alive TTL even while their workers are stuck in a collective.
+
+Health gates. ``--rdzv-conf health_check=CMD`` (with ``health_check_interval``,
+``health_check_timeout`` and ``health_check_failures`` beside it) runs CMD before each join
+and every interval after: an agent whose check fails does not join (``next_rendezvous()``
+waits, excluded, until the check passes), and a member that fails ``health_check_failures``
+checks in a row leaves its round: ``num_nodes_waiting()`` reports it, so torch's agent stops
+its workers and re-forms (no restart counted), while the other agents re-form at once with a
+spare in its place. torch splits ``--rdzv-conf`` at commas: join built-ins with ``+``
+(``health_check=builtin:gpu:8+disk:/tmp:10G``), and put a command with commas in a script.
+The failures, the exclusion and the recovery are logged here (logger ``rdzv.torch_backend``).
 """
 
 from __future__ import annotations
@@ -99,7 +109,7 @@ _KEEP_ALIVE_ATTEMPTS = 3
 #: torch's c10d backend's default read timeout, in seconds.
 _READ_TIMEOUT = 60.0
 #: Round-broken reasons that mean the agent's worker group must re-form.
-_BROKEN = frozenset({"member_gone", "ended", "closed", "lease_lost"})
+_BROKEN = frozenset({"member_gone", "ended", "closed", "lease_lost", "unhealthy"})
 
 
 def _seconds(key: str, value: Any) -> float:
@@ -254,6 +264,11 @@ class RdzvRendezvousHandler(RendezvousHandler):
     def get_backend(self) -> str:
         return "rdzv"
 
+    def log_health(self) -> None:
+        """Logs this agent's health gate as it acts: failed checks, leaving a round, being
+        excluded and let in again (rdzv's own log goes to no Python logger)."""
+        self._worker.on_event(_log_health_event)
+
     @property
     def use_agent_store(self) -> bool:
         # The workers bootstrap their own TCPStore at MASTER_ADDR:MASTER_PORT (rank 0's
@@ -403,4 +418,31 @@ def create_handler(params: RendezvousParameters) -> RdzvRendezvousHandler:
         raise ValueError(f"rdzv backend: {message}") from None
     except rdzv.RendezvousUnavailableError as e:
         raise RendezvousConnectionError(f"rdzv backend: --rdzv-endpoint {_redacted(params.endpoint)}: {e}") from None
-    return RdzvRendezvousHandler(worker, store_timeout)
+    handler = RdzvRendezvousHandler(worker, store_timeout)
+    if "health_check=" in url:
+        handler.log_health()
+    return handler
+
+
+def _log_health_event(event: dict[str, Any]) -> None:
+    kind = event.get("event")
+    if kind == "health_check_failed":
+        where = f"a member of round {event['member_of']}" if event.get("member_of") is not None else "not in a round"
+        logger.warning(
+            "rdzv: health check failed (%s in a row; this node is %s): %s", event["consecutive"], where, event["reason"]
+        )
+    elif kind == "drained":
+        logger.warning(
+            "rdzv: this node failed its health check and leaves round %s (rank %s); its workers are stopped and it "
+            "rejoins once healthy: %s",
+            event["version"],
+            event["rank"],
+            event["reason"],
+        )
+    elif kind == "excluded":
+        logger.warning(
+            "rdzv: this node is excluded from the run until its health check passes (checked again every interval): %s",
+            event["reason"],
+        )
+    elif kind == "readmitted":
+        logger.warning("rdzv: this node's health check passes again after %.0f s excluded; it joins", event["excluded_seconds"])

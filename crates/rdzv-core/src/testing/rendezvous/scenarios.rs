@@ -175,6 +175,56 @@ pub async fn a_spare_takes_a_dead_members_place(kv: Arc<dyn Kv>) {
     assert!(matches!(timeout(LIMIT, still_spare).await.unwrap().unwrap(), Err(RendezvousError::Shutdown)));
 }
 
+/// A member excluded by its health check leaves at once: the others see it gone without
+/// waiting for its TTL, the spare takes its rank, and its exclusion record (reason, address,
+/// since when) is there until it is readmitted — or until its worker is gone.
+pub async fn an_excluded_member_leaves_at_once_and_its_record_goes_with_it(kv: Arc<dyn Kv>) {
+    let mut p = params(&run_id("exclude"), 2, 3);
+    p.last_call_timeout = Duration::from_secs(20);
+    p.keep_alive_ttl = Duration::from_secs(10);
+    let ws = workers(&kv, &p, 4).await;
+    let members: Vec<_> = ws[..3].iter().map(|w| w.handler.clone()).collect();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let promoted = spare(&ws[3].handler, &members[0], 0).await;
+    let sick_rank = of(&first, "node1").rank;
+    let excluded_at = Instant::now();
+    members[1].exclude("check `x`: exit status 1").await.unwrap();
+    let told = members[1].round_broken().await;
+    assert_eq!(told, RoundBroken::Unhealthy { reason: "check `x`: exit status 1".into() });
+    for survivor in [&members[0], &members[2]] {
+        let reason = timeout(LIMIT, survivor.round_broken()).await.unwrap();
+        assert!(matches!(reason, RoundBroken::MemberGone { .. } | RoundBroken::Ended), "{reason:?}");
+    }
+    let seen = excluded_at.elapsed();
+    assert!(seen < p.keep_alive_ttl / 2, "the others saw the exclusion after {seen:?}");
+    let records = members[0].exclusions().await.unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        (records[0].node_id.as_str(), records[0].reason.as_str()),
+        ("node1", "check `x`: exit status 1")
+    );
+    assert_eq!(records[0].addr, members[1].participant().addr);
+    let mut next: Vec<_> = timeout(LIMIT, rendezvous_all(&[members[0].clone(), members[2].clone()]))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    next.push(timeout(LIMIT, promoted).await.unwrap().unwrap().unwrap());
+    assert_agreement(&next, 3, 3);
+    assert_eq!(of(&next, "node3").rank, sick_rank, "the spare takes the excluded member's rank");
+    assert!(next.iter().all(|i| i.participants.iter().all(|m| m.node != "node1")));
+    // Excluded again (the reason updated, the record kept), readmitted, excluded, then gone.
+    members[1].exclude("check `x`: exit status 2").await.unwrap();
+    assert_eq!(members[0].exclusions().await.unwrap()[0].reason, "check `x`: exit status 2");
+    members[1].readmit().await.unwrap();
+    assert!(members[0].exclusions().await.unwrap().is_empty());
+    members[1].exclude("check `x`: exit status 3").await.unwrap();
+    members[1].shutdown().await.unwrap();
+    assert!(members[0].exclusions().await.unwrap().is_empty(), "the record outlived its worker");
+}
+
 /// An elastic world that shrinks keeps the survivors' ranks where it can: only a rank beyond
 /// the new world size moves, into the hole.
 pub async fn survivors_keep_their_ranks_when_the_world_shrinks(kv: Arc<dyn Kv>) {
@@ -419,7 +469,8 @@ macro_rules! rendezvous_scenarios {
     (#[$attr:meta]; $builder:expr) => {
         $crate::rendezvous_scenarios!(@cases $attr; $builder;
             single_worker, min_equals_max, elastic_last_call, spares_wait_behind_a_full_round,
-            a_spare_takes_a_dead_members_place, survivors_keep_their_ranks_when_the_world_shrinks,
+            a_spare_takes_a_dead_members_place, an_excluded_member_leaves_at_once_and_its_record_goes_with_it,
+            survivors_keep_their_ranks_when_the_world_shrinks,
             natural_rank_order, member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
             corrupt_state_is_a_state_error, state_deleted_underfoot_recovers,
             leave_is_fast_and_not_close, reentry_leaves_at_once, extra_data_round_trips_and_times_out,
