@@ -160,6 +160,10 @@ if [ -x "$cli" ]; then
     echo "== spare promotion: a spare takes a SIGKILLed member's place, against the keep-alive TTL"
     python3 scripts/etcd_figures.py promote --rdzv "$cli" --workers 4 --ttls "${PROMOTE_TTLS:-3,10}" --runs 5 \
         --out "$results/promote.jsonl" || echo "bench: the spare-promotion runs failed"
+
+    echo "== health drain: a member whose check fails is replaced by the spare"
+    python3 scripts/etcd_figures.py drain --rdzv "$cli" --workers 3 --intervals "${DRAIN_INTERVALS:-1,5}" --runs 5 \
+        --out "$results/drain.jsonl" || echo "bench: the health-drain runs failed"
 fi
 
 load_after=$(load)

@@ -5,6 +5,7 @@ usage:
   etcd_figures.py clients --rdzv BIN --workers 1024 --runs 3 --out FILE
   etcd_figures.py detect  --rdzv BIN --workers 8 --ttls 2,5,10 --runs 2 --out FILE
   etcd_figures.py promote --rdzv BIN --workers 4 --ttls 3,10 --runs 5 --out FILE
+  etcd_figures.py drain   --rdzv BIN --workers 3 --intervals 1,5 --runs 5 --out FILE
   etcd_figures.py killone --rdzv BIN --workers 4096 --ttl 3 --runs 3 --out FILE
   etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768,40960,49152 --out FILE
 
@@ -27,6 +28,14 @@ promote: N `rdzv join URL --hold … --format json` processes with keep_alive_tt
   and run, the time from the kill to the spare's round, whether the spare took the dead
   member's rank, and whether every survivor kept its own.
 
+drain: N `rdzv run URL --health-check …` agents (keep_alive_ttl 10 s, failures 2, check timeout
+  5 s, --grace-period 2 s) form a full round (min = max = N), one more agent waits as a spare;
+  each runs one worker that ignores SIGTERM (so stopping it takes the whole grace period). The
+  health check of a member (not rank 0) then starts failing. Records, per check interval and
+  run, the time from the check turning bad to the spare's worker starting, whether the spare
+  took the drained member's group rank and every survivor kept its own, and the time until the
+  drained node's worker was gone.
+
 killone: `rdzv bench URL --workers N --rounds 1 --kill-one --format json` (N in-process workers on
   one client, keep_alive_ttl=T): after a round, one member is cut off (all its calls fail, as for
   a dead node) while one more worker waits as a spare. Records the round's time, when the
@@ -44,10 +53,12 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -321,20 +332,116 @@ def promote_once(etcd, a, ttl, run):
             w.stop()
 
 
+def drain_once(etcd, a, interval, run):
+    n, ttl, grace = a.workers, 10, 2
+    run_id = f"drain-{os.getpid()}-{interval}-{run}-{time.time_ns()}"
+    url = f"etcd://{etcd.hosts}/{run_id}?min_workers={n}&keep_alive_ttl={ttl}s&timeout=120s"
+    scratch = tempfile.mkdtemp(prefix="rdzv-drain-")
+    ward, out = os.path.join(scratch, "ward"), os.path.join(scratch, "out")
+    os.makedirs(ward)
+    os.makedirs(out)
+    # Each start: a file named node-version-group_rank holding the start time (and the pid).
+    worker = ('trap "" TERM; echo "$(date +%s.%N) $$" > "$DRAIN_OUT/$RDZV_NODE_ID-$RDZV_VERSION-$GROUP_RANK"; '
+              "exec sleep 600")
+
+    def agent(i):
+        env = dict(os.environ, DRAIN_WARD=ward, DRAIN_OUT=out, DRAIN_NODE=f"w{i}")
+        cmd = [a.rdzv, "run", url, "--node-id", f"w{i}", "--local-addr", "127.0.0.1",
+               "--health-check", 'test ! -e "$DRAIN_WARD/sick-$DRAIN_NODE"',
+               "--health-check-interval", f"{interval}s", "--health-check-failures", "2",
+               "--health-check-timeout", "5s", "--grace-period", f"{grace}s", "--", "sh", "-c", worker]
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def starts():
+        found = {}
+        for name in os.listdir(out):
+            node, version, rank = name.rsplit("-", 2)
+            written = open(os.path.join(out, name)).read().split()
+            if len(written) == 2:  # else still being written
+                found[(node, int(version))] = (int(rank), float(written[0]), int(written[1]))
+        return found
+
+    def until(done, seconds):
+        deadline = time.monotonic() + seconds
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    agents = [agent(i) for i in range(n)]
+    r = {"workers": n, "interval_s": interval, "failures": 2, "grace_s": grace, "ttl_s": ttl, "run": run}
+    try:
+        if not until(lambda: len(starts()) >= n, 60):
+            r["failed"] = "the first round's workers did not all start within 60 s"
+            return r
+        first = {node: rank for (node, _), (rank, _, _) in starts().items()}
+        agents.append(agent(n))
+        if not until(lambda: spares_now(a, url) >= 1, 30):
+            r["failed"] = "the spare was not seen waiting within 30 s"
+            return r
+        time.sleep(1)
+        victim = next(node for node, rank in first.items() if rank != 0)
+        victim_pid = next(pid for (node, _), (_, _, pid) in starts().items() if node == victim)
+        sick_at = time.time()
+        open(os.path.join(ward, f"sick-{victim}"), "w").close()
+        spare = f"w{n}"
+        bound = interval * 2 + grace + 30
+        if not until(lambda: any(node == spare for node, _ in starts()), bound):
+            r["failed"] = f"the spare's worker did not start within {bound} s"
+            return r
+        spare_version = next(ver for (node, ver) in starts() if node == spare)
+        rank, stamp, _ = starts()[(spare, spare_version)]
+        r["replaced_s"] = stamp - sick_at
+        r["spare_took_the_rank"] = rank == first[victim]
+        until(lambda: all((node, spare_version) in starts() for node in first if node != victim), 30)
+        second = {node: rank for (node, ver), (rank, _, _) in starts().items() if ver == spare_version}
+        r["survivors_kept_ranks"] = all(second.get(node) == rank for node, rank in first.items() if node != victim)
+        if until(lambda: not os.path.exists(f"/proc/{victim_pid}") or
+                 open(f"/proc/{victim_pid}/stat").read().rsplit(") ", 1)[-1].startswith("Z"), 30):
+            r["victim_worker_gone_s"] = time.time() - sick_at
+        return r
+    finally:
+        for p in agents:
+            if p.poll() is None:
+                p.terminate()
+        for p in agents:
+            try:
+                p.wait(grace + 15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def drain(a):
+    per_value(a, "interval", a.intervals, drain_once, lambda r: (
+        f"spare's worker started {r['replaced_s']:.2f} s after the check turned bad, took the rank: "
+        f"{r['spare_took_the_rank']}, survivors kept theirs: {r['survivors_kept_ranks']}, drained worker gone "
+        f"after {r.get('victim_worker_gone_s', float('nan')):.2f} s"))
+
+
 def per_ttl(a, once, describe):
-    """Runs `once(etcd, a, ttl, run)` for every TTL of `a.ttls` and run, on one local etcd,
-    appending each result to `a.out` and printing `describe(result)` (or its failure)."""
+    """Runs `once(etcd, a, ttl, run)` for every TTL of `a.ttls` and run (see `per_value`)."""
+    per_value(a, "ttl", a.ttls, once, describe)
+
+
+def per_value(a, name, values, once, describe):
+    """Runs `once(etcd, a, value, run)` for every value of the comma-separated `values` (seconds)
+    and run, on one local etcd, appending each result to `a.out` and printing `describe(result)`
+    (or its failure)."""
     etcd = Etcd()
     try:
         with open(a.out, "a") as out:
-            for ttl in [float(t) for t in a.ttls.split(",")]:
-                ttl = int(ttl) if ttl == int(ttl) else ttl
+            for value in [float(v) for v in values.split(",")]:
+                value = int(value) if value == int(value) else value
                 for run in range(a.runs):
-                    r = once(etcd, a, ttl, run)
+                    r = once(etcd, a, value, run)
                     r["etcd_version"] = etcd.version()
                     r["load"] = " ".join(open("/proc/loadavg").read().split()[:3])
                     r["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-                    print(f"{a.what} N={a.workers} ttl={ttl}s run {run}: "
+                    print(f"{a.what} N={a.workers} {name}={value}s run {run}: "
                           + (describe(r) if "failed" not in r else f"FAILED: {r['failed']}"), flush=True)
                     out.write(json.dumps(r) + "\n")
                     out.flush()
@@ -369,6 +476,10 @@ def main():
     s.add_argument("--ttls", default="3,10", help="keep_alive_ttl values, seconds")
     s.add_argument("--runs", type=int, default=5)
     s.add_argument("--after", type=float, default=1.0, help="seconds between the spare waiting and the kill")
+    dr = sub.add_parser("drain", help="time for a spare to replace a member whose health check fails")
+    dr.add_argument("--workers", type=int, default=3, help="members of the full round (a spare comes on top)")
+    dr.add_argument("--intervals", default="1,5", help="--health-check-interval values, seconds")
+    dr.add_argument("--runs", type=int, default=5)
     k = sub.add_parser("killone", help="in-process workers on etcd, one cut off, a spare takes its place")
     k.add_argument("--workers", type=int, default=4096)
     k.add_argument("--ttl", type=float, default=3.0, help="keep_alive_ttl, seconds")
@@ -377,11 +488,12 @@ def main():
     g = sub.add_parser("ceiling", help="the largest N of in-process workers that completes on one etcd")
     g.add_argument("--sizes", default="8192,16384,24576,32768,40960,49152")
     g.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
-    for p in (c, d, s, k, g):
+    for p in (c, d, s, dr, k, g):
         p.add_argument("--rdzv", required=True, help="the rdzv binary")
         p.add_argument("--out", required=True)
     a = ap.parse_args()
-    {"clients": clients, "detect": detect, "promote": promote, "killone": killone, "ceiling": ceiling}[a.what](a)
+    {"clients": clients, "detect": detect, "promote": promote, "drain": drain, "killone": killone,
+     "ceiling": ceiling}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ usage: plot.py RESULTS_DIR OUT_MD PLOT_DIR
 RESULTS_DIR holds cas_contention.jsonl, rendezvous_latency.jsonl, store_ops.jsonl,
 cost.jsonl, multiproc.jsonl, multiproc_cli.jsonl, machine.json and, when they were run,
 multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl, promote.jsonl,
-rounds.jsonl, killone.jsonl, ceiling.jsonl and c10d.jsonl;
+drain.jsonl, rounds.jsonl, killone.jsonl, ceiling.jsonl and c10d.jsonl;
 notes.md (optional), what the figures of the current run show, is pasted in verbatim before
 "Regenerate". A missing file leaves its rows or section out.
 
@@ -293,6 +293,7 @@ class Results:
         self.clients, self.detect = load(res, "clients.jsonl"), load(res, "detect.jsonl")
         self.rounds, self.killone = load(res, "rounds.jsonl"), load(res, "killone.jsonl")
         self.ceiling, self.promote = load(res, "ceiling.jsonl"), load(res, "promote.jsonl")
+        self.drain = load(res, "drain.jsonl")
         self.c10d = load(res, "c10d.jsonl")
         self.cas, self.store = load(res, "cas_contention.jsonl"), load(res, "store_ops.jsonl")
 
@@ -495,13 +496,31 @@ def promote_rows(data):
     return rows
 
 
+def drain_rows(data):
+    """Target rows of a member drained by its health check and replaced (drain.jsonl)."""
+    rows = []
+    for interval in sorted({r["interval_s"] for r in data.drain}):
+        rs = [r for r in data.drain if r["interval_s"] == interval]
+        ok = [r["replaced_s"] for r in rs if not r.get("failed")]
+        gone = [r["victim_worker_gone_s"] for r in rs if r.get("victim_worker_gone_s") is not None]
+        kept = sum(bool(r.get("spare_took_the_rank") and r.get("survivors_kept_ranks")) for r in rs)
+        failures, grace, ttl = rs[0]["failures"], rs[0]["grace_s"], rs[0]["ttl_s"]
+        rows.append([f"a member whose health check turns bad is drained and the spare takes its place (`rdzv run` "
+                     f"agents, etcd, --health-check-interval {interval} s × {failures} failures, --grace-period "
+                     f"{grace} s, keep_alive_ttl {ttl} s): from the check turning bad to the spare's worker "
+                     f"starting; ranks kept in {kept} of {len(rs)} runs; the drained node's worker (it ignores "
+                     f"SIGTERM) gone after {fmt_spread(gone)}",
+                     fmt_spread(ok), "–", f"≤ interval × failures + grace + 5 s = {interval * failures + grace + 5:g} s"])
+    return rows
+
+
 def targets_section(md, data):
     """## Against the targets (docs/TESTING.md): one table, a row per figure."""
     md.append("## Against the targets (docs/TESTING.md)")
     md.append("")
     rows = (process_rows(data) + round_time_rows(data) + cold_start_rows(data) + count_rows(data)
             + scale_rows(data) + back_to_back_rows(data.rounds) + kill_rows(data) + ceiling_rows(data)
-            + promote_rows(data))
+            + promote_rows(data) + drain_rows(data))
     md.append(table(["figure", "measured", "reference", "target"], rows))
     md.append("")
 
@@ -552,6 +571,29 @@ def promote_section(md, data):
               "spare taking the dead one's. Run "
               f"{promote[0].get('date', '?')} to {promote[-1].get('date', '?')}, load average (1/5/15 min) "
               f"{promote[0].get('load', '?')} at the first run and {promote[-1].get('load', '?')} at the last"
+              f". Failed runs: {failed or 'none'}.")
+    md.append("")
+
+
+def drain_section(md, data):
+    """The paragraph on health drains that ends the targets: how it was run, and when."""
+    drain = data.drain
+    if not drain:
+        return
+    failed = ", ".join(f"interval {r['interval_s']} s run {r['run']}: {r['failed'][:160]}"
+                       for r in drain if r.get("failed"))
+    md.append("Health drain (`python3 scripts/etcd_figures.py drain --rdzv target/release/rdzv --workers 3 "
+              "--intervals 1,5 --runs 5 --out benches/results/drain.jsonl`, run by `scripts/bench.sh`): "
+              f"{drain[0]['workers']} `rdzv run` agents on etcd with a health check (a file test) form a "
+              "full round, one more waits as a spare; each runs one worker that ignores SIGTERM, so every "
+              "stop of workers takes the whole grace period before SIGKILL. About 1 s after `rdzv status` "
+              "sees the spare, a member's check (not rank 0's) starts failing; the time runs until the "
+              "spare's worker starts. The first failed check comes up to one interval after the change, and "
+              "after `failures` in a row the member revokes its session: the others see it gone at once (no "
+              "TTL wait), stop their workers (the grace period) and re-form with the spare, while the "
+              "drained member stops its own. Hence about interval × failures + grace. Run "
+              f"{drain[0].get('date', '?')} to {drain[-1].get('date', '?')}, load average (1/5/15 min) "
+              f"{drain[0].get('load', '?')} at the first run and {drain[-1].get('load', '?')} at the last"
               f". Failed runs: {failed or 'none'}.")
     md.append("")
 
@@ -1126,6 +1168,7 @@ def main():
     targets_section(md, data)
     c10d_section(md, data)
     promote_section(md, data)
+    drain_section(md, data)
     latency_section(md, data)
     processes_section(md, data)
     cost_section(md, data)
