@@ -55,7 +55,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Join(cmd::join::JoinArgs),
-    Run(cmd::run::RunArgs),
+    Run(Box<cmd::run::RunArgs>),
     Status(cmd::status::StatusArgs),
     Close(cmd::close::CloseArgs),
     Health(cmd::health::HealthArgs),
@@ -104,7 +104,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Join(args) => cmd::join::run(args).await,
-            Command::Run(args) => cmd::run::run(args).await,
+            Command::Run(args) => cmd::run::run(*args).await,
             Command::Status(args) => cmd::status::run(args).await,
             Command::Close(args) => cmd::close::run(args).await,
             Command::Health(args) => cmd::health::run(args).await,

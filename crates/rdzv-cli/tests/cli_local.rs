@@ -225,7 +225,9 @@ async fn health_runs_each_builtin_and_says_why_in_one_line() {
     std::fs::write(&smi, format!("#!/bin/sh\nprintf '%s\\n' '{listing}'\n")).unwrap();
     std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let smi = smi.to_str().unwrap();
-    let cases: [(&[&str], &[(&str, &str)], i32, &str); 7] = [
+    /// Arguments, environment, exit code, what the one line says.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], i32, &'a str);
+    let cases: [Case<'_>; 7] = [
         (&["health", "gpu", "--nproc-per-node", "2"], &[("RDZV_NVIDIA_SMI", smi)], 0, "healthy: gpu passed"),
         (
             &["health", "gpu:4"],
