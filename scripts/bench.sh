@@ -161,6 +161,10 @@ if [ -x "$cli" ]; then
     python3 scripts/etcd_figures.py promote --rdzv "$cli" --workers 4 --ttls "${PROMOTE_TTLS:-3,10}" --runs 5 \
         --out "$results/promote.jsonl" || echo "bench: the spare-promotion runs failed"
 
+    echo "== segments: in-process workers on etcd, unlabelled and with 64 interleaved segment labels"
+    python3 scripts/etcd_figures.py segments --rdzv "$cli" --sizes "${SEGMENT_SIZES:-1024,8192}" --labels 64 --runs 3 \
+        --out "$results/segments.jsonl" || echo "bench: the segment runs failed"
+
     echo "== health drain: a member whose check fails is replaced by the spare"
     python3 scripts/etcd_figures.py drain --rdzv "$cli" --workers 3 --intervals "${DRAIN_INTERVALS:-1,5}" --runs 5 \
         --out "$results/drain.jsonl" || echo "bench: the health-drain runs failed"

@@ -8,6 +8,7 @@ usage:
   etcd_figures.py drain   --rdzv BIN --workers 3 --intervals 1,5 --runs 5 --out FILE
   etcd_figures.py killone --rdzv BIN --workers 4096 --ttl 3 --runs 3 --out FILE
   etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768,40960,49152 --out FILE
+  etcd_figures.py segments --rdzv BIN --sizes 1024,8192 --labels 64 --runs 3 --out FILE
 
 clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
   with its own client and connections (what the server sees from N hosts). Records the round's
@@ -45,6 +46,12 @@ ceiling: `rdzv bench URL --workers N --rounds 1 --format json` for each N in tur
   fresh etcd with its default limits, until one fails (or all complete). Records for each N
   whether it completed, the round's time, the error of a failure, and the server's cost per
   1000 workers: CPU seconds, committed proposals and the database size.
+
+segments: `rdzv bench URL --workers N --rounds 1 --format json` on one client, without segments
+  and with `--segments L` (worker i labelled `s<i mod L>`: the labels arrive interleaved),
+  alternating, each on the same etcd. Records, per N, labelling and run, the round's time, the
+  bench's writes and reads per worker and etcd's proposals and ranges per worker, with the
+  1-minute load average before the run.
 
 Results: one JSON line per run, appended to FILE.
 """
@@ -141,6 +148,27 @@ def bench_once(etcd, a, n, query, extra):
                   "keys_visited_per_worker_round": report.get("keys_visited_per_worker_round"),
                   "failure": report.get("failure")})
     return r
+
+
+def segments(a):
+    etcd = Etcd()
+    try:
+        with open(a.out, "a") as out:
+            for n in [int(x) for x in a.sizes.split(",")]:
+                for run in range(a.runs):
+                    for labels in (0, a.labels):
+                        load = os.getloadavg()[0]
+                        extra = ["--segments", str(labels)] if labels else []
+                        r = bench_once(etcd, a, n, "", extra)
+                        r.update({"run": run, "labels": labels, "load_before": load})
+                        print(f"segments N={n} labels={labels} run {run} (load {load:.2f}): "
+                              + (f"round {r['seconds']:.3f}s, writes {r['writes_per_worker_round']:.2f}, "
+                                 f"reads {r['reads_per_worker_round']:.2f} per worker"
+                                 if "seconds" in r else f"FAILED ({r['failed'][:200]})"), flush=True)
+                        out.write(json.dumps(r) + "\n")
+                        out.flush()
+    finally:
+        etcd.stop()
 
 
 def killone(a):
@@ -488,12 +516,17 @@ def main():
     g = sub.add_parser("ceiling", help="the largest N of in-process workers that completes on one etcd")
     g.add_argument("--sizes", default="8192,16384,24576,32768,40960,49152")
     g.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
-    for p in (c, d, s, dr, k, g):
+    sg = sub.add_parser("segments", help="in-process workers on etcd with and without segment labels")
+    sg.add_argument("--sizes", default="1024,8192")
+    sg.add_argument("--labels", type=int, default=64)
+    sg.add_argument("--runs", type=int, default=3)
+    sg.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    for p in (c, d, s, dr, k, g, sg):
         p.add_argument("--rdzv", required=True, help="the rdzv binary")
         p.add_argument("--out", required=True)
     a = ap.parse_args()
     {"clients": clients, "detect": detect, "promote": promote, "drain": drain, "killone": killone,
-     "ceiling": ceiling}[a.what](a)
+     "ceiling": ceiling, "segments": segments}[a.what](a)
 
 
 if __name__ == "__main__":

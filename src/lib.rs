@@ -37,6 +37,7 @@ mod bootstrap;
 pub mod health;
 mod registry;
 mod rendezvous;
+pub mod segment;
 
 // One path per item: what a user of rdzv names is here; a backend's author (the `Kv`
 // contract, the protocol) depends on `rdzv-core` itself.

@@ -64,7 +64,13 @@ impl Rendezvous {
     /// A worker of `params.run_id` on an already-built backend. Starts this worker's session
     /// lease, so an unreachable backend fails here with [`RendezvousError::Unavailable`]; a
     /// health check that names an unknown built-in fails with [`RendezvousError::Config`].
-    pub async fn new(kv: Arc<dyn Kv>, params: RendezvousParams) -> Result<Rendezvous, RendezvousError> {
+    ///
+    /// A `segment` of `auto` is this node's NVLink domain ([`crate::segment::nvlink_domain`]);
+    /// a node without one fails here with [`RendezvousError::Config`].
+    pub async fn new(kv: Arc<dyn Kv>, mut params: RendezvousParams) -> Result<Rendezvous, RendezvousError> {
+        if params.segment.as_deref() == Some(crate::segment::AUTO) {
+            params.segment = Some(crate::segment::nvlink_domain().await?);
+        }
         let health = params.health.clone();
         let handler = RendezvousHandler::new(kv, params).await?;
         let gate = health.map(|health| Gate::new(&handler, &health)).transpose()?.map(Arc::new);

@@ -179,3 +179,29 @@ async fn metrics_count_rounds_and_backend_operations() {
     );
     handlers[0].set_closed().await.unwrap();
 }
+
+/// A worker that names its segment is described with it in its metrics and events; one that
+/// does not has no segment label at all (checked above).
+#[tokio::test(start_paused = true)]
+async fn a_workers_segment_is_in_its_description() {
+    let kv: Arc<dyn Kv> = Arc::new(rdzv_mem::MemKv::new());
+    let metrics = Metrics::new();
+    let mut p = params(&run_id("segment"), 1, 1);
+    p.node_id = Some("a".into());
+    p.segment = Some("rack-7".into());
+    let handler = RendezvousHandler::new(kv, p.clone()).await.unwrap();
+    metrics.attach(&handler);
+    let seen = record(&handler);
+    timeout(LIMIT, handler.next_rendezvous()).await.unwrap().unwrap();
+
+    let text = metrics.encode();
+    let series = format!(r#"rdzv_worker_info{{run_id="{}",node="a",segment="rack-7"}}"#, p.run_id);
+    assert_eq!(value(&text, &series), 1.0, "{text}");
+    let events = seen.lock().unwrap().clone();
+    assert!(!events.is_empty());
+    for event in events.iter() {
+        assert_eq!(event.segment.as_deref(), Some("rack-7"), "{event:?}");
+        assert!(event.json_line().contains(r#""segment":"rack-7""#), "{}", event.json_line());
+    }
+    handler.set_closed().await.unwrap();
+}

@@ -6,7 +6,9 @@
 //! must complete a round within a bound (a timeout there fails the case), and again after
 //! re-entering together. Every case also checks agreement, bounds, unique ranks and node
 //! ids, monotonic rounds, completeness, deadlines, prompt shutdown, failure detection with
-//! no false deaths, closed propagation and a bounded key count.
+//! no false deaths, closed propagation and a bounded key count. In half the worlds the workers
+//! name segments (1–4 labels at random): every guarantee holds with them, each member's label
+//! reaches every round, and the first round keeps each segment's ranks together.
 //!
 //! Cases: `PROPTEST_CASES`, else 20000 with `RDZV_SOAK=1`, else 1000. A failing case prints
 //! its world, shrunk, the broken properties with the records that show it, and the

@@ -65,6 +65,8 @@ const PROPERTIES: &[Property] = &[
     healed_liveness,
     rerun_liveness,
     stable_ranks,
+    segments_carried,
+    first_round_by_segment,
     settles,
     key_count,
 ];
@@ -668,6 +670,55 @@ fn stable_ranks(f: &Facts) -> Vec<Violation> {
             );
         }
     }
+    v
+}
+
+/// `segments-carried`: every participant of every round returned carries the segment its
+/// worker named (or none).
+fn segments_carried(f: &Facts) -> Vec<Violation> {
+    let mut v = Vec::new();
+    for (version, returned) in &f.rounds {
+        for (w, info, _) in returned {
+            for p in info.participants.iter() {
+                let named = f.world.plans[Facts::worker_of(&p.node)].segment.map(|s| format!("s{s}"));
+                ensure!(
+                    v,
+                    "segments-carried",
+                    p.segment == named,
+                    "worker {w}'s round {version} gives {} the segment {:?}; it named {named:?}",
+                    p.node,
+                    p.segment
+                );
+            }
+        }
+    }
+    v
+}
+
+/// `first-round-by-segment`: in the run's first final round (no survivors, no round before
+/// to follow), the workers of each segment hold consecutive ranks.
+fn first_round_by_segment(f: &Facts) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let first = f
+        .records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Final { version, segments, .. } => Some((*version, segments)),
+            _ => None,
+        })
+        .min_by_key(|(version, _)| *version);
+    let Some((version, segments)) = first else { return v };
+    let mut runs: Vec<&Option<String>> = segments.iter().collect();
+    runs.dedup();
+    let mut distinct = runs.clone();
+    distinct.sort();
+    distinct.dedup();
+    ensure!(
+        v,
+        "first-round-by-segment",
+        runs.len() == distinct.len(),
+        "round {version}, the first final one, splits a segment: segments by rank {segments:?}"
+    );
     v
 }
 

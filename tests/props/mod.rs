@@ -87,6 +87,8 @@ pub struct Plan {
     /// Upper bound of uniform random latency per call, before healing (0: none).
     pub latency_ms: u64,
     pub faults: Option<Faults>,
+    /// The worker's segment (`s<N>`), in a world whose workers name one.
+    pub segment: Option<u8>,
 }
 
 /// A generated world.
@@ -207,7 +209,13 @@ fn faults(rate: f64) -> impl Strategy<Value = Option<Faults>> {
 fn plan(calm: bool, arrive: Range<u64>, faulty: f64) -> BoxedStrategy<Plan> {
     if calm {
         return arrive
-            .prop_map(|arrive_ms| Plan { arrive_ms, fate: Fate::Stay, latency_ms: 0, faults: None })
+            .prop_map(|arrive_ms| Plan {
+                arrive_ms,
+                fate: Fate::Stay,
+                latency_ms: 0,
+                faults: None,
+                segment: None,
+            })
             .boxed();
     }
     let fate = prop_oneof![
@@ -216,8 +224,23 @@ fn plan(calm: bool, arrive: Range<u64>, faulty: f64) -> BoxedStrategy<Plan> {
         1 => (0u64..8000).prop_map(Fate::LeaveAt),
     ];
     (arrive, fate, prop_oneof![Just(0u64), 1u64..50], faults(faulty))
-        .prop_map(|(arrive_ms, fate, latency_ms, faults)| Plan { arrive_ms, fate, latency_ms, faults })
+        .prop_map(|(arrive_ms, fate, latency_ms, faults)| Plan {
+            arrive_ms,
+            fate,
+            latency_ms,
+            faults,
+            segment: None,
+        })
         .boxed()
+}
+
+/// The segments of a world's `n` workers: in half the worlds none, in the others each worker
+/// one of 1–4 labels at random.
+fn segments(n: usize) -> impl Strategy<Value = Vec<Option<u8>>> {
+    prop_oneof![
+        Just(vec![None; n]),
+        (1u8..=4).prop_flat_map(move |labels| prop::collection::vec((0..labels).prop_map(Some), n)),
+    ]
 }
 
 /// Worlds of the given shape.
@@ -243,9 +266,13 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
                     heal,
                     prop::collection::vec(plan(calm, shape.arrive_ms.clone(), shape.faulty), n),
                     if calm { Just(None).boxed() } else { prop::option::weighted(0.15, 0u64..1000).boxed() },
+                    segments(n),
                 )
                     .prop_map(
-                        |(min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close)| {
+                        |(min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close, segments)| {
+                            for (p, segment) in plans.iter_mut().zip(segments) {
+                                p.segment = segment;
+                            }
                             // Deaths and leaves happen before healing; a fate that would come later
                             // becomes a stay. Without a heal time there are no faults.
                             for p in &mut plans {
@@ -350,6 +377,8 @@ pub enum Record {
         at: Duration,
         version: u64,
         participants: Vec<String>,
+        /// Each participant's segment, by rank.
+        segments: Vec<Option<String>>,
     },
     /// The coordinator looked for further rounds after the healed world settled: the latest
     /// final round then, and again one settle window later (a livelock forms more).
@@ -451,8 +480,9 @@ async fn record_finals(kv: Arc<dyn Kv>, params: RendezvousParams, ctl: Ctl) {
         if let Ok(State::Final { version, participants, .. }) = State::parse(&key, value)
             && seen.insert(version)
         {
+            let segments = participants.iter().map(|p| p.segment.clone()).collect();
             let participants = participants.iter().map(|p| p.node.clone()).collect();
-            ctl.push(Record::Final { at: ctl.now(), version, participants });
+            ctl.push(Record::Final { at: ctl.now(), version, participants, segments });
         }
     };
     loop {
@@ -633,6 +663,7 @@ async fn run_worker(i: usize, plan: Plan, world: &World, kv: Arc<dyn Kv>, run: &
     let (stop_tx, stop) = watch::channel(false);
     let mut p = params_for(world, run);
     p.node_id = Some(format!("w{i}"));
+    p.segment = plan.segment.map(|s| format!("s{s}"));
     let handler = loop {
         if *stop.borrow() || *ctl.end.borrow() {
             return;

@@ -241,8 +241,13 @@ fn a_restarted_worker_ends_a_round_frozen_with_its_gone_predecessor() {
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         let gone_pid = gone.id();
         gone.wait().unwrap();
-        let before =
-            rdzv_core::Participant { node: "x".into(), addr: "host-x".into(), pid: gone_pid, port: None };
+        let before = rdzv_core::Participant {
+            node: "x".into(),
+            addr: "host-x".into(),
+            pid: gone_pid,
+            port: None,
+            segment: None,
+        };
         kv.put(&a.keys().join(version, "x"), &before.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let b = handler(kv.clone(), 2, 2, "b").await;

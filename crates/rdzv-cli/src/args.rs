@@ -41,6 +41,12 @@ pub fn positive_duration(value: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A `--segment`: a label by the identifier rule, or `auto`.
+pub fn segment(value: &str) -> Result<String, String> {
+    rdzv_core::ids::validate_id("segment", value).map_err(|e| reason(&e))?;
+    Ok(value.to_string())
+}
+
 /// A `--health-check`: a shell command, or `builtin:` checks that exist.
 pub fn health_check(value: &str) -> Result<String, String> {
     rdzv::health::Checks::parse(&[value.to_string()], Duration::from_secs(1)).map_err(|e| reason(&e))?;

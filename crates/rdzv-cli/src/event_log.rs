@@ -106,6 +106,7 @@ mod tests {
                 time: SystemTime::UNIX_EPOCH,
                 run_id: "r".into(),
                 node: "n".into(),
+                segment: None,
                 kind: EventKind::NodesWaiting { waiting, spares: 0 },
             });
         }

@@ -206,7 +206,7 @@ mod tests {
     use super::*;
 
     fn p(node: &str) -> Participant {
-        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
+        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None, segment: None }
     }
 
     fn round(version: u64, alive: &[bool]) -> Snapshot {

@@ -179,7 +179,11 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 
 /// A participant as JSON: `{"node", "addr", "pid"}`.
 pub fn participant_json(p: &Participant) -> serde_json::Value {
-    json!({ "node": p.node, "addr": p.addr, "pid": p.pid })
+    let mut v = json!({ "node": p.node, "addr": p.addr, "pid": p.pid });
+    if let Some(segment) = &p.segment {
+        v["segment"] = json!(segment);
+    }
+    v
 }
 
 /// `NAME=value` lines, values quoted for a POSIX shell.
@@ -197,10 +201,14 @@ pub fn shell_quote(value: &str) -> String {
     if safe { value.to_string() } else { format!("'{}'", value.replace('\'', r"'\''")) }
 }
 
-/// A table of members in rank order: rank, node, address, pid, and optionally whether
-/// each is alive; `me` marks this worker's row.
+/// A table of members in rank order: rank, node, address, pid, their segments when any has
+/// one, and optionally whether each is alive; `me` marks this worker's row.
 pub fn participant_table(participants: &[Participant], alive: Option<&[bool]>, me: Option<usize>) -> String {
     let mut header = vec!["rank", "node", "address", "pid"];
+    let segments = participants.iter().any(|p| p.segment.is_some());
+    if segments {
+        header.push("segment");
+    }
     if alive.is_some() {
         header.push("alive");
     }
@@ -215,6 +223,9 @@ pub fn participant_table(participants: &[Participant], alive: Option<&[bool]>, m
                 printable(&p.addr).into_owned(),
                 p.pid.to_string(),
             ];
+            if segments {
+                row.push(printable(p.segment.as_deref().unwrap_or("-")).into_owned());
+            }
             if let Some(alive) = alive {
                 row.push(if alive.get(rank).copied().unwrap_or(false) { "yes" } else { "no" }.to_string());
             }
@@ -274,8 +285,14 @@ mod tests {
             rank: 1,
             world_size: 2,
             participants: vec![
-                Participant { node: "a".into(), addr: "10.0.0.1".into(), pid: 11, port: None },
-                Participant { node: "b x".into(), addr: "10.0.0.2".into(), pid: 22, port: None },
+                Participant { node: "a".into(), addr: "10.0.0.1".into(), pid: 11, port: None, segment: None },
+                Participant {
+                    node: "b x".into(),
+                    addr: "10.0.0.2".into(),
+                    pid: 22,
+                    port: None,
+                    segment: None,
+                },
             ],
             master_addr: "10.0.0.1".into(),
             master_port: 29500,

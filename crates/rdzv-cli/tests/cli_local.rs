@@ -214,16 +214,22 @@ async fn run_hides_the_password_from_the_command() {
     }
 }
 
+/// A stand-in for `nvidia-smi` in `dir` (this machine has no GPU) that prints `output`.
+fn fake_nvidia_smi(dir: &std::path::Path, output: &str) -> std::path::PathBuf {
+    let smi = dir.join("nvidia-smi");
+    std::fs::write(&smi, format!("#!/bin/sh\nprintf '%s' '{output}'\n")).unwrap();
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    smi
+}
+
 /// `rdzv health`: each built-in alone, exit 0 or 1 with one line why; the `gpu` check reads
 /// what nvidia-smi lists (a stand-in script named by RDZV_NVIDIA_SMI: this machine has no
 /// GPU); a check that does not exist is a usage error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_runs_each_builtin_and_says_why_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let smi = dir.path().join("nvidia-smi");
-    let listing = "GPU 0: NVIDIA H100 (UUID: GPU-0)\nGPU 1: NVIDIA H100 (UUID: GPU-1)";
-    std::fs::write(&smi, format!("#!/bin/sh\nprintf '%s\\n' '{listing}'\n")).unwrap();
-    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let listing = "GPU 0: NVIDIA H100 (UUID: GPU-0)\nGPU 1: NVIDIA H100 (UUID: GPU-1)\n";
+    let smi = fake_nvidia_smi(dir.path(), listing);
     let smi = smi.to_str().unwrap();
     /// Arguments, environment, exit code, what the one line says.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], i32, &'a str);
@@ -271,4 +277,30 @@ async fn run_rejects_a_bad_health_check_at_start() {
     let (code, _, err) = run_once(&["run", url, "--health-check", "rdzv-no-such-check", "--", "true"]).await;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("health_check") && err.contains("not found"), "{err}");
+}
+
+/// `rdzv run --segment auto`: the workers see the node's NVLink domain as read from
+/// `nvidia-smi -q` (a stand-in script: this machine has no GPU); a node without one, or a
+/// label that is not an identifier, stops the agent before it joins, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_segment_auto_takes_the_nvlink_domain_or_says_there_is_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = "GPU 00000000:18:00.0\n    Fabric\n        ClusterUUID : 8cbb1d1e-5c7e-4b6a-9d3e-0a1b2c3d4e5f\n        CliqueId : 7\n";
+    let smi = fake_nvidia_smi(dir.path(), report);
+    let url = "mem://segment/run?min_workers=1";
+    let command = ["--", "sh", "-c", "echo SEGMENT=$RDZV_SEGMENT"];
+    let args: Vec<&str> = ["run", url, "--segment", "auto"].into_iter().chain(command).collect();
+    let (code, out, err) =
+        cli_support::run_with_env(&args, &[("RDZV_NVIDIA_SMI", smi.to_str().unwrap())]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("SEGMENT=8cbb1d1e-5c7e-4b6a-9d3e-0a1b2c3d4e5f.7"), "{out}");
+
+    let (code, _, err) =
+        cli_support::run_with_env(&args, &[("RDZV_NVIDIA_SMI", "/nonexistent/nvidia-smi")]).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no NVLink domain") && err.contains("give a label instead"), "{err}");
+    let args: Vec<&str> = ["run", url, "--segment", "rack 7"].into_iter().chain(command).collect();
+    let (code, _, err) = run_once(&args).await;
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--segment") && err.contains("whitespace"), "{err}");
 }

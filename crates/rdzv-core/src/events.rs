@@ -39,6 +39,8 @@ pub struct Event {
     pub run_id: Arc<str>,
     /// The worker's node id.
     pub node: Arc<str>,
+    /// The worker's segment, if it named one (the `segment` option).
+    pub segment: Option<Arc<str>>,
     /// What happened.
     pub kind: EventKind,
 }
@@ -276,13 +278,16 @@ struct Line<'a> {
     time: String,
     run_id: &'a str,
     node: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segment: Option<&'a str>,
     #[serde(flatten)]
     kind: &'a EventKind,
 }
 
 impl Event {
     /// The event as one JSON object, without a newline: `time` (RFC 3339, UTC, to the
-    /// millisecond), `run_id`, `node`, `event` (its [name](EventKind::name)), and its fields.
+    /// millisecond), `run_id`, `node`, `segment` (only when the worker has one), `event` (its
+    /// [name](EventKind::name)), and its fields.
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};
@@ -292,6 +297,7 @@ impl Event {
     ///     time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
     ///     run_id: "job".into(),
     ///     node: "n1".into(),
+    ///     segment: None,
     ///     kind: EventKind::SparePromoted { version: 4, rank: 1, waited_behind: 3 },
     /// };
     /// assert_eq!(
@@ -304,6 +310,7 @@ impl Event {
             time: humantime::format_rfc3339_millis(self.time).to_string(),
             run_id: &self.run_id,
             node: &self.node,
+            segment: self.segment.as_deref(),
             kind: &self.kind,
         };
         // Every field serializes (strings, numbers, lists): this cannot fail.
@@ -319,12 +326,18 @@ pub(crate) type Subscriber = Arc<dyn Fn(&Event) + Send + Sync>;
 pub(crate) struct Subscribers {
     run_id: Arc<str>,
     node: Arc<str>,
+    segment: Option<Arc<str>>,
     list: RwLock<Vec<Subscriber>>,
 }
 
 impl Subscribers {
-    pub(crate) fn new(run_id: &str, node: &str) -> Subscribers {
-        Subscribers { run_id: run_id.into(), node: node.into(), list: RwLock::new(Vec::new()) }
+    pub(crate) fn new(run_id: &str, node: &str, segment: Option<&str>) -> Subscribers {
+        Subscribers {
+            run_id: run_id.into(),
+            node: node.into(),
+            segment: segment.map(Into::into),
+            list: RwLock::new(Vec::new()),
+        }
     }
 
     pub(crate) fn add(&self, subscriber: Subscriber) {
@@ -343,6 +356,7 @@ impl Subscribers {
             time: SystemTime::now(),
             run_id: self.run_id.clone(),
             node: self.node.clone(),
+            segment: self.segment.clone(),
             kind: kind(),
         };
         for subscriber in &list {
@@ -405,7 +419,13 @@ mod tests {
             EventKind::Readmitted { excluded_seconds: 30.5 },
         ];
         for kind in kinds {
-            let event = Event { time: SystemTime::UNIX_EPOCH, run_id: "r".into(), node: "n".into(), kind };
+            let event = Event {
+                time: SystemTime::UNIX_EPOCH,
+                run_id: "r".into(),
+                node: "n".into(),
+                segment: None,
+                kind,
+            };
             let line = event.json_line();
             let v: serde_json::Value = serde_json::from_str(&line).expect("one JSON object");
             assert_eq!(v["event"], event.kind.name(), "{line}");
@@ -423,6 +443,7 @@ mod tests {
             time: SystemTime::UNIX_EPOCH,
             run_id: "r".into(),
             node: "n".into(),
+            segment: Some("rack1".into()),
             kind: EventKind::MemberLost {
                 version: 2,
                 reason: LostReason::MemberGone,
@@ -438,6 +459,7 @@ mod tests {
             (Some(1), Some("b"), Some("n"))
         );
         assert_eq!(v["after_seconds"], 3.5);
+        assert_eq!(v["segment"], "rack1");
         let closed = EventKind::RunClosed { outcome: Some(RunOutcome::Succeeded), by_this_worker: false };
         let v = serde_json::to_value(&closed).expect("JSON");
         assert_eq!((v["outcome"].as_str(), v["by_this_worker"].as_bool()), (Some("succeeded"), Some(false)));
@@ -445,7 +467,7 @@ mod tests {
 
     #[test]
     fn nothing_is_built_without_a_subscriber_and_each_gets_every_event() {
-        let subs = Subscribers::new("r", "n");
+        let subs = Subscribers::new("r", "n", None);
         subs.emit(|| panic!("built without a subscriber"));
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         for _ in 0..2 {

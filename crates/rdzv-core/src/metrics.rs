@@ -46,7 +46,9 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::{
+    EncodeLabel, EncodeLabelSet, EncodeLabelValue, LabelSetEncoder, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -110,10 +112,24 @@ struct OpResultLabels {
     result: Outcome,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct WorkerLabels {
     run_id: String,
     node: String,
+    segment: Option<String>,
+}
+
+/// Written by hand so that a worker without a segment has no `segment` label at all: an empty
+/// label would change every unlabelled job's series.
+impl EncodeLabelSet for WorkerLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("run_id", self.run_id.as_str()).encode(encoder.encode_label())?;
+        ("node", self.node.as_str()).encode(encoder.encode_label())?;
+        match &self.segment {
+            Some(segment) => ("segment", segment.as_str()).encode(encoder.encode_label()),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -238,7 +254,11 @@ impl Metrics {
     /// Counts one event.
     pub fn observe(&self, event: &Event) {
         let m = &*self.inner;
-        let worker = WorkerLabels { run_id: event.run_id.to_string(), node: event.node.to_string() };
+        let worker = WorkerLabels {
+            run_id: event.run_id.to_string(),
+            node: event.node.to_string(),
+            segment: event.segment.as_deref().map(str::to_string),
+        };
         m.worker.get_or_create(&worker).set(1);
         match &event.kind {
             EventKind::RoundFormed { version, world_size, seconds, .. } => {
@@ -302,7 +322,7 @@ impl Inner {
         let r = registry;
         r.register(
             "rdzv_worker_info",
-            "The workers counted here: 1 for each run id and node id (join on it to name a series' node)",
+            "The workers counted here: 1 for each run id and node id, with its segment if it has one (join on it to name a series' node)",
             self.worker.clone(),
         );
         r.register_with_unit(

@@ -139,8 +139,13 @@ impl World {
         let workers = (0..n)
             .map(|i| {
                 model.next_lease += 1;
-                let me =
-                    Participant { node: format!("n{i}"), addr: "h".into(), pid: i as u32, port: Some(1000) };
+                let me = Participant {
+                    node: format!("n{i}"),
+                    addr: "h".into(),
+                    pid: i as u32,
+                    port: Some(1000),
+                    segment: None,
+                };
                 let session = model.next_lease;
                 let mut machine = Machine::new(Call {
                     me,

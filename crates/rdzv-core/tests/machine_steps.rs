@@ -22,7 +22,7 @@ fn keys() -> RunKeys {
 }
 
 fn me() -> Participant {
-    Participant { node: "n0".into(), addr: "h".into(), pid: 10, port: Some(1000) }
+    Participant { node: "n0".into(), addr: "h".into(), pid: 10, port: Some(1000), segment: None }
 }
 
 fn machine(leave_first: Option<Leaving>) -> Machine {
@@ -132,7 +132,7 @@ fn a_counter_bumped_by_someone_else_meanwhile_is_bumped_from_its_new_value() {
         Action::Put { key, value, mode: PutMode::Update(5), bind: Bind::RunLease } => {
             assert_eq!(key, keys().state());
             let state = State::parse(&key, &Bytes::from(value)).expect("a state");
-            assert_eq!(state, State::Joinable { version: 43, previous: None });
+            assert_eq!(state, State::Joinable { version: 43, previous: None, segments: None });
         }
         other => panic!("{other:?}"),
     }
@@ -162,7 +162,7 @@ fn wait_out_the_stagger(m: &mut Machine) -> Action {
 
 #[test]
 fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
-    let mut first = machine(Some(Leaving { version: 3, rank: 0, final_revision: 20 }));
+    let mut first = machine(Some(Leaving { version: 3, rank: 0, final_revision: 20, segments: None }));
     match first.start() {
         Action::Put { key, mode: PutMode::Update(20), bind: Bind::Session, .. } => {
             assert_eq!(key, keys().state())
@@ -171,7 +171,7 @@ fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
     }
     assert_eq!(first.doing(), "leaving the previous round");
 
-    let mut fifth = machine(Some(Leaving { version: 3, rank: 5, final_revision: 20 }));
+    let mut fifth = machine(Some(Leaving { version: 3, rank: 5, final_revision: 20, segments: None }));
     assert!(matches!(fifth.start(), Action::WatchState { from: 21 }));
     assert_eq!(fifth.doing(), "leaving the previous round");
     let now = Instant::now();
@@ -192,7 +192,7 @@ fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
 
 #[test]
 fn a_member_that_sees_the_round_ended_while_it_waits_does_not_swap() {
-    let joinable = State::Joinable { version: 4, previous: Some(3) };
+    let joinable = State::Joinable { version: 4, previous: Some(3), segments: None };
     let setup = State::Setup;
     // (what the state became, at revision 25, and what the member does next)
     type Row = (State, Option<LeaseId>, fn(&Action) -> bool);
@@ -207,7 +207,7 @@ fn a_member_that_sees_the_round_ended_while_it_waits_does_not_swap() {
         }),
     ];
     for (i, (state, lease, then)) in rows.into_iter().enumerate() {
-        let mut m = machine(Some(Leaving { version: 3, rank: 1, final_revision: 20 }));
+        let mut m = machine(Some(Leaving { version: 3, rank: 1, final_revision: 20, segments: None }));
         assert!(matches!(m.start(), Action::WatchState { from: 21 }), "row {i}");
         assert!(matches!(on(&mut m, Input::Ack), Action::Await { .. }), "row {i}");
         let seen = Observed::from_kv(Some(key_value(keys().state(), &state.to_bytes(), 25, lease)), None)
@@ -220,7 +220,7 @@ fn a_member_that_sees_the_round_ended_while_it_waits_does_not_swap() {
 
 #[test]
 fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
-    let leaving = Leaving { version: 3, rank: 1, final_revision: 20 };
+    let leaving = Leaving { version: 3, rank: 1, final_revision: 20, segments: None };
     let mine = keys().rank(3, 1);
     // (how the leave's write failed, how the delete of the keep-alive key went, what follows)
     type Row = (fn() -> RendezvousError, fn() -> Input, fn(&Action) -> bool);
@@ -273,7 +273,8 @@ fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
 #[test]
 fn the_round_frozen_with_a_gone_predecessor_is_read_again_however_its_delete_went() {
     let predecessor = Participant { pid: 9, ..me() };
-    let other = Participant { node: "n1".into(), addr: "h1".into(), pid: 11, port: Some(1000) };
+    let other =
+        Participant { node: "n1".into(), addr: "h1".into(), pid: 11, port: Some(1000), segment: None };
     let frozen = State::Frozen { version: 2, participants: Arc::from(vec![predecessor, other]) };
     let state = key_value(keys().state(), &frozen.to_bytes(), 30, Some(99));
     let answers: [fn() -> Input; 3] = [
@@ -302,8 +303,12 @@ fn the_round_frozen_with_a_gone_predecessor_is_read_again_however_its_delete_wen
 fn a_join_key_of_a_session_this_worker_gave_up_is_ended_and_written_again() {
     const GIVEN_UP: LeaseId = 6;
     let join = keys().join(1, "n0");
-    let joinable =
-        key_value(keys().state(), &State::Joinable { version: 1, previous: None }.to_bytes(), 3, Some(1));
+    let joinable = key_value(
+        keys().state(),
+        &State::Joinable { version: 1, previous: None, segments: None }.to_bytes(),
+        3,
+        Some(1),
+    );
     let writing = |retired: Vec<LeaseId>| {
         let mut m = machine_with_retired(None, retired);
         assert!(matches!(m.start(), Action::ReadState));

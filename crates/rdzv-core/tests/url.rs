@@ -287,15 +287,51 @@ fn parameters_from_options_reject_unknown_and_doubled() {
     ));
 }
 
+/// The parameters of run `r` with `min_workers=1` and these options.
+fn params(pairs: &[(&str, &str)]) -> Result<rdzv_core::RendezvousParams, ConfigError> {
+    let options: std::collections::BTreeMap<String, String> =
+        [("min_workers", "1")].iter().chain(pairs).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    rdzv_core::RendezvousParams::from_options("r", &options)
+}
+
+/// The segment option and the rank orders that follow it: `segment` by default, both
+/// spellings of `segment+natural` (torchrun splits `--rdzv-conf` at commas), a label by the
+/// identifier rule.
+#[test]
+fn segment_and_rank_order_options() {
+    use rdzv_core::params::RankOrder;
+    let default = params(&[]).expect("defaults");
+    assert_eq!((default.segment, default.rank_order), (None, RankOrder::Segment));
+    let labelled = params(&[("segment", "rack-7"), ("rank_order", "segment+natural")]).expect("labelled");
+    assert_eq!(
+        (labelled.segment.as_deref(), labelled.rank_order),
+        (Some("rack-7"), RankOrder::SegmentNatural)
+    );
+    for (value, order) in [
+        ("segment,natural", RankOrder::SegmentNatural),
+        ("segment", RankOrder::Segment),
+        ("arrival", RankOrder::Arrival),
+        ("natural", RankOrder::Natural),
+    ] {
+        assert_eq!(params(&[("rank_order", value)]).expect(value).rank_order, order);
+    }
+    for (pairs, option) in [
+        (&[("segment", "rack 7")][..], "segment"),
+        (&[("segment", "")], "segment"),
+        (&[("segment", "a/b")], "segment"),
+        (&[("rank_order", "racks")], "rank_order"),
+    ] {
+        match params(pairs) {
+            Err(ConfigError::InvalidValue { option: o, .. }) => assert_eq!(o, option, "{pairs:?}"),
+            other => panic!("{pairs:?}: expected an invalid {option}, got {other:?}"),
+        }
+    }
+}
+
 /// The health gate's options: the check with its defaults, each value checked, and the
 /// timing options refused without a check (they would do nothing).
 #[test]
 fn health_check_options() {
-    let params = |pairs: &[(&str, &str)]| {
-        let options: std::collections::BTreeMap<String, String> =
-            [("min_workers", "1")].iter().chain(pairs).map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        rdzv_core::RendezvousParams::from_options("r", &options)
-    };
     assert_eq!(params(&[]).expect("no gate").health, None);
     let health =
         params(&[("health_check", "builtin:gpu+disk:/tmp:10G")]).expect("a gate").health.expect("some");

@@ -17,13 +17,19 @@ pub(crate) struct Participant {
     pid: u32,
     /// A port that was free on its machine when it joined.
     port: Option<u16>,
+    /// Its segment (an NVLink domain, a rack), if it named one.
+    segment: Option<String>,
 }
 
 #[pymethods]
 impl Participant {
     fn __repr__(&self) -> String {
         let port = self.port.map_or_else(|| "None".to_string(), |p| p.to_string());
-        format!("Participant(node={:?}, addr={:?}, pid={}, port={port})", self.node, self.addr, self.pid)
+        let segment = self.segment.as_deref().map_or_else(|| "None".to_string(), |s| format!("{s:?}"));
+        format!(
+            "Participant(node={:?}, addr={:?}, pid={}, port={port}, segment={segment})",
+            self.node, self.addr, self.pid
+        )
     }
 }
 
@@ -69,7 +75,13 @@ impl Round {
                 .info
                 .participants
                 .iter()
-                .map(|p| Participant { node: p.node.clone(), addr: p.addr.clone(), pid: p.pid, port: p.port })
+                .map(|p| Participant {
+                    node: p.node.clone(),
+                    addr: p.addr.clone(),
+                    pid: p.pid,
+                    port: p.port,
+                    segment: p.segment.clone(),
+                })
                 .collect(),
             master_addr: round.bootstrap.master_addr,
             master_port: round.bootstrap.master_port,

@@ -300,3 +300,17 @@ def test_a_round_tells_what_changed_since_the_previous_one(run_id: str) -> None:
     r0.shutdown()
     r2.shutdown()
     pool.shutdown()
+
+
+def test_a_participant_carries_its_segment(run_id: str) -> None:
+    pool = ThreadPoolExecutor(2)
+    base = f"mem://segments/{run_id}?min_workers=2&timeout=30s"
+    workers = [rdzv.connect(f"{base}&segment=rack-1"), rdzv.connect(base)]
+    rounds = [f.result(30) for f in [pool.submit(w.next_rendezvous) for w in workers]]
+    segments = {p.node: p.segment for p in rounds[0].participants}
+    assert segments == {workers[0].node_id: "rack-1", workers[1].node_id: None}, segments
+    assert "rack-1" in repr(next(p for p in rounds[0].participants if p.segment))
+    with pytest.raises(rdzv.RendezvousConfigError, match="segment"):
+        rdzv.connect(f"{base}&segment=rack%201")
+    for w in workers:
+        w.shutdown()

@@ -44,12 +44,14 @@ def agent(
     extra_env: dict[str, str] | None = None,
     timeout: int = 90,
     health: dict[str, str] | None = None,
+    segment: str | None = None,
 ) -> subprocess.Popen:
     """Starts one agent (its etcd at `etcd`, `host:port`) running `script` in a session of its
     own (so that it dies with its workers); `extra_env` goes to the agent and its workers;
     `timeout` is its rendezvous deadline in seconds; `health` its health gate (`check`,
     `interval`, `timeout`, `failures`: seconds and a count), as `--rdzv-conf` keys for
-    torchrun and as flags for `rdzv run`."""
+    torchrun and as flags for `rdzv run`; `segment` its segment (``--rdzv-conf segment=`` or
+    ``--segment``)."""
     env = dict(
         os.environ,
         OUT_DIR=str(out),
@@ -67,7 +69,8 @@ def agent(
             f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
             f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout={timeout}"
-            + "".join(f",health_check{'' if k == 'check' else '_' + k}={v}" for k, v in (health or {}).items()),
+            + "".join(f",health_check{'' if k == 'check' else '_' + k}={v}" for k, v in (health or {}).items())
+            + (f",segment={segment}" if segment else ""),
             "--local-addr=127.0.0.1", "--monitor-interval=0.5", "--max-restarts=3", script,
         ]  # fmt: skip
     else:
@@ -78,7 +81,7 @@ def agent(
         flags = [
             ("--health-check" + ("" if k == "check" else f"-{k}"), v if k in ("check", "failures") else f"{v}s")
             for k, v in (health or {}).items()
-        ]
+        ] + ([("--segment", segment)] if segment else [])
         cmd = [
             rdzv_binary(), "run", url, "--nproc-per-node", "1", "--local-addr", "127.0.0.1",
             "--monitor-interval", "0.5s", "--grace-period", "2s", *[a for f in flags for a in f],

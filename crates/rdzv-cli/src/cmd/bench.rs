@@ -80,9 +80,32 @@ pub struct BenchArgs {
     /// as agents do. Uses the shared client.
     #[arg(long, conflicts_with = "client_per_worker")]
     kill_one: bool,
+    /// Give the workers this many segment labels, worker `i` the label `s<i mod N>`: the
+    /// workers of one segment arrive interleaved with the others', the most work for keeping
+    /// segments together.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    segments: Option<u32>,
     /// How to print the results.
     #[arg(long, value_enum, default_value = "text")]
     format: ReportFormat,
+}
+
+/// The run's parameters, and how every bench worker's differ from them.
+#[derive(Clone, Debug)]
+struct Roster {
+    params: RendezvousParams,
+    /// How many segment labels the workers take in turn, if any.
+    segments: Option<u32>,
+}
+
+impl Roster {
+    /// Worker `i`'s parameters.
+    fn worker(&self, i: usize) -> RendezvousParams {
+        let mut params = self.params.clone();
+        params.node_id = Some(format!("bench-{i}"));
+        params.segment = self.segments.map(|n| format!("s{}", i % n as usize));
+        params
+    }
 }
 
 /// What `--kill-one` measured, from the instant the member was cut off.
@@ -116,16 +139,16 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     let target = RunTarget::connect(&args.url).await?;
     let run_id =
         args.run_id.clone().unwrap_or_else(|| format!("{}-bench-{}", target.address.run_id, unique_suffix()));
-    let params = target.params(n, n, Some(&run_id))?;
+    let roster = Roster { params: target.params(n, n, Some(&run_id))?, segments: args.segments };
     let (stats, clients, failure) = if args.client_per_worker {
-        let (stats, counting) = own_clients(&args.url, &params, n, args.rounds).await?;
+        let (stats, counting) = own_clients(&args.url, &roster, n, args.rounds).await?;
         (stats, counting.len(), None)
     } else if args.kill_one {
-        let (stats, failure) = kill_one(target.kv.clone(), &params, n, args.rounds).await?;
+        let (stats, failure) = kill_one(target.kv.clone(), &roster, n, args.rounds).await?;
         (stats, 1, Some(failure))
     } else {
         let metrics = args.metrics.then(rdzv_core::metrics::Metrics::new);
-        (shared_client(target.kv.clone(), &params, n, args.rounds, metrics.as_ref()).await?, 1, None)
+        (shared_client(target.kv.clone(), &roster, n, args.rounds, metrics.as_ref()).await?, 1, None)
     };
     let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib())
         .with_clients(clients)
@@ -138,17 +161,10 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Worker `i`'s parameters.
-fn worker_params(params: &RendezvousParams, i: usize) -> RendezvousParams {
-    let mut params = params.clone();
-    params.node_id = Some(format!("bench-{i}"));
-    params
-}
-
 /// `n` workers on this runtime, all on the one client `kv`, `rounds` rounds.
 async fn shared_client(
     kv: Arc<dyn Kv>,
-    params: &RendezvousParams,
+    roster: &Roster,
     n: usize,
     rounds: u32,
     metrics: Option<&rdzv_core::metrics::Metrics>,
@@ -160,7 +176,7 @@ async fn shared_client(
     };
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
-        let worker = Rendezvous::new(shared.clone(), worker_params(params, i)).await?;
+        let worker = Rendezvous::new(shared.clone(), roster.worker(i)).await?;
         if let Some(metrics) = metrics {
             metrics.attach(worker.handler());
         }
@@ -200,7 +216,7 @@ async fn rounds_of(
 /// through a link that can be cut), then one more worker as a spare, then the cut.
 async fn kill_one(
     kv: Arc<dyn Kv>,
-    params: &RendezvousParams,
+    roster: &Roster,
     n: usize,
     rounds: u32,
 ) -> Result<(Vec<RoundStats>, Failure), CliError> {
@@ -213,15 +229,15 @@ async fn kill_one(
     let mut workers = Vec::with_capacity(n);
     for i in 0..n {
         let through = if i + 1 == n { link.clone() as Arc<dyn Kv> } else { shared.clone() };
-        workers.push(Rendezvous::new(through, worker_params(params, i)).await?);
+        workers.push(Rendezvous::new(through, roster.worker(i)).await?);
     }
     let stats = rounds_of(&kv, &workers, rounds).await?;
-    let spare = Rendezvous::new(shared.clone(), worker_params(params, n)).await?;
+    let spare = Rendezvous::new(shared.clone(), roster.worker(n)).await?;
     let waits = {
         let spare = spare.clone();
         tokio::spawn(async move { spare.next_rendezvous().await.map(|_| Instant::now()) })
     };
-    let registered = Instant::now() + params.timeout;
+    let registered = Instant::now() + roster.params.timeout;
     while workers[0].waiting().await?.waiters.is_empty() {
         if Instant::now() > registered {
             return Err(CliError::other("the spare did not register as waiting within the timeout"));
@@ -250,7 +266,7 @@ async fn kill_one(
     for w in workers[..n - 1].iter().chain([&spare]) {
         let _ = w.shutdown().await;
     }
-    Ok((stats, Failure { told: [first, last], formed, ttl: params.keep_alive_ttl }))
+    Ok((stats, Failure { told: [first, last], formed, ttl: roster.params.keep_alive_ttl }))
 }
 
 /// `n` workers, each on a thread and runtime of its own with its own client connected from
@@ -258,7 +274,7 @@ async fn kill_one(
 /// rounds started together from here. The stats of each round, and each worker's counter.
 async fn own_clients(
     url: &str,
-    params: &RendezvousParams,
+    roster: &Roster,
     n: usize,
     rounds: u32,
 ) -> Result<(Vec<RoundStats>, Vec<Arc<CountingKv>>), CliError> {
@@ -269,12 +285,10 @@ async fn own_clients(
     let mut threads = Vec::with_capacity(n);
     let mut started = Ok(());
     for i in 0..n {
-        let mut params = params.clone();
-        params.node_id = Some(format!("bench-{i}"));
         let worker = OwnWorker {
             index: i,
             url: url.to_string(),
-            params,
+            params: roster.worker(i),
             go: go.subscribe(),
             ready: ready_tx.clone(),
             done: done_tx.clone(),
@@ -603,9 +617,10 @@ mod tests {
     async fn kill_one_times_the_survivors_and_the_next_round() {
         let target =
             RunTarget::connect("mem://bench-kill/b?keep_alive_ttl=2s").await.expect("a mem:// backend");
-        let params = target.params(4, 4, Some("kill")).expect("parameters");
+        let roster =
+            Roster { params: target.params(4, 4, Some("kill")).expect("parameters"), segments: None };
         let (stats, failure) =
-            kill_one(target.kv.clone(), &params, 4, 1).await.expect("a round, a death, a round");
+            kill_one(target.kv.clone(), &roster, 4, 1).await.expect("a round, a death, a round");
         assert_eq!(stats.len(), 1);
         let Failure { told: [first, last], formed, ttl } = failure;
         assert_eq!(ttl, Duration::from_secs(2));
@@ -617,8 +632,8 @@ mod tests {
     async fn one_client_per_worker_each_counted_and_summed() {
         let url = "mem://bench-clients/b";
         let target = RunTarget::connect(url).await.expect("a mem:// backend");
-        let params = target.params(4, 4, Some("own")).expect("parameters");
-        let (stats, counting) = own_clients(url, &params, 4, 2).await.expect("two rounds of 4");
+        let roster = Roster { params: target.params(4, 4, Some("own")).expect("parameters"), segments: None };
+        let (stats, counting) = own_clients(url, &roster, 4, 2).await.expect("two rounds of 4");
         assert_eq!(stats.len(), 2);
         assert_eq!(counting.len(), 4);
         for (i, c) in counting.iter().enumerate() {
@@ -639,8 +654,8 @@ mod tests {
         let port =
             std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("addr").port();
         let url = format!("etcd://127.0.0.1:{port}/b?connect_timeout=1s");
-        let params = RendezvousParams::new("b", 2, 2).expect("parameters");
-        let Err(e) = own_clients(&url, &params, 2, 1).await else { panic!("no server, yet the bench ran") };
+        let roster = Roster { params: RendezvousParams::new("b", 2, 2).expect("parameters"), segments: None };
+        let Err(e) = own_clients(&url, &roster, 2, 1).await else { panic!("no server, yet the bench ran") };
         assert!(e.message.contains("cannot connect its client"), "{}", e.message);
     }
 

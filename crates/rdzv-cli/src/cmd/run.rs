@@ -37,7 +37,8 @@ torchrun's environment, so an unmodified torchrun training script runs under it:
   TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE=False,
   TORCHELASTIC_ERROR_FILE (one per worker), TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and
   OMP_NUM_THREADS=1 (with more than one worker; both unless already set), and
-  RDZV_RUN_ID, RDZV_VERSION, RDZV_NODE_ID, RDZV_RESTART_COUNT, and what changed since the
+  RDZV_RUN_ID, RDZV_VERSION, RDZV_NODE_ID, RDZV_SEGMENT (empty without one),
+  RDZV_RESTART_COUNT, and what changed since the
   round before as this node knew it: RDZV_PREVIOUS_VERSION (empty in its first round),
   RDZV_PREVIOUS_GROUP_RANK and RDZV_PREVIOUS_RANK (this node's and this worker's rank then;
   empty if the node was not a member), RDZV_LEFT_GROUP_RANKS and RDZV_JOINED_GROUP_RANKS
@@ -163,6 +164,11 @@ pub struct RunArgs {
     /// name).
     #[arg(long, value_name = "ADDR")]
     local_addr: Option<String>,
+    /// The segment of the hardware this node is in (an NVLink domain, a rack): the nodes of a
+    /// segment get consecutive group ranks. `auto`: the GPUs' NVLink domain, from
+    /// `nvidia-smi -q`. Replaces the URL's segment.
+    #[arg(long, env = "RDZV_SEGMENT", value_name = "LABEL|auto", value_parser = crate::args::segment)]
+    segment: Option<String>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: a free port, printed).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
@@ -208,7 +214,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     let mut signals = Signals::catch().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
     let setup = prepare(&args)?;
     let observe = Observe::start(args.metrics_addr.as_deref(), args.events.as_deref()).await?;
-    let place = |params: &mut RendezvousParams| health_from_flags(&args, setup.nproc, params);
+    let place = |params: &mut RendezvousParams| flags_over_url(&args, setup.nproc, params);
     let worker = target::worker_on(&args.url, args.node_id.clone(), args.local_addr.clone(), place, |kv| {
         observe.instrument(kv)
     })
@@ -220,6 +226,14 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     }
     observe.finish();
     result
+}
+
+/// The command line's flags over the URL's options: the segment, and the health gate.
+fn flags_over_url(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -> Result<(), ConfigError> {
+    if args.segment.is_some() {
+        params.segment = args.segment.clone();
+    }
+    health_from_flags(args, nproc, params)
 }
 
 /// The health gate of the URL (`health_check*` options) with the command line's flags over
@@ -517,6 +531,7 @@ impl Launch<'_> {
             ("RDZV_RUN_ID", round.info.run_id.clone()),
             ("RDZV_VERSION", round.info.version.to_string()),
             ("RDZV_NODE_ID", worker.participant().node.clone()),
+            ("RDZV_SEGMENT", worker.participant().segment.clone().unwrap_or_default()),
             ("RDZV_RESTART_COUNT", restarts.to_string()),
             ("RDZV_PREVIOUS_VERSION", changes.previous_version.map_or(String::new(), |v| v.to_string())),
             ("RDZV_PREVIOUS_GROUP_RANK", changes.previous_rank.map_or(String::new(), |r| r.to_string())),

@@ -236,7 +236,7 @@ mod tests {
 
     #[test]
     fn renders_a_final_round_with_waiters() {
-        let p = |n: &str| Participant { node: n.into(), addr: "h".into(), pid: 1, port: None };
+        let p = |n: &str| Participant { node: n.into(), addr: "h".into(), pid: 1, port: None, segment: None };
         let snap = Snapshot {
             run_id: "job".into(),
             status: "final".into(),
@@ -276,7 +276,13 @@ mod tests {
 
     #[test]
     fn text_escapes_what_other_clients_wrote() {
-        let p = |n: &str, a: &str| Participant { node: n.into(), addr: a.into(), pid: 1, port: None };
+        let p = |n: &str, a: &str| Participant {
+            node: n.into(),
+            addr: a.into(),
+            pid: 1,
+            port: None,
+            segment: None,
+        };
         let snap = Snapshot {
             run_id: "job".into(),
             status: "final".into(),

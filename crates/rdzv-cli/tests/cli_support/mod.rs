@@ -32,8 +32,14 @@ pub struct Proc {
 impl Proc {
     /// Starts `rdzv <args>` with stdin a pipe that stays open until [`Proc::close_stdin`].
     pub fn spawn(name: &str, args: &[&str]) -> Proc {
+        Proc::spawn_with_env(name, args, &[])
+    }
+
+    /// [`Proc::spawn`] with these environment variables set.
+    pub fn spawn_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(RDZV)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -522,6 +528,51 @@ if [ "$RDZV_RESTART_COUNT" = 0 ]; then exec sleep 60; else exec sleep 1; fi"#;
     assert_eq!(v["state"], "closed", "{v}");
 }
 
+/// `rdzv run --segment` (or `RDZV_SEGMENT`): agents arriving s1, s2, s1, s2 get consecutive
+/// group ranks per segment; each worker sees its segment in `RDZV_SEGMENT`, and `rdzv status`
+/// shows each member's.
+pub async fn run_with_segments(url: UrlFn<'_>) {
+    let run = run_id("segments");
+    let agent_url = url(&run, "min_workers=4&max_workers=4&keep_alive_ttl=2s&timeout=25s");
+    let script = r#"echo "ENV RANK=$RANK SEGMENT=$RDZV_SEGMENT"; exec sleep 4"#;
+    let mut agents = Vec::new();
+    for (i, segment) in ["s1", "s2", "s1", "s2"].into_iter().enumerate() {
+        let node = format!("a{i}");
+        let mut args = vec!["run", &agent_url, "--node-id", &node, "--monitor-interval", "1s"];
+        // One of them names its segment in the environment, the others with the flag.
+        if i > 0 {
+            args.extend(["--segment", segment]);
+        }
+        args.extend(["--", "sh", "-c", script]);
+        let env = if i == 0 { vec![("RDZV_SEGMENT", segment)] } else { Vec::new() };
+        agents.push(Proc::spawn_with_env(&node, &args, &env));
+        // Arrivals in this order, most likely: the rule holds whatever the order.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let mut segment_of_rank = vec![String::new(); 4];
+    for a in &mut agents {
+        let line = a.line(T).await;
+        let rank: usize = field(&line, "RANK").parse().expect("rank");
+        segment_of_rank[rank] = field(&line, "SEGMENT");
+    }
+    let s = &segment_of_rank;
+    assert!(s[0] == s[1] && s[2] == s[3] && s[1] != s[2] && s[0].starts_with('s'), "{s:?}");
+    let (_, out, _) = run_once(&["status", &url(&run, ""), "--format", "json"]).await;
+    let v: Value = serde_json::from_str(out.trim()).expect("status json");
+    let shown: Vec<&str> = v["participants"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|p| p["segment"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(shown, segment_of_rank, "{v}");
+    let (_, table, _) = run_once(&["status", &url(&run, "")]).await;
+    assert!(table.lines().any(|l| l.contains("segment")), "{table}");
+    for a in &mut agents {
+        assert_eq!(a.exit_code(T).await, 0, "{}", a.stderr());
+    }
+}
+
 /// `rdzv run` when a command fails with no restarts left: that agent exits with the
 /// command's status and closes the run; the other agent stops its command and exits 4.
 pub async fn run_failure_is_seen(url: UrlFn<'_>) {
@@ -674,7 +725,7 @@ macro_rules! cli_scenarios {
         $crate::cli_scenarios!(@cases $url_fn;
             four_form_a_round, min_below_max_last_call, six_with_max_four_then_sigkill,
             graceful_leave, close_while_waiting, close_while_holding, too_few_workers, run_end_to_end,
-            run_failure_is_seen, run_admits_a_waiter, bench, bench_client_per_worker);
+            run_failure_is_seen, run_admits_a_waiter, run_with_segments, bench, bench_client_per_worker);
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn server_down() {

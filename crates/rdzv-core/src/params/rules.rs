@@ -44,8 +44,13 @@ pub struct RendezvousParams {
     pub node_id: Option<String>,
     /// The address this worker advertises (default: its host name).
     pub local_addr: Option<String>,
-    /// In which order newcomers take the free ranks of a round (default: arrival).
+    /// In which order newcomers take the free ranks of a round (default: by segment, then
+    /// arrival; plain arrival when no worker names a segment).
     pub rank_order: RankOrder,
+    /// The segment of the hardware this worker is in (an NVLink domain, a rack): workers of
+    /// one segment get consecutive ranks (docs/PROTOCOL.md "Segments"). Same rule as an
+    /// identifier.
+    pub segment: Option<String>,
     /// The node's health gate, if any: checks run before each join and while the worker
     /// waits or is a member (docs/PROTOCOL.md "Health gates"). The handler only carries
     /// them; the `rdzv` facade's worker runs them.
@@ -93,11 +98,19 @@ impl HealthParams {
 /// keep their ranks whatever the order (docs/PROTOCOL.md "Who is in, and their ranks").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum RankOrder {
-    /// In the order they arrived in the run (`rank_order=arrival`, the default).
+    /// By segment, then in the order they arrived in the run (`rank_order=segment`, the
+    /// default): the workers of one segment take consecutive ranks, segments in the order of
+    /// their first arrival, and a free rank goes to a worker of the segment of the member that
+    /// held it first. Without segments, the order of arrival.
     #[default]
+    Segment,
+    /// By segment as [`Segment`](Self::Segment), and inside a segment by advertised address,
+    /// then node id, in natural order (`rank_order=segment+natural`, or `segment,natural`).
+    SegmentNatural,
+    /// In the order they arrived in the run, whatever their segments (`rank_order=arrival`).
     Arrival,
     /// By advertised address, then node id, in natural order: runs of digits compare as
-    /// numbers, so `node7` comes before `node66` (`rank_order=natural`).
+    /// numbers, so `node7` comes before `node66` (`rank_order=natural`); segments ignored.
     Natural,
 }
 
@@ -105,19 +118,34 @@ impl RankOrder {
     /// The option's value for this order.
     pub fn as_str(self) -> &'static str {
         match self {
+            RankOrder::Segment => "segment",
+            RankOrder::SegmentNatural => "segment+natural",
             RankOrder::Arrival => "arrival",
             RankOrder::Natural => "natural",
         }
     }
 
+    /// Whether workers of one segment are kept together.
+    pub fn by_segment(self) -> bool {
+        matches!(self, RankOrder::Segment | RankOrder::SegmentNatural)
+    }
+
+    /// Whether newcomers (inside a segment, when by segment) are ordered by address and node
+    /// id rather than by arrival.
+    pub fn natural(self) -> bool {
+        matches!(self, RankOrder::Natural | RankOrder::SegmentNatural)
+    }
+
     fn parse(value: &str) -> Result<RankOrder, ConfigError> {
         match value {
+            "segment" => Ok(RankOrder::Segment),
+            "segment+natural" | "segment,natural" => Ok(RankOrder::SegmentNatural),
             "arrival" => Ok(RankOrder::Arrival),
             "natural" => Ok(RankOrder::Natural),
             _ => Err(ConfigError::InvalidValue {
                 option: "rank_order".into(),
                 value: value.chars().take(80).flat_map(char::escape_debug).collect(),
-                reason: "expected `arrival` (newcomers in order of arrival) or `natural` (by address, then node id, digits as numbers)".into(),
+                reason: "expected `segment` (the default: each segment's workers together, in order of arrival), `segment+natural` (together, by address inside), `arrival` (in order of arrival) or `natural` (by address, then node id, digits as numbers)".into(),
             }),
         }
     }
@@ -155,7 +183,8 @@ impl RendezvousParams {
             run_ttl: Duration::from_secs(2 * 3600),
             node_id: None,
             local_addr: None,
-            rank_order: RankOrder::Arrival,
+            rank_order: RankOrder::default(),
+            segment: None,
             health: None,
         }
     }
@@ -170,6 +199,9 @@ impl RendezvousParams {
             Err(ConfigError::InvalidValue { option: option.into(), value, reason: reason.into() })
         };
         validate_id("run_id", &self.run_id)?;
+        if let Some(segment) = &self.segment {
+            validate_id("segment", segment)?;
+        }
         if let Some(node_id) = &self.node_id {
             validate_id("node_id", node_id)?;
         }
@@ -301,6 +333,7 @@ pub const OPTIONS: &[(&str, Option<&str>)] = &[
     ("node_id", None),
     ("local_addr", None),
     ("rank_order", None),
+    ("segment", None),
     ("health_check", None),
     ("health_check_timeout", None),
     ("health_check_interval", None),
@@ -503,7 +536,11 @@ impl RendezvousParams {
             params.rank_order = RankOrder::parse(v)?;
         }
         params.health = health_from(&given)?;
-        for (name, target) in [("node_id", &mut params.node_id), ("local_addr", &mut params.local_addr)] {
+        for (name, target) in [
+            ("node_id", &mut params.node_id),
+            ("local_addr", &mut params.local_addr),
+            ("segment", &mut params.segment),
+        ] {
             if let Some(v) = given.get(name) {
                 if v.is_empty() {
                     return Err(ConfigError::InvalidValue {

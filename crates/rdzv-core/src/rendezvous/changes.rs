@@ -108,7 +108,7 @@ mod tests {
     use super::*;
 
     fn p(node: &str, pid: u32) -> Participant {
-        Participant { node: node.into(), addr: "h".into(), pid, port: None }
+        Participant { node: node.into(), addr: "h".into(), pid, port: None, segment: None }
     }
 
     #[test]

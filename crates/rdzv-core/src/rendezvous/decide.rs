@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use super::state::SegmentRuns;
 use crate::kv::{KeyValue, LeaseId, PutOutcome, Revision};
 use crate::params::RankOrder;
 
@@ -82,6 +83,8 @@ pub enum InitAction {
         version: u64,
         /// The round that was final before it, if known (its survivors keep their ranks).
         previous: Option<u64>,
+        /// The segments of that round's ranks, if known and any.
+        segments: Option<SegmentRuns>,
     },
     /// Round `version` is running: wait for the next one as a late arrival.
     AwaitNextRound {
@@ -136,8 +139,8 @@ pub fn on_state(state: Option<&State>, viewer: Viewer<'_>) -> InitAction {
     match state {
         None => InitAction::CreateRound,
         Some(State::Closed { .. }) => InitAction::Closed,
-        Some(State::Joinable { version, previous }) => {
-            InitAction::Join { version: *version, previous: *previous }
+        Some(State::Joinable { version, previous, segments }) => {
+            InitAction::Join { version: *version, previous: *previous, segments: segments.clone() }
         }
         Some(State::Frozen { version, participants }) => match rank_of(participants) {
             Some(rank) if !left(*version) => InitAction::ResumeConfirm { version: *version, rank },
@@ -255,12 +258,19 @@ pub fn survivor_round(candidates: &[Candidate], previous: Option<u64>) -> Option
 /// go to the newcomers first (in arrival order, or by [`RankOrder::Natural`]), then to the
 /// survivors whose ranks are `W` or more, lowest first — the only ones that move, and only
 /// when the world shrank.
+///
+/// Segments (by [`RankOrder::Segment`], the default; docs/PROTOCOL.md "Segments"): the
+/// newcomers of one segment take consecutive free ranks, segments in the order of their first
+/// arrival; and `segments`, those of the round before's ranks, give each free rank the
+/// segment of the member that held it: a newcomer of that segment takes it before any other
+/// free rank, and is admitted before any other newcomer.
 pub fn freeze(
     candidates: Vec<Candidate>,
     previous: Option<u64>,
     alive: &[Participant],
     trigger: Trigger,
     sizing: &Sizing,
+    segments: Option<&SegmentRuns>,
 ) -> FreezeAction {
     let count = candidates.len() as u64;
     if trigger == Trigger::Full {
@@ -292,27 +302,101 @@ pub fn freeze(
     newcomers.sort_by_key(|c| (c.arrival(), c.created));
     let mut survivors = survivors;
     survivors.truncate(sizing.max);
-    newcomers.truncate(sizing.max - survivors.len());
-    if survivors.len() + newcomers.len() < sizing.min {
-        return FreezeAction::AwaitJoiners { count };
-    }
     let survivors: Vec<(usize, Participant)> = survivors
         .iter()
         .map(|c| (c.joiner.last.map_or(usize::MAX, |l| l.rank), c.joiner.participant()))
         .collect();
-    let mut newcomers: Vec<Participant> = newcomers.iter().map(|c| c.joiner.participant()).collect();
-    if sizing.order == RankOrder::Natural {
-        newcomers.sort_by(|a, b| {
-            alphanumeric_sort::compare_str(&a.addr, &b.addr)
-                .then_with(|| alphanumeric_sort::compare_str(&a.node, &b.node))
-        });
+    // Segments are followed only where the previous round's are of the round the survivors
+    // come from.
+    let free = match segments.filter(|_| sizing.order.by_segment() && round == previous) {
+        Some(segments) => free_segments(segments, &survivors),
+        None => Vec::new(),
+    };
+    let newcomers = admit(newcomers, sizing.max - survivors.len(), &free);
+    if survivors.len() + newcomers.len() < sizing.min {
+        return FreezeAction::AwaitJoiners { count };
     }
-    FreezeAction::Freeze(assign_ranks(survivors, newcomers))
+    let newcomers = in_rank_order(newcomers.iter().map(|c| c.joiner.participant()).collect(), sizing.order);
+    FreezeAction::Freeze(assign_ranks(survivors, newcomers, &free))
+}
+
+/// The ranks of the round before that no survivor holds, with the segment of the member that
+/// held each (those that had one), lowest first.
+fn free_segments(segments: &SegmentRuns, survivors: &[(usize, Participant)]) -> Vec<(usize, String)> {
+    let held: std::collections::HashSet<usize> = survivors.iter().map(|(rank, _)| *rank).collect();
+    (0..segments.world_size())
+        .filter(|rank| !held.contains(rank))
+        .filter_map(|rank| Some((rank, segments.segment_of(rank)?.to_string())))
+        .collect()
+}
+
+/// The newcomers (in arrival order) the round admits into `room`: first, for each free rank
+/// of a known segment (`free`), the earliest newcomer of that segment not yet taken; then the
+/// others in arrival order. Returned in arrival order.
+fn admit(newcomers: Vec<Candidate>, room: usize, free: &[(usize, String)]) -> Vec<Candidate> {
+    let mut taken = vec![false; newcomers.len()];
+    let mut admitted = 0;
+    for (_, segment) in free {
+        if admitted == room {
+            break;
+        }
+        let of_segment =
+            |(i, c): &(usize, &Candidate)| !taken[*i] && c.joiner.segment.as_deref() == Some(segment);
+        if let Some((i, _)) = newcomers.iter().enumerate().find(of_segment) {
+            taken[i] = true;
+            admitted += 1;
+        }
+    }
+    for slot in taken.iter_mut() {
+        if admitted == room {
+            break;
+        }
+        if !*slot {
+            *slot = true;
+            admitted += 1;
+        }
+    }
+    newcomers.into_iter().zip(taken).filter_map(|(c, taken)| taken.then_some(c)).collect()
+}
+
+/// The newcomers (given in arrival order) in the order they take free ranks: by `order`.
+/// By segment, the newcomers of one segment are kept together, segments in the order of their
+/// first arrival; natural, by address then node id (inside each segment, by segment).
+fn in_rank_order(mut newcomers: Vec<Participant>, order: RankOrder) -> Vec<Participant> {
+    let natural = |a: &Participant, b: &Participant| {
+        alphanumeric_sort::compare_str(&a.addr, &b.addr)
+            .then_with(|| alphanumeric_sort::compare_str(&a.node, &b.node))
+    };
+    if order.by_segment() {
+        let mut first_seen: Vec<Option<&str>> = Vec::new();
+        for p in &newcomers {
+            if !first_seen.contains(&p.segment.as_deref()) {
+                first_seen.push(p.segment.as_deref());
+            }
+        }
+        let group: std::collections::HashMap<Option<String>, usize> =
+            first_seen.iter().enumerate().map(|(i, s)| (s.map(str::to_string), i)).collect();
+        // Stable: arrival order inside a segment, unless natural.
+        newcomers.sort_by(|a, b| {
+            let by_group = group[&a.segment].cmp(&group[&b.segment]);
+            if order.natural() { by_group.then_with(|| natural(a, b)) } else { by_group }
+        });
+    } else if order.natural() {
+        newcomers.sort_by(natural);
+    }
+    newcomers
 }
 
 /// The participant list of a round of `survivors` (with their ranks in the round before, in
-/// ascending order) and `newcomers` (in the order they take free ranks): see [`freeze`].
-fn assign_ranks(survivors: Vec<(usize, Participant)>, newcomers: Vec<Participant>) -> Vec<Participant> {
+/// ascending order) and `newcomers` (in the order they take free ranks): see [`freeze`]. A
+/// free rank of a known segment (`free`) goes first to the first newcomer of that segment;
+/// the other free ranks, lowest first, to the remaining newcomers in order, then to the
+/// survivors beyond the new world.
+fn assign_ranks(
+    survivors: Vec<(usize, Participant)>,
+    newcomers: Vec<Participant>,
+    free: &[(usize, String)],
+) -> Vec<Participant> {
     let world = survivors.len() + newcomers.len();
     let mut slots: Vec<Option<Participant>> = vec![None; world];
     let mut movers = Vec::new();
@@ -322,7 +406,15 @@ fn assign_ranks(survivors: Vec<(usize, Participant)>, newcomers: Vec<Participant
             None => movers.push(p),
         }
     }
-    let mut fill = newcomers.into_iter().chain(movers);
+    let mut newcomers: Vec<Option<Participant>> = newcomers.into_iter().map(Some).collect();
+    for (rank, segment) in free.iter().filter(|(rank, _)| *rank < world) {
+        let of_segment =
+            newcomers.iter_mut().find(|p| p.as_ref().is_some_and(|p| p.segment.as_ref() == Some(segment)));
+        if let Some(newcomer) = of_segment {
+            slots[*rank] = newcomer.take();
+        }
+    }
+    let mut fill = newcomers.into_iter().flatten().chain(movers);
     slots.into_iter().map(|slot| slot.or_else(|| fill.next())).collect::<Option<Vec<_>>>().unwrap_or_default()
 }
 
@@ -538,7 +630,7 @@ mod tests {
     }
 
     fn p(node: &str) -> Participant {
-        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
+        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None, segment: None }
     }
 
     fn look(state: Option<&State>, node: &str) -> InitAction {
@@ -551,8 +643,8 @@ mod tests {
         assert_eq!(look(Some(&State::Closed { outcome: None }), "x"), InitAction::Closed);
         assert_eq!(look(Some(&State::Setup), "x"), InitAction::AwaitChange);
         assert_eq!(
-            look(Some(&State::Joinable { version: 2, previous: Some(1) }), "x"),
-            InitAction::Join { version: 2, previous: Some(1) }
+            look(Some(&State::Joinable { version: 2, previous: Some(1), segments: None }), "x"),
+            InitAction::Join { version: 2, previous: Some(1), segments: None }
         );
         let frozen = State::Frozen { version: 2, participants: vec![p("a"), p("b")].into() };
         assert_eq!(look(Some(&frozen), "b"), InitAction::ResumeConfirm { version: 2, rank: 1 });
@@ -677,16 +769,19 @@ mod tests {
     #[test]
     fn a_first_round_takes_the_first_max_by_arrival_or_waits_for_min() {
         let joiners = || vec![cand("c", 3, None, None), cand("a", 1, None, None), cand("b", 2, None, None)];
-        assert_eq!(nodes(freeze(joiners(), None, &[], Trigger::Full, &sz(2, 2, S, S))), ["a", "b"]);
-        assert_eq!(nodes(freeze(joiners(), None, &[], Trigger::Timer, &sz(3, 5, S, S))), ["a", "b", "c"]);
+        assert_eq!(nodes(freeze(joiners(), None, &[], Trigger::Full, &sz(2, 2, S, S), None)), ["a", "b"]);
+        assert_eq!(
+            nodes(freeze(joiners(), None, &[], Trigger::Timer, &sz(3, 5, S, S), None)),
+            ["a", "b", "c"]
+        );
         let one = vec![cand("a", 1, None, None)];
         assert_eq!(
-            freeze(one, None, &[], Trigger::Timer, &sz(2, 4, S, S)),
+            freeze(one, None, &[], Trigger::Timer, &sz(2, 4, S, S), None),
             FreezeAction::AwaitJoiners { count: 1 }
         );
         // An earlier arrival in the run (a spare that waited) comes before a later join key.
         let spare_first = vec![cand("late", 5, None, None), cand("spare", 9, Some(2), None)];
-        assert_eq!(nodes(freeze(spare_first, None, &[], Trigger::Full, &sz(1, 1, S, S))), ["spare"]);
+        assert_eq!(nodes(freeze(spare_first, None, &[], Trigger::Full, &sz(1, 1, S, S), None)), ["spare"]);
         assert_eq!(retry_delay(1, &sz(2, 4, S, S)), None);
         assert_eq!(retry_delay(2, &sz(2, 4, S, S)), Some((S, Trigger::Timer)));
         assert_eq!(retry_delay(4, &sz(2, 4, S, S)), Some((Duration::ZERO, Trigger::Full)));
@@ -702,19 +797,25 @@ mod tests {
             cand("a", 13, None, Some((4, 0))),
             cand("c", 14, None, Some((4, 2))),
         ];
-        let full =
-            freeze(candidates.clone(), Some(4), &[p("a"), p("c"), p("d")], Trigger::Full, &sz(4, 4, S, S));
+        let full = freeze(
+            candidates.clone(),
+            Some(4),
+            &[p("a"), p("c"), p("d")],
+            Trigger::Full,
+            &sz(4, 4, S, S),
+            None,
+        );
         assert_eq!(nodes(full), ["a", "s1", "c", "d"]);
         // A survivor still alive but not joined yet is waited for, not replaced by a spare.
         let early = candidates[..4].to_vec();
         let alive = [p("a"), p("c"), p("d")];
         assert_eq!(
-            freeze(early.clone(), Some(4), &alive, Trigger::Full, &sz(4, 4, S, S)),
+            freeze(early.clone(), Some(4), &alive, Trigger::Full, &sz(4, 4, S, S), None),
             FreezeAction::AwaitSurvivors { missing: 1 }
         );
         // When the backup timer runs out, the round forms without it: the spares fill in.
         assert_eq!(
-            nodes(freeze(early, Some(4), &alive, Trigger::Timer, &sz(4, 4, S, S))),
+            nodes(freeze(early, Some(4), &alive, Trigger::Timer, &sz(4, 4, S, S), None)),
             ["a", "s1", "s2", "d"]
         );
     }
@@ -727,7 +828,10 @@ mod tests {
             cand("a", 2, None, Some((7, 0))),
             cand("c", 3, None, Some((7, 2))),
         ];
-        assert_eq!(nodes(freeze(candidates, Some(7), &[], Trigger::Timer, &sz(2, 8, S, S))), ["a", "e", "c"]);
+        assert_eq!(
+            nodes(freeze(candidates, Some(7), &[], Trigger::Timer, &sz(2, 8, S, S), None)),
+            ["a", "e", "c"]
+        );
         // With a newcomer too: the newcomer takes the first hole, the mover the next.
         let candidates = vec![
             cand("e", 1, None, Some((7, 4))),
@@ -736,7 +840,7 @@ mod tests {
             cand("c", 4, None, Some((7, 3))),
         ];
         assert_eq!(
-            nodes(freeze(candidates, Some(7), &[], Trigger::Timer, &sz(2, 8, S, S))),
+            nodes(freeze(candidates, Some(7), &[], Trigger::Timer, &sz(2, 8, S, S), None)),
             ["a", "n", "e", "c"]
         );
     }
@@ -746,15 +850,15 @@ mod tests {
         // x was a member of round 2, sat round 3 out as a spare; y was rank 0 of round 3.
         let candidates = vec![cand("x", 1, Some(1), Some((2, 0))), cand("y", 2, None, Some((3, 0)))];
         assert_eq!(
-            nodes(freeze(candidates.clone(), Some(3), &[], Trigger::Timer, &sz(1, 4, S, S))),
+            nodes(freeze(candidates.clone(), Some(3), &[], Trigger::Timer, &sz(1, 4, S, S), None)),
             ["y", "x"]
         );
         // Without `previous`, the latest round a candidate was in stands for it.
         assert_eq!(survivor_round(&candidates, None), Some(3));
-        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Timer, &sz(1, 4, S, S))), ["y", "x"]);
+        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Timer, &sz(1, 4, S, S), None)), ["y", "x"]);
         // Two claiming one rank (cannot happen in one round): the later join is a newcomer.
         let twice = vec![cand("p", 1, None, Some((3, 1))), cand("q", 2, None, Some((3, 1)))];
-        assert_eq!(nodes(freeze(twice, Some(3), &[], Trigger::Timer, &sz(1, 4, S, S))), ["q", "p"]);
+        assert_eq!(nodes(freeze(twice, Some(3), &[], Trigger::Timer, &sz(1, 4, S, S), None)), ["q", "p"]);
     }
 
     #[test]
@@ -767,11 +871,11 @@ mod tests {
         };
         let candidates = vec![at("node66", "h", 1), at("node7", "h", 2), at("b", "a10", 3)];
         assert_eq!(
-            nodes(freeze(candidates.clone(), None, &[], Trigger::Full, &sizing)),
+            nodes(freeze(candidates.clone(), None, &[], Trigger::Full, &sizing, None)),
             ["b", "node7", "node66"]
         );
         let candidates = vec![at("x", "host66", 1), at("y", "host7", 2), at("z", "host7", 3)];
-        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Full, &sizing)), ["y", "z", "x"]);
+        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Full, &sizing, None)), ["y", "z", "x"]);
         // Survivors keep their ranks; only newcomers are ordered.
         let mixed = vec![
             Candidate {
@@ -782,7 +886,92 @@ mod tests {
             at("n2", "h2", 2),
             at("n1", "h1", 3),
         ];
-        assert_eq!(nodes(freeze(mixed, Some(1), &[], Trigger::Timer, &sizing)), ["s", "n1", "n2"]);
+        assert_eq!(nodes(freeze(mixed, Some(1), &[], Trigger::Timer, &sizing, None)), ["s", "n1", "n2"]);
+    }
+
+    /// A candidate of `segment` that arrived at `created`, a member of `last` if given.
+    fn in_segment(node: &str, segment: &str, created: Revision, last: Option<(u64, usize)>) -> Candidate {
+        let last = last.map(|(version, rank)| super::super::state::LastRound { version, rank });
+        let joiner = Participant { segment: Some(segment.into()), ..p(node) }.joiner(last, None);
+        Candidate { joiner, created }
+    }
+
+    fn segments_of(action: &FreezeAction) -> Vec<String> {
+        match action {
+            FreezeAction::Freeze(ps) => ps.iter().map(|p| p.segment.clone().unwrap_or_default()).collect(),
+            other => panic!("expected a freeze, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_first_round_gives_each_segment_consecutive_ranks_in_order_of_first_arrival() {
+        let mut sizing = sz(4, 4, S, S);
+        sizing.order = RankOrder::Segment;
+        let interleaved = || {
+            vec![
+                in_segment("a", "s2", 1, None),
+                in_segment("b", "s1", 2, None),
+                in_segment("c", "s2", 3, None),
+                in_segment("d", "s1", 4, None),
+            ]
+        };
+        let round = freeze(interleaved(), None, &[], Trigger::Full, &sizing, None);
+        assert_eq!(segments_of(&round), ["s2", "s2", "s1", "s1"]);
+        assert_eq!(nodes(round), ["a", "c", "b", "d"]);
+        // Inside a segment, by address and node id when asked.
+        sizing.order = RankOrder::SegmentNatural;
+        let mut natural = interleaved();
+        natural[2].joiner.addr = "a".into();
+        assert_eq!(nodes(freeze(natural, None, &[], Trigger::Full, &sizing, None)), ["c", "a", "b", "d"]);
+        // `arrival` ignores segments.
+        sizing.order = RankOrder::Arrival;
+        assert_eq!(
+            nodes(freeze(interleaved(), None, &[], Trigger::Full, &sizing, None)),
+            ["a", "b", "c", "d"]
+        );
+    }
+
+    #[test]
+    fn a_free_rank_goes_to_a_newcomer_of_the_segment_that_held_it() {
+        // Round 4: ranks 0-1 were s1 (a, b), ranks 2-3 s2 (c, d); b and c died.
+        let segments = SegmentRuns(vec![("s1".into(), 2), ("s2".into(), 2)]);
+        let mut sizing = sz(4, 4, S, S);
+        sizing.order = RankOrder::Segment;
+        let candidates = vec![
+            in_segment("a", "s1", 10, Some((4, 0))),
+            in_segment("d", "s2", 11, Some((4, 3))),
+            in_segment("n2", "s2", 12, None),
+            in_segment("n1", "s1", 13, None),
+        ];
+        let round = freeze(candidates, Some(4), &[], Trigger::Timer, &sizing, Some(&segments));
+        assert_eq!(nodes(round), ["a", "n1", "n2", "d"]);
+        // Room for one: the spare of the dead member's segment comes in before an earlier one.
+        let mut sizing = sz(2, 3, S, S);
+        sizing.order = RankOrder::Segment;
+        let segments = SegmentRuns(vec![("s1".into(), 1), ("s2".into(), 2)]);
+        let candidates = vec![
+            in_segment("a", "s1", 10, Some((7, 0))),
+            in_segment("c", "s2", 11, Some((7, 2))),
+            in_segment("early", "s1", 12, None),
+            in_segment("late", "s2", 13, None),
+        ];
+        let round = freeze(candidates.clone(), Some(7), &[], Trigger::Timer, &sizing, Some(&segments));
+        assert_eq!(nodes(round), ["a", "late", "c"]);
+        // Segments of another round than the survivors' are not followed.
+        let round = freeze(candidates, Some(6), &[], Trigger::Timer, &sizing, Some(&segments));
+        assert_eq!(nodes(round), ["a", "early", "c"]);
+    }
+
+    #[test]
+    fn segment_runs_read_back_by_rank() {
+        let member =
+            |node: &str, segment: Option<&str>| Participant { segment: segment.map(Into::into), ..p(node) };
+        assert_eq!(SegmentRuns::of(&[member("a", None), member("b", None)]), None);
+        let runs = SegmentRuns::of(&[member("a", Some("r1")), member("b", Some("r1")), member("c", None)])
+            .expect("two segments are runs");
+        assert_eq!(runs, SegmentRuns(vec![("r1".into(), 2), (String::new(), 1)]));
+        assert_eq!((runs.segment_of(1), runs.segment_of(2), runs.segment_of(3)), (Some("r1"), None, None));
+        assert_eq!(runs.world_size(), 3);
     }
 
     #[test]
@@ -800,11 +989,19 @@ mod tests {
             JoinedAction::Closed
         );
         assert_eq!(
-            on_state_while_joined(Some(&State::Joinable { version: 1, previous: None }), 1, &p("a")),
+            on_state_while_joined(
+                Some(&State::Joinable { version: 1, previous: None, segments: None }),
+                1,
+                &p("a")
+            ),
             JoinedAction::KeepWaiting
         );
         assert_eq!(
-            on_state_while_joined(Some(&State::Joinable { version: 2, previous: None }), 1, &p("a")),
+            on_state_while_joined(
+                Some(&State::Joinable { version: 2, previous: None, segments: None }),
+                1,
+                &p("a")
+            ),
             JoinedAction::Restart
         );
     }

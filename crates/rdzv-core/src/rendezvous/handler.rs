@@ -152,9 +152,10 @@ impl RendezvousHandler {
         let keys = RunKeys::new(&params.prefix, &params.run_id);
         let node = params.node_id.clone().unwrap_or_else(default_node_id);
         let addr = params.local_addr.clone().unwrap_or_else(host_name);
-        let me = Participant { node, addr, pid: std::process::id(), port: None };
+        let me =
+            Participant { node, addr, pid: std::process::id(), port: None, segment: params.segment.clone() };
         let run_lease = RunLease::new(kv.clone(), &keys, params.run_ttl);
-        let events = Arc::new(Subscribers::new(&params.run_id, &me.node));
+        let events = Arc::new(Subscribers::new(&params.run_id, &me.node, me.segment.as_deref()));
         // A server that answers it cannot serve yet (a leader election) is retried within
         // the rendezvous deadline; one that cannot be reached, a bounded number of times
         // (a reset connection's client reconnects), then fails here.

@@ -84,7 +84,7 @@ mod tests {
     use super::*;
 
     fn p(node: &str, addr: &str, pid: u32) -> Participant {
-        Participant { node: node.into(), addr: addr.into(), pid, port: None }
+        Participant { node: node.into(), addr: addr.into(), pid, port: None, segment: None }
     }
 
     /// Lists short and long (scanned and indexed), with repeated node ids, addresses and

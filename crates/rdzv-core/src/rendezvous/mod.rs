@@ -39,5 +39,5 @@ pub use executor::free_port;
 pub use handler::{RendezvousHandler, RendezvousInfo};
 pub use keys::RunKeys;
 pub use machine::RoundTimings;
-pub use state::{Joiner, LastRound, Participant, RunOutcome, State};
+pub use state::{Joiner, LastRound, Participant, RunOutcome, SegmentRuns, State};
 pub use waiting::Waiting;

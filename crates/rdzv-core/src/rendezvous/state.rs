@@ -22,6 +22,11 @@ pub struct Participant {
     /// `MASTER_PORT`); absent in values written by older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// The segment of the hardware it is in (an NVLink domain, a rack: the `segment`
+    /// option), if it said: the members of a segment get consecutive ranks
+    /// (docs/PROTOCOL.md "Segments").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
 }
 
 /// What a worker writes under its join key and its waiting key: its descriptor, plus what the
@@ -38,6 +43,9 @@ pub struct Joiner {
     /// A TCP port that was free on its machine when it joined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
+    /// Its segment, if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
     /// The last round this worker was a member of, and its rank there: a survivor of the
     /// round before the forming one keeps its rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,6 +55,47 @@ pub struct Joiner {
     /// Newcomers are admitted in this order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<crate::kv::Revision>,
+}
+
+/// The segments of a round's ranks, in rank order, as runs of one segment: written as
+/// `[["rack1", 18], ["rack2", 18]]`, a member without a segment as `""`. What the freeze of
+/// the round after needs to give a free rank to a worker of the segment that held it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRuns(pub Vec<(String, usize)>);
+
+impl SegmentRuns {
+    /// The runs of `members`' segments, or `None` when none of them has one.
+    pub fn of(members: &[Participant]) -> Option<SegmentRuns> {
+        if members.iter().all(|m| m.segment.is_none()) {
+            return None;
+        }
+        let mut runs: Vec<(String, usize)> = Vec::new();
+        for m in members {
+            let segment = m.segment.as_deref().unwrap_or("");
+            match runs.last_mut() {
+                Some((last, count)) if last == segment => *count += 1,
+                _ => runs.push((segment.to_string(), 1)),
+            }
+        }
+        Some(SegmentRuns(runs))
+    }
+
+    /// The segment of `rank`'s member (`None`: it had none, or the round had no such rank).
+    pub fn segment_of(&self, rank: usize) -> Option<&str> {
+        let mut first = 0;
+        for (segment, count) in &self.0 {
+            if rank < first + count {
+                return Some(segment.as_str()).filter(|s| !s.is_empty());
+            }
+            first += count;
+        }
+        None
+    }
+
+    /// The round's number of members.
+    pub fn world_size(&self) -> usize {
+        self.0.iter().map(|(_, count)| count).sum()
+    }
 }
 
 /// A round a worker was a member of, and its rank in it.
@@ -97,6 +146,11 @@ pub enum State {
         /// versions, and when the round was opened from no state.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         previous: Option<u64>,
+        /// The segments of `previous`'s ranks, when a member of it had one: a free rank goes
+        /// to a newcomer of the segment of the member that held it (docs/PROTOCOL.md
+        /// "Segments").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        segments: Option<SegmentRuns>,
     },
     /// Membership of round `version` is fixed; members are confirming (10 s lease).
     Frozen {
@@ -150,6 +204,8 @@ struct Wire {
     #[serde(default)]
     previous: Option<u64>,
     #[serde(default)]
+    segments: Option<SegmentRuns>,
+    #[serde(default)]
     outcome: Option<RunOutcome>,
     #[serde(default)]
     max_workers: Option<usize>,
@@ -169,14 +225,24 @@ impl TryFrom<Wire> for State {
     type Error = String;
 
     fn try_from(wire: Wire) -> Result<State, String> {
-        let Wire { status, version, participants, members, confirmed, previous, outcome, max_workers } = wire;
+        let Wire {
+            status,
+            version,
+            participants,
+            members,
+            confirmed,
+            previous,
+            segments,
+            outcome,
+            max_workers,
+        } = wire;
         let participants = members.or(participants);
         let missing = |field: &str| format!("missing field `{field}`");
         Ok(match status {
             Status::Setup => State::Setup,
             Status::Closed => State::Closed { outcome },
             Status::Joinable => {
-                State::Joinable { version: version.ok_or_else(|| missing("version"))?, previous }
+                State::Joinable { version: version.ok_or_else(|| missing("version"))?, previous, segments }
             }
             Status::Frozen => State::Frozen {
                 version: version.ok_or_else(|| missing("version"))?,
@@ -283,7 +349,13 @@ impl Joiner {
 
     /// The worker as a member of a round.
     pub fn participant(&self) -> Participant {
-        Participant { node: self.node.clone(), addr: self.addr.clone(), pid: self.pid, port: self.port }
+        Participant {
+            node: self.node.clone(),
+            addr: self.addr.clone(),
+            pid: self.pid,
+            port: self.port,
+            segment: self.segment.clone(),
+        }
     }
 }
 
@@ -301,6 +373,7 @@ impl Participant {
             addr: self.addr.clone(),
             pid: self.pid,
             port: self.port,
+            segment: self.segment.clone(),
             last,
             since,
         }
@@ -322,24 +395,29 @@ impl Participant {
 const SHARE_FROM_BYTES: usize = 4096;
 
 /// The compact form of a round's members in a `frozen` or `final` value: one array
-/// `[node, addr, pid, port]` per member (`port` null when unknown) instead of an object with
-/// field names, about a third smaller: the value every member receives, whose size bounds how
-/// many members a round can have (docs/PROTOCOL.md "How large a round can be").
+/// `[node, addr, pid, port]` per member (`port` null when unknown), `[node, addr, pid, port,
+/// segment]` for a member with a segment, instead of an object with field names: about a
+/// third smaller, and it is the value every member receives, whose size bounds how many
+/// members a round can have (docs/PROTOCOL.md "How large a round can be").
 mod members {
     use std::sync::Arc;
 
+    use serde::de::{self, SeqAccess, Visitor};
     use serde::ser::SerializeSeq;
     use serde::{Deserialize, Deserializer, Serializer};
 
     use super::Participant;
 
-    /// One member as written: node, address, process id, port.
-    type Member = (String, String, u32, Option<u16>);
+    /// One member as written: node, address, process id, port, and its segment if it has one.
+    struct Member(Participant);
 
     pub(super) fn serialize<S: Serializer>(members: &Arc<[Participant]>, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(members.len()))?;
         for p in members.iter() {
-            seq.serialize_element(&(&p.node, &p.addr, p.pid, p.port))?;
+            match &p.segment {
+                None => seq.serialize_element(&(&p.node, &p.addr, p.pid, p.port))?,
+                Some(segment) => seq.serialize_element(&(&p.node, &p.addr, p.pid, p.port, segment))?,
+            }
         }
         seq.end()
     }
@@ -348,9 +426,36 @@ mod members {
         d: D,
     ) -> Result<Option<Arc<[Participant]>>, D::Error> {
         let members: Option<Vec<Member>> = Option::deserialize(d)?;
-        Ok(members.map(|all| {
-            all.into_iter().map(|(node, addr, pid, port)| Participant { node, addr, pid, port }).collect()
-        }))
+        Ok(members.map(|all| all.into_iter().map(|m| m.0).collect()))
+    }
+
+    impl<'de> Deserialize<'de> for Member {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Member, D::Error> {
+            d.deserialize_seq(MemberVisitor)
+        }
+    }
+
+    struct MemberVisitor;
+
+    impl<'de> Visitor<'de> for MemberVisitor {
+        type Value = Member;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a member: [node, addr, pid, port] or [node, addr, pid, port, segment]")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Member, A::Error> {
+            let missing = |i| de::Error::invalid_length(i, &self);
+            let node = seq.next_element()?.ok_or_else(|| missing(0))?;
+            let addr = seq.next_element()?.ok_or_else(|| missing(1))?;
+            let pid = seq.next_element()?.ok_or_else(|| missing(2))?;
+            let port = seq.next_element()?.ok_or_else(|| missing(3))?;
+            let segment = seq.next_element()?;
+            if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                return Err(de::Error::invalid_length(6, &self));
+            }
+            Ok(Member(Participant { node, addr, pid, port, segment }))
+        }
     }
 }
 
@@ -403,15 +508,15 @@ mod tests {
     use super::*;
 
     fn p(node: &str) -> Participant {
-        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None }
+        Participant { node: node.into(), addr: "h".into(), pid: 1, port: None, segment: None }
     }
 
     #[test]
     fn round_trips_and_keeps_reference_names() {
         let states = [
             State::Setup,
-            State::Joinable { version: 3, previous: None },
-            State::Joinable { version: 4, previous: Some(3) },
+            State::Joinable { version: 3, previous: None, segments: None },
+            State::Joinable { version: 4, previous: Some(3), segments: None },
             State::Frozen { version: 3, participants: vec![p("a"), p("b")].into() },
             State::Final {
                 version: 3,
@@ -444,6 +549,35 @@ mod tests {
         assert_eq!(State::parse(b"k", &Bytes::from_static(older)).expect("parses"), fin);
     }
 
+    #[test]
+    fn segments_ride_in_members_and_in_the_joinable_value() {
+        let racked = Participant { segment: Some("rack1".into()), ..p("b") };
+        let fin = State::Final {
+            version: 3,
+            participants: vec![p("a"), racked.clone()].into(),
+            confirmed: None,
+            max_workers: None,
+        };
+        let text = String::from_utf8(fin.to_bytes()).expect("utf8");
+        assert_eq!(
+            text,
+            r#"{"status":"final","version":3,"members":[["a","h",1,null],["b","h",1,null,"rack1"]]}"#
+        );
+        assert_eq!(State::parse(b"k", &Bytes::from(text.into_bytes())).expect("parses"), fin);
+        let six = br#"{"status":"final","version":3,"members":[["a","h",1,null,"r","x"]]}"#;
+        assert!(State::parse(b"k", &Bytes::from_static(six)).is_err());
+        let open = State::Joinable {
+            version: 4,
+            previous: Some(3),
+            segments: SegmentRuns::of(&[p("a"), racked.clone()]),
+        };
+        let text = String::from_utf8(open.to_bytes()).expect("utf8");
+        assert_eq!(text, r#"{"status":"joinable","version":4,"previous":3,"segments":[["",1],["rack1",1]]}"#);
+        assert_eq!(State::parse(b"k", &Bytes::from(text.into_bytes())).expect("parses"), open);
+        let joiner = racked.joiner(None, None);
+        assert_eq!(Joiner::parse(b"k", &joiner.to_bytes()).expect("parses").participant(), racked);
+    }
+
     /// Issue 25: the value every member of a round of 16,384 receives stays under 1 MiB with
     /// node ids of the default form (`<host>-<pid>-<6 hex digits>`) on 12-character host
     /// names (0.93 MiB); it took 1.36 MiB with field names (etcd refuses requests over 1.5 MiB by default).
@@ -459,6 +593,7 @@ mod tests {
                     addr: host,
                     pid,
                     port,
+                    segment: None,
                 }
             })
             .collect();
@@ -517,7 +652,7 @@ mod tests {
     fn ignores_unknown_fields() {
         let value = Bytes::from_static(br#"{"status":"joinable","version":7,"future":[1,2]}"#);
         let s = State::parse(b"k", &value).expect("parses");
-        assert_eq!(s, State::Joinable { version: 7, previous: None });
+        assert_eq!(s, State::Joinable { version: 7, previous: None, segments: None });
     }
 
     #[test]

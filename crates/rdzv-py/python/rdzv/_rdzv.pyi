@@ -73,6 +73,9 @@ class Participant:
     def pid(self) -> int: ...
     @property
     def port(self) -> Optional[int]: ...
+    @property
+    def segment(self) -> Optional[str]:
+        """Its segment (an NVLink domain, a rack: the ``segment`` option), if it named one."""
 
 class Round:
     """This worker's place in a completed round."""

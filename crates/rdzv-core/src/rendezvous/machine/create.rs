@@ -85,10 +85,16 @@ impl Machine {
                 // A lost answer leaves the version counter bumped: resuming bumps it again,
                 // and that version is skipped, which is harmless (versions only need to grow).
                 let previous = self.latest_final;
+                let segments = self
+                    .final_segments
+                    .as_ref()
+                    .filter(|(seen, _)| previous == Some(*seen))
+                    .map(|(_, segments)| segments.clone());
+                self.joinable_segments = segments.clone().map(|s| (version, s));
                 self.phase = Phase::Open { version, previous, purpose };
                 Ok(Action::Put {
                     key: self.keys.state(),
-                    value: State::Joinable { version, previous }.to_bytes(),
+                    value: State::Joinable { version, previous, segments }.to_bytes(),
                     mode: PutMode::Update(setup_revision),
                     bind: Bind::RunLease,
                 })

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::kv::{DeleteMode, KeyValue, PutMode, Revision};
 
 use super::super::decide::{self, InitAction, Viewer};
-use super::super::state::{Participant, State};
+use super::super::state::{Participant, SegmentRuns, State};
 use super::phase::{ConfirmStep, Frozen, Phase, PredecessorStep, Purpose, Reread, Step};
 use super::{Action, Completed, Handled, Input, Machine, Observed, RoundTimings};
 
@@ -16,8 +16,11 @@ impl Machine {
     /// Phase 1: what the state says to do.
     /// `after`: why the call read it (see [`Reread`]; `Start` for a state it was handed).
     pub(super) fn decide(&mut self, observed: Observed, after: Reread) -> Action {
-        if let Some(State::Final { version, .. }) = &observed.state {
+        if let Some(State::Final { version, participants, .. }) = &observed.state {
             self.latest_final = self.latest_final.max(Some(*version));
+            if self.final_segments.as_ref().is_none_or(|(seen, _)| seen < version) {
+                self.final_segments = SegmentRuns::of(participants).map(|s| (*version, s));
+            }
         }
         let viewer = Viewer {
             me: &self.me,
@@ -37,7 +40,8 @@ impl Machine {
                 self.claim(Purpose::Leave, PutMode::Update(observed.mod_revision), None)
             }
             InitAction::CreateRound => self.claim(Purpose::Create, PutMode::Create, None),
-            InitAction::Join { version, previous } => {
+            InitAction::Join { version, previous, segments } => {
+                self.joinable_segments = segments.map(|s| (version, s));
                 self.join(version, previous, observed.mod_revision, observed.lease, observed.seen)
             }
             InitAction::AwaitNextRound { version, world_size } => self.late(version, world_size, observed),

@@ -238,7 +238,9 @@ impl Machine {
     ) -> Action {
         let Joining { version, previous, state_revision, .. } = round;
         let stay = |round, step| Phase::Join { round, step };
-        match decide::freeze(candidates, previous, alive, trigger, &self.sizing) {
+        let segments =
+            self.joinable_segments.as_ref().filter(|(of, _)| *of == version).map(|(_, segments)| segments);
+        match decide::freeze(candidates, previous, alive, trigger, &self.sizing, segments) {
             FreezeAction::AwaitJoiners { count } => {
                 tracing::debug!(count, "too few joiners to freeze; watching the join keys");
                 self.phase = stay(round, JoinStep::WatchingJoiners { count });

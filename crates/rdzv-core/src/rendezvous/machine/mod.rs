@@ -33,7 +33,7 @@ use crate::kv::{DeleteMode, KeyValue, LeaseId, PutMode, Revision};
 
 use super::decide::{self, Sizing};
 use super::keys::RunKeys;
-use super::state::{LastRound, Participant, State};
+use super::state::{LastRound, Participant, SegmentRuns, State};
 
 pub(crate) use io::FROZEN_TTL;
 pub use io::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Observed, RoundTimings};
@@ -67,6 +67,12 @@ pub struct Machine {
     since: Option<Revision>,
     /// The latest round this call saw final: a round it opens names it as `previous`.
     latest_final: Option<u64>,
+    /// The segments of a round this call saw final (or leaves), if it had any: a round it
+    /// opens after that one carries them in its `joinable` value.
+    final_segments: Option<(u64, SegmentRuns)>,
+    /// The segments of the previous round's ranks, as the `joinable` value of the round this
+    /// call joins gave them: what its freeze gives free ranks by.
+    joinable_segments: Option<(u64, SegmentRuns)>,
     /// The latest round this call waited on as a late arrival or spare, with its members.
     waited_on: Option<(u64, std::sync::Arc<[Participant]>)>,
     phase: Phase,
@@ -96,6 +102,7 @@ impl Machine {
         } = call;
         let latest_final =
             leave_first.as_ref().map(|l| l.version).into_iter().chain(last.map(|l| l.version)).max();
+        let final_segments = leave_first.as_ref().and_then(|l| Some((l.version, l.segments.clone()?)));
         Machine {
             me,
             session,
@@ -110,6 +117,8 @@ impl Machine {
             last,
             since,
             latest_final,
+            final_segments,
+            joinable_segments: None,
             waited_on: None,
             phase: Phase::Start,
             leftovers: Leftovers { keys: Vec::new(), session },

@@ -269,6 +269,60 @@ pub async fn natural_rank_order(kv: Arc<dyn Kv>) {
     assert_eq!(nodes, ["node7", "node10", "node66"]);
 }
 
+/// Workers that name segments (s1, s2, s1, s2) hold consecutive ranks per segment. When a
+/// member dies, the spare of its segment takes its rank, though a spare of the other segment
+/// waited longer, and nothing else moves.
+pub async fn segments_hold_consecutive_ranks_and_fill_their_own_holes(kv: Arc<dyn Kv>) {
+    let mut p = params(&run_id("segments"), 4, 4);
+    p.last_call_timeout = Duration::from_secs(20);
+    let mut ws = Vec::new();
+    for (i, segment) in ["s1", "s2", "s1", "s2", "s1", "s2"].into_iter().enumerate() {
+        let mut p = p.clone();
+        p.node_id = Some(format!("node{i}"));
+        p.segment = Some(segment.into());
+        ws.push(super::Worker::new(&kv, p, i as u64).await);
+    }
+    let members: Vec<_> = ws[..4].iter().map(|w| w.handler.clone()).collect();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&first, 4, 4);
+    let by_rank = |info: &RendezvousInfo| -> Vec<String> {
+        info.participants.iter().map(|p| p.segment.clone().unwrap_or_default()).collect()
+    };
+    let segments = by_rank(&first[0]);
+    assert!(
+        segments[0] == segments[1] && segments[2] == segments[3] && segments[1] != segments[2],
+        "{segments:?}"
+    );
+    // The spare of the other segment than rank 0's waits first; then the one of rank 0's.
+    let dead = first[0].participants[0].node.clone();
+    let (own, other) = if segments[0] == "s1" { (4, 5) } else { (5, 4) };
+    let other_spare = spare(&ws[other].handler, &members[0], 0).await;
+    let own_spare = spare(&ws[own].handler, &members[0], 1).await;
+    let dead_worker: usize = dead.strip_prefix("node").and_then(|i| i.parse().ok()).unwrap();
+    ws[dead_worker].kill();
+    let survivors: Vec<_> = ws[..4]
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != dead_worker)
+        .map(|(_, w)| w.handler.clone())
+        .collect();
+    let mut next: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&survivors)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    let newcomer = timeout(LIMIT, own_spare).await.unwrap().unwrap().unwrap();
+    next.push(newcomer.clone());
+    assert_agreement(&next, 4, 4);
+    assert_eq!((newcomer.rank, newcomer.participants[0].node.as_str()), (0, format!("node{own}").as_str()));
+    assert_eq!(by_rank(&newcomer), segments, "the segments keep their ranks");
+    for info in &next[..3] {
+        let node = &info.participants[info.rank].node;
+        assert_eq!(info.rank, of(&first, node).rank, "survivor {node} moved");
+    }
+    assert!(!other_spare.is_finished(), "the spare of the other segment stays a spare");
+    ws[other].handler.shutdown().await.unwrap();
+    assert!(matches!(timeout(LIMIT, other_spare).await.unwrap().unwrap(), Err(RendezvousError::Shutdown)));
+}
+
 /// A member dies (its link cut, no goodbye): the survivors are told within the TTL and a
 /// round trip, and form the next round with the worker that was waiting, without it.
 pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
@@ -445,7 +499,8 @@ pub async fn confirmation_stall_recovers(kv: Arc<dyn Kv>) {
         s => s.version().unwrap(),
     };
     // A ghost joins (a process that died right after joining, its key not yet expired)…
-    let ghost = Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1, port: None };
+    let ghost =
+        Participant { node: "ghost".into(), addr: "nowhere".into(), pid: 1, port: None, segment: None };
     let ghost_key = ws[0].handler.keys().join(version, "ghost");
     kv.put(&ghost_key, &ghost.to_bytes(), PutOptions::OVERWRITE).await.unwrap();
     // …so the round freezes with A and the ghost, and B comes too late for it.
@@ -471,7 +526,8 @@ macro_rules! rendezvous_scenarios {
             single_worker, min_equals_max, elastic_last_call, spares_wait_behind_a_full_round,
             a_spare_takes_a_dead_members_place, an_excluded_member_leaves_at_once_and_its_record_goes_with_it,
             survivors_keep_their_ranks_when_the_world_shrinks,
-            natural_rank_order, member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
+            natural_rank_order, segments_hold_consecutive_ranks_and_fill_their_own_holes,
+            member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
             corrupt_state_is_a_state_error, state_deleted_underfoot_recovers,
             leave_is_fast_and_not_close, reentry_leaves_at_once, extra_data_round_trips_and_times_out,
             confirmation_stall_recovers);
