@@ -15,15 +15,13 @@ excluded, from ``rdzv status --format json``.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from test_rdzv_run import rdzv_binary
-from test_spares import LAUNCHERS, agent, starts, wait_exit, worlds
+from test_spares import LAUNCHERS, agent, run_status, starts, wait_exit, worlds
 from test_torchrun import kill_tree, wait_for
 
 INTERVAL, FAILURES, CHECK_TIMEOUT = 1, 2, 2
@@ -63,10 +61,7 @@ class Job:
         kill_tree(self.procs.pop(name))
 
     def status(self) -> dict:
-        url = f"etcd://{self.etcd}/{self.run_id}"
-        done = subprocess.run([rdzv_binary(), "status", url, "--format", "json"], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return run_status(self.etcd, self.run_id)
 
     def excluded(self) -> dict[str, str]:
         return {e["node_id"]: e["reason"] for e in self.status()["excluded"]}

@@ -12,14 +12,12 @@ Who is in which world is read back from ``starts.jsonl`` (see ``train.py``); who
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from test_rdzv_run import rdzv_binary
-from test_spares import LAUNCHERS, agent, wait_exit, worlds
+from test_spares import LAUNCHERS, agent, run_status, wait_exit, worlds
 from test_torchrun import kill_tree, wait_for
 
 
@@ -43,10 +41,7 @@ class Job:
         )  # fmt: skip
 
     def status(self) -> dict:
-        url = f"etcd://{self.etcd}/{self.run_id}"
-        done = subprocess.run([rdzv_binary(), "status", url, "--format", "json"], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return run_status(self.etcd, self.run_id)
 
     def wait(self, predicate, what: str) -> None:
         wait_for(predicate, what, list(self.procs.values()), timeout=120)

@@ -103,6 +103,14 @@ def worlds(out: Path, size: int) -> list[dict[str, int]]:
     return [w for w in by_master.values() if len(w) == size]
 
 
+def run_status(etcd: str, run_id: str) -> dict:
+    """The run as ``rdzv status --format json`` shows it."""
+    url = f"etcd://{etcd}/{run_id}"
+    done = subprocess.run([rdzv_binary(), "status", url, "--format", "json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def starts(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "starts.jsonl").read_text().splitlines()]
 
