@@ -575,13 +575,24 @@ def c10d_section(md, data):
     md.append("")
 
 
+def failed_runs(rows, describe):
+    """`describe(row): its error` for each failed run of `rows`, joined; `none` when none failed."""
+    return ", ".join(f"{describe(r)}: {r['failed'][:160]}" for r in rows if r.get("failed")) or "none"
+
+
+def run_window(rows):
+    """When the runs of `rows` ran, and the load average at the first and the last."""
+    return (f"Run {rows[0].get('date', '?')} to {rows[-1].get('date', '?')}, load average (1/5/15 min) "
+            f"{rows[0].get('load', '?')} at the first run and {rows[-1].get('load', '?')} at the last")
+
+
 def promote_section(md, data):
     """The paragraph on spare promotion that ends the targets: how it was run, and when."""
     promote = data.promote
     if not promote:
         return
     workers = sorted({r["workers"] for r in promote})
-    failed = ", ".join(f"TTL {r['ttl_s']} s run {r['run']}: {r['failed'][:160]}" for r in promote if r.get("failed"))
+    failed = failed_runs(promote, lambda r: f"TTL {r['ttl_s']} s run {r['run']}")
     md.append("Spare promotion (`python3 scripts/etcd_figures.py promote --rdzv target/release/rdzv --workers 4 "
               "--ttls 3,10 --runs 5 --out benches/results/promote.jsonl`, run by `scripts/bench.sh`): "
               f"{', '.join(map(str, workers))} "
@@ -590,10 +601,7 @@ def promote_section(md, data):
               "SIGKILL, and the time runs until the spare printed its round. The lease of the dead member "
               "expires between ⅔ TTL and one TTL after its last refresh (every TTL/3); the rest is the "
               "round forming at once (full: no last call), with every survivor keeping its rank and the "
-              "spare taking the dead one's. Run "
-              f"{promote[0].get('date', '?')} to {promote[-1].get('date', '?')}, load average (1/5/15 min) "
-              f"{promote[0].get('load', '?')} at the first run and {promote[-1].get('load', '?')} at the last"
-              f". Failed runs: {failed or 'none'}.")
+              f"spare taking the dead one's. {run_window(promote)}. Failed runs: {failed}.")
     md.append("")
 
 
@@ -602,8 +610,7 @@ def drain_section(md, data):
     drain = data.drain
     if not drain:
         return
-    failed = ", ".join(f"interval {r['interval_s']} s run {r['run']}: {r['failed'][:160]}"
-                       for r in drain if r.get("failed"))
+    failed = failed_runs(drain, lambda r: f"interval {r['interval_s']} s run {r['run']}")
     md.append("Health drain (`python3 scripts/etcd_figures.py drain --rdzv target/release/rdzv --workers 3 "
               "--intervals 1,5 --runs 5 --out benches/results/drain.jsonl`, run by `scripts/bench.sh`): "
               f"{drain[0]['workers']} `rdzv run` agents on etcd with a health check (a file test) form a "
@@ -613,22 +620,17 @@ def drain_section(md, data):
               "spare's worker starts. The first failed check comes up to one interval after the change, and "
               "after `failures` in a row the member revokes its session: the others see it gone at once (no "
               "TTL wait), stop their workers (the grace period) and re-form with the spare, while the "
-              "drained member stops its own. Hence about interval × failures + grace. Run "
-              f"{drain[0].get('date', '?')} to {drain[-1].get('date', '?')}, load average (1/5/15 min) "
-              f"{drain[0].get('load', '?')} at the first run and {drain[-1].get('load', '?')} at the last"
-              f". Failed runs: {failed or 'none'}.")
+              f"drained member stops its own. Hence about interval × failures + grace. {run_window(drain)}. "
+              f"Failed runs: {failed}.")
     md.append("")
 
-
-# ---------------------------------------------------------------- latency
 
 def segments_section(md, data):
     """The paragraph on the cost of segments that ends the targets: how it was run, and when."""
     seg = data.segments
     if not seg:
         return
-    failed = ", ".join(f"N={r['workers']} labels {r['labels']} run {r['run']}: {r['failed'][:160]}"
-                       for r in seg if r.get("failed"))
+    failed = failed_runs(seg, lambda r: f"N={r['workers']} labels {r['labels']} run {r['run']}")
     loads = [r["load_before"] for r in seg]
     md.append("Segments (`python3 scripts/etcd_figures.py segments --rdzv target/release/rdzv --sizes 1024,8192 "
               "--labels 64 --runs 3 --out benches/results/segments.jsonl`, run by `scripts/bench.sh`): "
@@ -638,9 +640,11 @@ def segments_section(md, data):
               "add a few bytes per member to the values and a grouping of the newcomers to the freeze; "
               "the key count and the number of calls do not change. Load average (1 min) before each run "
               f"from {min(loads):.2f} to {max(loads):.2f} (the bench and etcd load the machine "
-              f"themselves). Failed runs: {failed or 'none'}.")
+              f"themselves). Failed runs: {failed}.")
     md.append("")
 
+
+# ---------------------------------------------------------------- latency
 
 def latency_section(md, data):
     """## Rendezvous latency, in-process workers (rendezvous_latency.jsonl), with the phases."""
