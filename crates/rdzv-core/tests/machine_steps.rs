@@ -162,7 +162,8 @@ fn wait_out_the_stagger(m: &mut Machine) -> Action {
 
 #[test]
 fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
-    let mut first = machine(Some(Leaving { version: 3, rank: 0, final_revision: 20, segments: None }));
+    let mut first =
+        machine(Some(Leaving { version: 3, rank: 0, final_revision: 20, participants: Arc::from([]) }));
     match first.start() {
         Action::Put { key, mode: PutMode::Update(20), bind: Bind::Session, .. } => {
             assert_eq!(key, keys().state())
@@ -171,7 +172,8 @@ fn rank_0_ends_its_round_at_once_and_the_others_after_a_stagger_by_rank() {
     }
     assert_eq!(first.doing(), "leaving the previous round");
 
-    let mut fifth = machine(Some(Leaving { version: 3, rank: 5, final_revision: 20, segments: None }));
+    let mut fifth =
+        machine(Some(Leaving { version: 3, rank: 5, final_revision: 20, participants: Arc::from([]) }));
     assert!(matches!(fifth.start(), Action::WatchState { from: 21 }));
     assert_eq!(fifth.doing(), "leaving the previous round");
     let now = Instant::now();
@@ -207,7 +209,8 @@ fn a_member_that_sees_the_round_ended_while_it_waits_does_not_swap() {
         }),
     ];
     for (i, (state, lease, then)) in rows.into_iter().enumerate() {
-        let mut m = machine(Some(Leaving { version: 3, rank: 1, final_revision: 20, segments: None }));
+        let mut m =
+            machine(Some(Leaving { version: 3, rank: 1, final_revision: 20, participants: Arc::from([]) }));
         assert!(matches!(m.start(), Action::WatchState { from: 21 }), "row {i}");
         assert!(matches!(on(&mut m, Input::Ack), Action::Await { .. }), "row {i}");
         let seen = Observed::from_kv(Some(key_value(keys().state(), &state.to_bytes(), 25, lease)), None)
@@ -220,7 +223,7 @@ fn a_member_that_sees_the_round_ended_while_it_waits_does_not_swap() {
 
 #[test]
 fn a_failed_leave_drops_the_keep_alive_key_and_then_its_own_error_decides() {
-    let leaving = Leaving { version: 3, rank: 1, final_revision: 20, segments: None };
+    let leaving = Leaving { version: 3, rank: 1, final_revision: 20, participants: Arc::from([]) };
     let mine = keys().rank(3, 1);
     // (how the leave's write failed, how the delete of the keep-alive key went, what follows)
     type Row = (fn() -> RendezvousError, fn() -> Input, fn(&Action) -> bool);

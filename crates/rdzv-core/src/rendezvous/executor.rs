@@ -94,7 +94,7 @@ impl<'a> Attempt<'a> {
             version: round.version,
             rank: round.rank,
             final_revision: round.final_revision,
-            segments: crate::rendezvous::state::SegmentRuns::of(&round.participants),
+            participants: round.participants.clone(),
         });
         let History { last, since, retired } = history;
         let machine = Machine::new(Call {

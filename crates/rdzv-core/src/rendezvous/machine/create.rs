@@ -6,7 +6,7 @@ use crate::error::RendezvousError;
 use crate::kv::{KeyValue, PutMode, PutOutcome, Revision};
 
 use super::super::decide;
-use super::super::state::State;
+use super::super::state::{SegmentRuns, State};
 use super::phase::{CounterStep, JoinStep, Joining, Phase, Purpose};
 use super::{Action, Bind, Handled, Input, Machine};
 
@@ -86,10 +86,10 @@ impl Machine {
                 // and that version is skipped, which is harmless (versions only need to grow).
                 let previous = self.latest_final;
                 let segments = self
-                    .final_segments
+                    .final_members
                     .as_ref()
                     .filter(|(seen, _)| previous == Some(*seen))
-                    .map(|(_, segments)| segments.clone());
+                    .and_then(|(_, members)| SegmentRuns::of(members));
                 self.joinable_segments = segments.clone().map(|s| (version, s));
                 self.phase = Phase::Open { version, previous, purpose };
                 Ok(Action::Put {

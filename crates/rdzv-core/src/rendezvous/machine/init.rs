@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use crate::kv::{DeleteMode, KeyValue, PutMode, Revision};
 
 use super::super::decide::{self, InitAction, Viewer};
-use super::super::state::{Participant, SegmentRuns, State};
+use super::super::state::{Participant, State};
 use super::phase::{ConfirmStep, Frozen, Phase, PredecessorStep, Purpose, Reread, Step};
 use super::{Action, Completed, Handled, Input, Machine, Observed, RoundTimings};
 
@@ -18,8 +18,8 @@ impl Machine {
     pub(super) fn decide(&mut self, observed: Observed, after: Reread) -> Action {
         if let Some(State::Final { version, participants, .. }) = &observed.state {
             self.latest_final = self.latest_final.max(Some(*version));
-            if self.final_segments.as_ref().is_none_or(|(seen, _)| seen < version) {
-                self.final_segments = SegmentRuns::of(participants).map(|s| (*version, s));
+            if self.final_members.as_ref().is_none_or(|(seen, _)| seen < version) {
+                self.final_members = Some((*version, participants.clone()));
             }
         }
         let viewer = Viewer {

@@ -12,7 +12,7 @@ use crate::kv::{
 
 use super::super::decide::{Candidate, Sizing};
 use super::super::keys::RunKeys;
-use super::super::state::{LastRound, Participant, SegmentRuns, State};
+use super::super::state::{LastRound, Participant, State};
 
 /// How long a `frozen` state lives if confirmation stalls (the reference's 10 s).
 pub(crate) const FROZEN_TTL: Duration = Duration::from_secs(10);
@@ -268,9 +268,9 @@ pub struct Leaving {
     pub rank: usize,
     /// The revision of its `final` value.
     pub final_revision: Revision,
-    /// The segments of its ranks, if a member had one (for the `joinable` value of the round
-    /// that follows it).
-    pub segments: Option<SegmentRuns>,
+    /// Its members, in rank order: the round that follows it carries their segments in its
+    /// `joinable` value.
+    pub participants: std::sync::Arc<[Participant]>,
 }
 
 /// Keys a call writes for itself that must not outlive a failed call: a join key (it would

@@ -67,9 +67,10 @@ pub struct Machine {
     since: Option<Revision>,
     /// The latest round this call saw final: a round it opens names it as `previous`.
     latest_final: Option<u64>,
-    /// The segments of a round this call saw final (or leaves), if it had any: a round it
-    /// opens after that one carries them in its `joinable` value.
-    final_segments: Option<(u64, SegmentRuns)>,
+    /// The members of the latest round this call saw final (or leaves): a round it opens
+    /// after that one carries their segments in its `joinable` value (read only then: every
+    /// worker sees a `final` value, one opens the next round).
+    final_members: Option<(u64, std::sync::Arc<[Participant]>)>,
     /// The segments of the previous round's ranks, as the `joinable` value of the round this
     /// call joins gave them: what its freeze gives free ranks by.
     joinable_segments: Option<(u64, SegmentRuns)>,
@@ -102,7 +103,7 @@ impl Machine {
         } = call;
         let latest_final =
             leave_first.as_ref().map(|l| l.version).into_iter().chain(last.map(|l| l.version)).max();
-        let final_segments = leave_first.as_ref().and_then(|l| Some((l.version, l.segments.clone()?)));
+        let final_members = leave_first.as_ref().map(|l| (l.version, l.participants.clone()));
         Machine {
             me,
             session,
@@ -117,7 +118,7 @@ impl Machine {
             last,
             since,
             latest_final,
-            final_segments,
+            final_members,
             joinable_segments: None,
             waited_on: None,
             phase: Phase::Start,
