@@ -504,7 +504,8 @@ fn no_false_death(f: &Facts) -> Vec<Violation> {
             "no-false-death",
             went || f.world.faulty(g),
             "worker {worker} was told at {at:?} that worker {g} (rank {rank} of round {version}) is gone, \
-             but it was alive and holding the round"
+             but it was alive and holding the round; its history: {:#?}",
+            f.history(g)
         );
     }
     v
