@@ -64,7 +64,8 @@ def exits(procs: dict[str, subprocess.Popen], logs: dict[str, Path], timeout: fl
         if time.monotonic() > deadline:
             kill(list(procs.values()))
             late = [n for n in procs if n not in ended]
-            raise AssertionError(f"{late} did not exit; log of {late[0]}:\n{logs[late[0]].read_text()[-4000:]}")
+            tails = "".join(f"\n--- log of {n} ---\n{logs[n].read_text()[-3000:]}" for n in late)
+            raise AssertionError(f"{late} did not exit{tails}")
         time.sleep(0.1)
     return ended
 

@@ -3,7 +3,8 @@
 Each worker sums (rank + 1) over the world. When the world has TARGET_WORLD members it
 writes what it saw to OUT_DIR and exits 0; a smaller or larger world keeps reducing until
 the agents re-form it (a peer dies: the collective fails and the worker exits non-zero).
-With HOLD_FILE set, the workers keep reducing while that file exists, whatever the world.
+With HOLD_FILE set, the workers keep reducing while any of them sees that file, whatever the
+world.
 With AGENT_NAME set (in the agent's environment), each worker appends a line to
 OUT_DIR/starts.jsonl when it starts: which agent, its group rank and rank, the world size,
 the master address (one per world), its pid and the agent's restart count.
@@ -57,15 +58,19 @@ if "STEPS" in os.environ:
     dist.destroy_process_group()
     sys.exit(0)
 while True:
-    t = torch.tensor([float(rank + 1)])
+    # Whether the hold file is there travels in the collective, so that every rank takes the
+    # same decision: a rank that stopped on its own look at the file would meet the others'
+    # next all_reduce with its barrier.
+    holding = float(bool(hold and os.path.exists(hold)))
+    t = torch.tensor([float(rank + 1), holding])
     dist.all_reduce(t)
-    if world == target and not (hold and os.path.exists(hold)):
+    if world == target and t[1].item() == 0:
         break
     time.sleep(0.2)
 result = {
     "rank": rank,
     "world": world,
-    "sum": t.item(),
+    "sum": t[0].item(),
     "group_rank": int(os.environ["GROUP_RANK"]),
     "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
     "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
