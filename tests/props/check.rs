@@ -67,6 +67,7 @@ const PROPERTIES: &[Property] = &[
     stable_ranks,
     segments_carried,
     first_round_by_segment,
+    whole_blocks,
     settles,
     key_count,
 ];
@@ -563,10 +564,12 @@ fn failure_detection(f: &Facts) -> Vec<Violation> {
 fn calm_liveness(f: &Facts) -> Vec<Violation> {
     let mut v = Vec::new();
     let world = f.world;
-    if world.calm() && world.plans.len() >= world.min {
-        let mut arrivals: Vec<u64> = world.plans.iter().map(|p| p.arrive_ms).collect();
-        arrivals.sort();
-        let t_min = Duration::from_millis(arrivals[world.min - 1]);
+    let mut by_arrival: Vec<usize> = (0..world.plans.len()).collect();
+    by_arrival.sort_by_key(|&w| world.plans[w].arrive_ms);
+    // The arrival that makes `min` workers a round could take (whole segments, with a size).
+    let enough = (1..=by_arrival.len()).find(|&n| world.admissible(&by_arrival[..n]) >= world.min);
+    if let Some(n) = enough.filter(|_| world.calm()) {
+        let t_min = Duration::from_millis(world.plans[by_arrival[n - 1]].arrive_ms);
         let first = f.rounds.values().flatten().map(|(_, _, at)| *at).min();
         let bound = t_min + world.last_call() + SLACK;
         ensure!(
@@ -641,7 +644,9 @@ fn rerun_liveness(f: &Facts) -> Vec<Violation> {
 
 /// `stable-ranks`: a worker that returned a round and the next final round of the run keeps
 /// its rank in it while the rank is below the new world size (the survivors of a round keep
-/// their ranks; spares and newcomers only fill holes).
+/// their ranks; spares and newcomers only fill holes). With whole segments, the members of a
+/// block all of whom returned both rounds (an untouched segment) keep their ranks; a block
+/// that lost a member may leave whole.
 fn stable_ranks(f: &Facts) -> Vec<Violation> {
     let mut v = Vec::new();
     let mut finals: Vec<(u64, &Vec<String>)> = f
@@ -653,12 +658,21 @@ fn stable_ranks(f: &Facts) -> Vec<Violation> {
         })
         .collect();
     finals.sort_by_key(|(version, _)| *version);
+    let returned = |node: &String, version| {
+        f.versions_of.get(&Facts::worker_of(node)).is_some_and(|vs| vs.contains(&version))
+    };
     for pair in finals.windows(2) {
         let ((v1, before), (v2, after)) = (pair[0], pair[1]);
         for (rank, node) in before.iter().enumerate() {
             let w = Facts::worker_of(node);
-            let returned = |version| f.versions_of.get(&w).is_some_and(|vs| vs.contains(&version));
-            if !(returned(v1) && returned(v2)) || rank >= after.len() {
+            let untouched = match f.world.segment_size {
+                Some(k) => before
+                    .chunks(k)
+                    .nth(rank / k)
+                    .is_some_and(|block| block.iter().all(|n| returned(n, v1) && returned(n, v2))),
+                None => returned(node, v1) && returned(node, v2),
+            };
+            if !untouched || rank >= after.len() {
                 continue;
             }
             ensure!(
@@ -720,6 +734,23 @@ fn first_round_by_segment(f: &Facts) -> Vec<Violation> {
         runs.len() == distinct.len(),
         "round {version}, the first final one, splits a segment: segments by rank {segments:?}"
     );
+    v
+}
+
+/// `whole-blocks`: with `segment_size = K`, every final round is whole blocks of `K` ranks,
+/// each block's members all of one segment.
+fn whole_blocks(f: &Facts) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let Some(k) = f.world.segment_size else { return v };
+    for r in f.records {
+        let Record::Final { version, segments, .. } = r else { continue };
+        ensure!(
+            v,
+            "whole-blocks",
+            segments.len() % k == 0 && segments.chunks(k).all(|block| block.iter().all(|s| *s == block[0])),
+            "round {version} is not whole blocks of {k} of one segment each: segments by rank {segments:?}"
+        );
+    }
     v
 }
 

@@ -105,6 +105,9 @@ pub struct World {
     pub close_at_ms: Option<u64>,
     /// Whether workers hold a round for `2 × TTL + 3 s` and re-enter, before healing.
     pub hold_ms: u64,
+    /// Whole segments of this many workers (`segment_size`), in a world whose workers all
+    /// name a segment; `min` and `max` are then multiples of it.
+    pub segment_size: Option<usize>,
 }
 
 impl World {
@@ -137,15 +140,28 @@ impl World {
         (0..self.plans.len()).filter(|&i| matches!(self.plans[i].fate, Fate::Stay)).collect()
     }
 
-    /// Whether liveness is owed: enough workers stay to form a round.
+    /// Whether liveness is owed: enough workers stay to form a round (in whole segments,
+    /// with `segment_size`).
     pub fn owes_liveness(&self) -> bool {
-        self.stayers().len() >= self.min
+        self.admissible(&self.stayers()) >= self.min
     }
 
     /// How many stayers must complete a round after healing: all of them if they fit in a
-    /// round, else `max` (the rest legitimately wait for a member to leave).
+    /// round, else `max` (the rest legitimately wait for a member to leave); with
+    /// `segment_size`, only those that make whole segments.
     pub fn owed_witnesses(&self) -> usize {
-        self.stayers().len().min(self.max)
+        self.admissible(&self.stayers()).min(self.max)
+    }
+
+    /// How many of `workers` a round could take, `max` aside: all of them, or with
+    /// `segment_size = K` each segment's workers rounded down to a multiple of `K`.
+    pub fn admissible(&self, workers: &[usize]) -> usize {
+        let Some(k) = self.segment_size else { return workers.len() };
+        let mut by_segment: BTreeMap<Option<u8>, usize> = BTreeMap::new();
+        for &w in workers {
+            *by_segment.entry(self.plans[w].segment).or_default() += 1;
+        }
+        by_segment.values().map(|n| n / k * k).sum()
     }
 
     fn faulty(&self, worker: usize) -> bool {
@@ -267,12 +283,21 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
                     prop::collection::vec(plan(calm, shape.arrive_ms.clone(), shape.faulty), n),
                     if calm { Just(None).boxed() } else { prop::option::weighted(0.15, 0u64..1000).boxed() },
                     segments(n),
+                    prop::option::weighted(0.5, 1usize..=3),
                 )
                     .prop_map(
-                        |(min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close, segments)| {
+                        |(min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close, segments, whole)| {
+                            let labelled = segments.iter().all(Option::is_some);
                             for (p, segment) in plans.iter_mut().zip(segments) {
                                 p.segment = segment;
                             }
+                            // Whole segments in half the labelled worlds: sizes rounded up to
+                            // multiples of the segment size.
+                            let segment_size = whole.filter(|_| labelled);
+                            let (min, max) = match segment_size {
+                                Some(k) => (min.div_ceil(k) * k, max.div_ceil(k) * k),
+                                None => (min, max),
+                            };
                             // Deaths and leaves happen before healing; a fate that would come later
                             // becomes a stay. Without a heal time there are no faults.
                             for p in &mut plans {
@@ -293,6 +318,7 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
                                 plans,
                                 close_at_ms,
                                 hold_ms: 2 * ttl_ms + 3000,
+                                segment_size,
                             }
                         },
                     )
@@ -664,6 +690,7 @@ async fn run_worker(i: usize, plan: Plan, world: &World, kv: Arc<dyn Kv>, run: &
     let mut p = params_for(world, run);
     p.node_id = Some(format!("w{i}"));
     p.segment = plan.segment.map(|s| format!("s{s}"));
+    p.segment_size = world.segment_size;
     let handler = loop {
         if *stop.borrow() || *ctl.end.borrow() {
             return;

@@ -391,6 +391,7 @@ proptest! {
             last_call: Duration::from_secs(30),
             backup: Duration::from_secs(10),
             order: RankOrder::Arrival,
+            segment_size: None,
         };
         let mut world = World::new(n, sizing, count_at_revision, counted_create);
         run(&mut world, &schedule, &losses);
@@ -427,6 +428,7 @@ fn a_failed_count_at_a_past_revision_is_taken_from_the_live_keys() {
         last_call: Duration::from_secs(30),
         backup: Duration::from_secs(10),
         order: RankOrder::Arrival,
+        segment_size: None,
     };
     let mut world = World::new(3, sizing, true, false);
     world.past_counts_fail = true;

@@ -40,6 +40,7 @@ fn machine_with_retired(leave_first: Option<Leaving>, retired: Vec<LeaseId>) -> 
             last_call: Duration::from_secs(30),
             backup: Duration::from_secs(10),
             order: RankOrder::Arrival,
+            segment_size: None,
         },
         count_at_revision: false,
         counted_create: false,

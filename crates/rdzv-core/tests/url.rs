@@ -328,6 +328,45 @@ fn segment_and_rank_order_options() {
     }
 }
 
+/// `segment_size`: whole segments of K need a segment, a rank order by segment, and sizes that
+/// are multiples of K; each broken rule names its option.
+#[test]
+fn segment_size_option() {
+    let whole = [("min_workers", "4"), ("max_workers", "8"), ("segment", "nvl1"), ("segment_size", "2")];
+    assert_eq!(params(&whole).expect("whole segments").segment_size, Some(2));
+    assert_eq!(params(&[]).expect("defaults").segment_size, None);
+    let with = |changes: &[(&'static str, &'static str)]| {
+        let mut pairs: std::collections::BTreeMap<&str, &str> = whole.into_iter().collect();
+        pairs.extend(changes.iter().copied());
+        pairs.retain(|_, v| !v.is_empty());
+        params(&pairs.into_iter().collect::<Vec<_>>())
+    };
+    for (changes, option, says) in [
+        (&[("segment_size", "0")][..], "segment_size", "at least one"),
+        (&[("segment_size", "two")], "segment_size", "whole number"),
+        (&[("min_workers", "3")], "min_workers", "multiple of segment_size (2)"),
+        (&[("max_workers", "9")], "max_workers", "multiple of segment_size (2)"),
+        (&[("rank_order", "arrival")], "rank_order", "`segment` or `segment+natural`"),
+    ] {
+        match with(changes) {
+            Err(ConfigError::InvalidValue { option: o, reason, .. }) => {
+                assert_eq!(o, option, "{changes:?}");
+                assert!(reason.contains(says), "{changes:?}: {reason}");
+            }
+            other => panic!("{changes:?}: expected an invalid {option}, got {other:?}"),
+        }
+    }
+    // A worker names its segment; a reader of the run (`rdzv status`) need not.
+    let unnamed = with(&[("segment", "")]).expect("a reader's options");
+    match unnamed.validate_worker() {
+        Err(ConfigError::InvalidValue { option, reason, .. }) => {
+            assert_eq!(option, "segment");
+            assert!(reason.contains("needs this worker's segment"), "{reason}");
+        }
+        other => panic!("expected an invalid segment, got {other:?}"),
+    }
+}
+
 /// The health gate's options: the check with its defaults, each value checked, and the
 /// timing options refused without a check (they would do nothing).
 #[test]

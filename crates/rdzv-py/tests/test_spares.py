@@ -45,13 +45,15 @@ def agent(
     timeout: int = 90,
     health: dict[str, str] | None = None,
     segment: str | None = None,
+    segment_size: int | None = None,
 ) -> subprocess.Popen:
     """Starts one agent (its etcd at `etcd`, `host:port`) running `script` in a session of its
     own (so that it dies with its workers); `extra_env` goes to the agent and its workers;
     `timeout` is its rendezvous deadline in seconds; `health` its health gate (`check`,
     `interval`, `timeout`, `failures`: seconds and a count), as `--rdzv-conf` keys for
     torchrun and as flags for `rdzv run`; `segment` its segment (``--rdzv-conf segment=`` or
-    ``--segment``)."""
+    ``--segment``); `segment_size` whole segments of that many nodes (an option of the
+    rendezvous: ``--rdzv-conf segment_size=`` or the URL's ``segment_size=``)."""
     env = dict(
         os.environ,
         OUT_DIR=str(out),
@@ -70,13 +72,15 @@ def agent(
             "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
             f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={ttl},join_timeout={timeout}"
             + "".join(f",health_check{'' if k == 'check' else '_' + k}={v}" for k, v in (health or {}).items())
-            + (f",segment={segment}" if segment else ""),
+            + (f",segment={segment}" if segment else "")
+            + (f",segment_size={segment_size}" if segment_size else ""),
             "--local-addr=127.0.0.1", "--monitor-interval=0.5", "--max-restarts=3", script,
         ]  # fmt: skip
     else:
         url = (
             f"etcd://{etcd}/{run_id}?min_workers={lo}&max_workers={hi or lo}"
             f"&keep_alive_ttl={ttl}s&last_call_timeout=2s&timeout={timeout}s"
+            + (f"&segment_size={segment_size}" if segment_size else "")
         )
         flags = [
             ("--health-check" + ("" if k == "check" else f"-{k}"), v if k in ("check", "failures") else f"{v}s")

@@ -125,8 +125,9 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
     }
     snap.joined = names_under(kv, &keys.joins(version)).await?;
     if let Some(State::Final { .. }) = &state {
-        let url_max = target.address.url.rendezvous_options.get("max_workers").and_then(|m| m.parse().ok());
-        let waiting = Waiting::read(kv, keys, url_max).await?;
+        let option =
+            |name: &str| target.address.url.rendezvous_options.get(name).and_then(|m| m.parse().ok());
+        let waiting = Waiting::read(kv, keys, option("max_workers"), option("segment_size")).await?;
         let nodes =
             |ws: &[rdzv_core::protocol::Joiner]| ws.iter().map(|j| j.node.clone()).collect::<Vec<_>>();
         snap.max_workers = waiting.max_workers;

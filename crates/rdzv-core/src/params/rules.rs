@@ -51,6 +51,13 @@ pub struct RendezvousParams {
     /// one segment get consecutive ranks (docs/PROTOCOL.md "Segments"). Same rule as an
     /// identifier.
     pub segment: Option<String>,
+    /// Whole-segment admission (`segment_size=K`): a round admits only complete segments of
+    /// `K` live workers, each holding a block of `K` ranks aligned to `K`; the workers of an
+    /// incomplete segment wait as spares (docs/PROTOCOL.md "Whole segments"). Needs a
+    /// `rank_order` by segment, and a `segment` in every worker
+    /// ([`validate_worker`](Self::validate_worker)); `min_workers` and `max_workers` must be
+    /// multiples of `K`.
+    pub segment_size: Option<usize>,
     /// The node's health gate, if any: checks run before each join and while the worker
     /// waits or is a member (docs/PROTOCOL.md "Health gates"). The handler only carries
     /// them; the `rdzv` facade's worker runs them.
@@ -185,6 +192,7 @@ impl RendezvousParams {
             local_addr: None,
             rank_order: RankOrder::default(),
             segment: None,
+            segment_size: None,
             health: None,
         }
     }
@@ -257,6 +265,55 @@ impl RendezvousParams {
         }
         if let Some(health) = &self.health {
             validate_health(health)?;
+        }
+        self.validate_segment_size()
+    }
+
+    /// [`validate`](Self::validate), and the rules for a worker that joins rounds (not only
+    /// reads or closes the run): with `segment_size`, it names its segment.
+    pub fn validate_worker(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        match self.segment_size {
+            Some(k) if self.segment.is_none() => Err(ConfigError::InvalidValue {
+                option: "segment".into(),
+                value: String::new(),
+                reason: format!(
+                    "segment_size ({k}) needs this worker's segment: give `segment` (`rdzv run --segment`, \
+                     torchrun `--rdzv-conf segment=`)"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// `segment_size`: at least 1, dividing `min_workers` and `max_workers`, with ranks ordered
+    /// by segment.
+    fn validate_segment_size(&self) -> Result<(), ConfigError> {
+        let Some(k) = self.segment_size else { return Ok(()) };
+        let invalid = |option: &str, value: String, reason: String| {
+            Err(ConfigError::InvalidValue { option: option.into(), value, reason })
+        };
+        if k == 0 {
+            return invalid("segment_size", "0".into(), "a segment has at least one worker".into());
+        }
+        for (name, n) in [("min_workers", self.min_workers), ("max_workers", self.max_workers)] {
+            if n % k != 0 {
+                return invalid(
+                    name,
+                    n.to_string(),
+                    format!(
+                        "must be a multiple of segment_size ({k}): a round admits whole segments of {k} workers"
+                    ),
+                );
+            }
+        }
+        if !self.rank_order.by_segment() {
+            return invalid(
+                "rank_order",
+                self.rank_order.as_str().into(),
+                "segment_size keeps each segment in a block of ranks: use `segment` or `segment+natural`"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -334,6 +391,7 @@ pub const OPTIONS: &[(&str, Option<&str>)] = &[
     ("local_addr", None),
     ("rank_order", None),
     ("segment", None),
+    ("segment_size", None),
     ("health_check", None),
     ("health_check_timeout", None),
     ("health_check_interval", None),
@@ -534,6 +592,9 @@ impl RendezvousParams {
         }
         if let Some(v) = given.get("rank_order") {
             params.rank_order = RankOrder::parse(v)?;
+        }
+        if let Some(v) = given.get("segment_size") {
+            params.segment_size = Some(parse_count("segment_size", v)?);
         }
         params.health = health_from(&given)?;
         for (name, target) in [

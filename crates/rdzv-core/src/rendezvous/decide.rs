@@ -29,6 +29,9 @@ pub struct Sizing {
     pub backup: Duration,
     /// In which order newcomers take the free ranks (`rank_order`).
     pub order: RankOrder,
+    /// Whole-segment admission: rounds of complete segments of this many workers
+    /// (`segment_size`; docs/PROTOCOL.md "Whole segments").
+    pub segment_size: Option<usize>,
 }
 
 impl Sizing {
@@ -40,6 +43,7 @@ impl Sizing {
             last_call: params.last_call_timeout,
             backup: params.keep_alive_ttl,
             order: params.rank_order,
+            segment_size: params.segment_size,
         }
     }
 }
@@ -232,6 +236,12 @@ pub enum FreezeAction {
         /// Live joiners now.
         count: u64,
     },
+    /// Enough live joiners, but too few of them in complete segments (`segment_size`): watch
+    /// the join keys, and try again when one comes or goes.
+    AwaitSegments {
+        /// Live joiners now.
+        count: u64,
+    },
     /// The round is full, but this many members of the round before, still alive, have not
     /// joined yet: wait for them (they keep their ranks) until a backup timer.
     AwaitSurvivors {
@@ -263,7 +273,8 @@ pub fn survivor_round(candidates: &[Candidate], previous: Option<u64>) -> Option
 /// newcomers of one segment take consecutive free ranks, segments in the order of their first
 /// arrival; and `segments`, those of the round before's ranks, give each free rank the
 /// segment of the member that held it: a newcomer of that segment takes it before any other
-/// free rank, and is admitted before any other newcomer.
+/// free rank, and is admitted before any other newcomer. With `segment_size`, whole segments
+/// only, in blocks (docs/PROTOCOL.md "Whole segments"; the rule is in `whole_segments.rs`).
 pub fn freeze(
     candidates: Vec<Candidate>,
     previous: Option<u64>,
@@ -300,6 +311,14 @@ pub fn freeze(
         survivors.into_iter().partition(|c| seen.insert(c.joiner.last.map(|l| l.rank)));
     newcomers.extend(doubles);
     newcomers.sort_by_key(|c| (c.arrival(), c.created));
+    let before = segments.filter(|_| sizing.order.by_segment() && round == previous);
+    if let Some(k) = sizing.segment_size {
+        return match super::whole_segments::freeze(k, survivors, newcomers, before, sizing) {
+            Some(participants) => FreezeAction::Freeze(participants),
+            None if count as usize >= sizing.min => FreezeAction::AwaitSegments { count },
+            None => FreezeAction::AwaitJoiners { count },
+        };
+    }
     let mut survivors = survivors;
     survivors.truncate(sizing.max);
     let survivors: Vec<(usize, Participant)> = survivors
@@ -308,7 +327,7 @@ pub fn freeze(
         .collect();
     // Segments are followed only where the previous round's are of the round the survivors
     // come from.
-    let free = match segments.filter(|_| sizing.order.by_segment() && round == previous) {
+    let free = match before {
         Some(segments) => free_segments(segments, &survivors),
         None => Vec::new(),
     };
@@ -362,7 +381,7 @@ fn admit(newcomers: Vec<Candidate>, room: usize, free: &[(usize, String)]) -> Ve
 /// The newcomers (given in arrival order) in the order they take free ranks: by `order`.
 /// By segment, the newcomers of one segment are kept together, segments in the order of their
 /// first arrival; natural, by address then node id (inside each segment, by segment).
-fn in_rank_order(mut newcomers: Vec<Participant>, order: RankOrder) -> Vec<Participant> {
+pub(super) fn in_rank_order(mut newcomers: Vec<Participant>, order: RankOrder) -> Vec<Participant> {
     let natural = |a: &Participant, b: &Participant| {
         alphanumeric_sort::compare_str(&a.addr, &b.addr)
             .then_with(|| alphanumeric_sort::compare_str(&a.node, &b.node))
@@ -626,7 +645,7 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
 
     fn sz(min: usize, max: usize, last_call: Duration, backup: Duration) -> Sizing {
-        Sizing { min, max, last_call, backup, order: RankOrder::Arrival }
+        Sizing { min, max, last_call, backup, order: RankOrder::Arrival, segment_size: None }
     }
 
     fn p(node: &str) -> Participant {

@@ -148,7 +148,7 @@ impl RendezvousHandler {
     /// request once, then reconnects) gets its session, while a server that cannot be
     /// reached at all still fails within about a second.
     pub async fn new(kv: Arc<dyn Kv>, params: RendezvousParams) -> Result<Self> {
-        params.validate()?;
+        params.validate_worker()?;
         let keys = RunKeys::new(&params.prefix, &params.run_id);
         let node = params.node_id.clone().unwrap_or_else(default_node_id);
         let addr = params.local_addr.clone().unwrap_or_else(host_name);
@@ -428,7 +428,7 @@ impl RendezvousHandler {
     /// keys.
     pub async fn waiting(&self) -> Result<Waiting> {
         let ctx = &self.inner.ctx;
-        Waiting::read(&*ctx.kv, &ctx.keys, Some(ctx.params.max_workers)).await
+        Waiting::read(&*ctx.kv, &ctx.keys, Some(ctx.params.max_workers), ctx.params.segment_size).await
     }
 
     /// Whether the run is closed.

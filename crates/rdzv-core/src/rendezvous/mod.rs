@@ -31,6 +31,7 @@ mod recent;
 mod run_lease;
 mod state;
 mod waiting;
+mod whole_segments;
 
 pub use broken::RoundBroken;
 pub use changes::RoundChanges;

@@ -28,7 +28,10 @@ A run closed as succeeded while this agent's workers still run (torch's exit bar
 up on a slower node after 300 s, and the faster agents close the run and leave) does not stop
 them: ``num_nodes_waiting()`` reports nothing to re-form for, and they finish on their own.
 Should they fail instead, the run is closed as failed (``failed`` replaces ``succeeded``) and
-this agent ends with an error.
+this agent ends with an error. Workers that failed before the run was closed (a peer died) are
+not such a failure: the agent re-forms, and if the run is closed as succeeded while it waits
+(it was left out of the new world, e.g. its segment was incomplete under ``segment_size``), it
+ends with exit code 0 like any agent waiting for a round.
 
 An agent whose run closes while it waits for a round — a spare, a late agent, or any agent of
 a job that succeeded — ends with exit code 0: ``next_rendezvous()`` raises ``SystemExit(0)``.
@@ -278,10 +281,14 @@ class RdzvRendezvousHandler(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         workers_failed = self._in_round and not self._asked_to_reform
         self._in_round = self._asked_to_reform = False
+        # Only a close that came before the failure makes it a failure after success: one that
+        # comes while this agent waits (its segment left the world whole, and a spare one took
+        # its place) ends a job that succeeded without it.
+        failed_after_success = workers_failed and self._run_succeeded()
         try:
             r = self._worker.next_rendezvous()
         except rdzv.RendezvousClosedError as e:
-            if e.outcome == "succeeded" and workers_failed:
+            if e.outcome == "succeeded" and failed_after_success:
                 # This agent's workers failed after another closed the run as succeeded.
                 self._close_or_warn("failed")
                 raise RendezvousClosedError(

@@ -69,7 +69,11 @@ impl Machine {
             (JoinStep::ReadingMembers { candidates, revision }, Input::Members(alive)) => {
                 self.freeze(round, candidates, &alive, Trigger::Full, revision, now)
             }
-            (JoinStep::WatchingJoiners { count }, Input::Ack) => {
+            (JoinStep::WatchingJoiners { count, whole: true }, Input::Ack) => {
+                // Only a joiner that comes or goes can complete a segment: try again then.
+                self.await_joined(round, None, Some(count))
+            }
+            (JoinStep::WatchingJoiners { count, whole: false }, Input::Ack) => {
                 // Enough for a round but not full (a position of `max` counted a joiner that
                 // is gone since): the last call runs from now.
                 let freeze_at =
@@ -241,9 +245,14 @@ impl Machine {
         let segments =
             self.joinable_segments.as_ref().filter(|(of, _)| *of == version).map(|(_, segments)| segments);
         match decide::freeze(candidates, previous, alive, trigger, &self.sizing, segments) {
-            FreezeAction::AwaitJoiners { count } => {
-                tracing::debug!(count, "too few joiners to freeze; watching the join keys");
-                self.phase = stay(round, JoinStep::WatchingJoiners { count });
+            action @ (FreezeAction::AwaitJoiners { count } | FreezeAction::AwaitSegments { count }) => {
+                let whole = matches!(action, FreezeAction::AwaitSegments { .. });
+                tracing::debug!(
+                    count,
+                    whole,
+                    "too few joiners (in whole segments) to freeze; watching the join keys"
+                );
+                self.phase = stay(round, JoinStep::WatchingJoiners { count, whole });
                 Action::WatchPrefix { prefix: self.keys.joins(version), from: revision + 1 }
             }
             FreezeAction::AwaitSurvivors { missing } => {

@@ -134,8 +134,9 @@ pub(super) enum JoinStep {
     Reading { trigger: Trigger },
     /// Reading which members of the round before are alive, to freeze a full round.
     ReadingMembers { candidates: Vec<Candidate>, revision: Revision },
-    /// Too few to freeze: opening a watch of the join keys.
-    WatchingJoiners { count: u64 },
+    /// Too few to freeze (`whole`: too few in complete segments, though enough joiners):
+    /// opening a watch of the join keys.
+    WatchingJoiners { count: u64, whole: bool },
     /// Swapping `joinable` → `frozen`.
     Freezing,
 }

@@ -323,6 +323,79 @@ pub async fn segments_hold_consecutive_ranks_and_fill_their_own_holes(kv: Arc<dy
     assert!(matches!(timeout(LIMIT, other_spare).await.unwrap().unwrap(), Err(RendezvousError::Shutdown)));
 }
 
+/// Whole segments of two (`segment_size=2`): a first round of s1, s2, s1, s2 holds each
+/// segment in a block of two ranks. A lone worker of s3 waits without counting as waiting (it
+/// completes no segment, so the members do not re-form for it); a second one completes s3,
+/// and the next round takes them in a block of their own while the others keep their ranks.
+/// Then a member of s1 dies with no spare of s1: its segment leaves whole (the survivor of s1
+/// waits as a spare) and the world shrinks to the two other segments.
+pub async fn whole_segments_keep_their_blocks(kv: Arc<dyn Kv>) {
+    let mut p = params(&run_id("whole"), 4, 6);
+    p.last_call_timeout = Duration::from_secs(1);
+    p.segment_size = Some(2);
+    let mut ws = Vec::new();
+    for (i, segment) in ["s1", "s2", "s1", "s2", "s3", "s3"].into_iter().enumerate() {
+        let mut p = p.clone();
+        p.node_id = Some(format!("node{i}"));
+        p.segment = Some(segment.into());
+        ws.push(super::Worker::new(&kv, p, i as u64).await);
+    }
+    let by_rank = |info: &RendezvousInfo| -> Vec<String> {
+        info.participants.iter().map(|p| p.segment.clone().unwrap_or_default()).collect()
+    };
+    let whole = |segments: &[String]| segments.chunks(2).all(|block| block[0] == block[1]);
+    let members: Vec<_> = ws[..4].iter().map(|w| w.handler.clone()).collect();
+    let first: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&first, 4, 4);
+    assert!(whole(&by_rank(&first[0])), "{:?}", by_rank(&first[0]));
+    let lone = spare(&ws[4].handler, &members[0], 0).await;
+    for h in &members {
+        assert_eq!(h.num_nodes_waiting().await.unwrap(), 0, "a lone worker of s3 completes no segment");
+    }
+    let pair = spare(&ws[5].handler, &members[0], 1).await;
+    assert_eq!(members[0].num_nodes_waiting().await.unwrap(), 2, "two of s3 complete a segment");
+    let mut second: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&members)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    for task in [lone, pair] {
+        second.push(timeout(LIMIT, task).await.unwrap().unwrap().unwrap());
+    }
+    assert_agreement(&second, 6, 6);
+    assert_eq!(by_rank(&second[0])[4..], ["s3", "s3"]);
+    for info in &second[..4] {
+        let node = &info.participants[info.rank].node;
+        assert_eq!(info.rank, of(&first, node).rank, "{node} moved");
+    }
+    // node0 (s1) dies; node2, the other of s1, re-enters with the others but waits.
+    ws[0].kill();
+    let s1_survivor = spare_later(&ws[2].handler);
+    let others: Vec<_> = [1, 3, 4, 5].iter().map(|&i| ws[i].handler.clone()).collect();
+    let third: Vec<_> =
+        timeout(LIMIT, rendezvous_all(&others)).await.unwrap().into_iter().map(Result::unwrap).collect();
+    assert_agreement(&third, 4, 4);
+    let segments = by_rank(&third[0]);
+    assert!(whole(&segments) && !segments.contains(&"s1".to_string()), "{segments:?}");
+    let s1_block = of(&second, "node0").rank / 2;
+    for info in &third {
+        let node = &info.participants[info.rank].node;
+        let before = of(&second, node).rank;
+        // A block below the new world size stays; one beyond it moves into s1's.
+        let expected = if before < 4 { before } else { s1_block * 2 + before % 2 };
+        assert_eq!(info.rank, expected, "{node}: rank {before} before");
+    }
+    assert!(!s1_survivor.is_finished(), "the survivor of an incomplete segment waits as a spare");
+    ws[2].handler.shutdown().await.unwrap();
+    assert!(matches!(timeout(LIMIT, s1_survivor).await.unwrap().unwrap(), Err(RendezvousError::Shutdown)));
+}
+
+/// Starts `handler`'s `next_rendezvous` in the background.
+fn spare_later(
+    handler: &RendezvousHandler,
+) -> tokio::task::JoinHandle<Result<RendezvousInfo, RendezvousError>> {
+    let h = handler.clone();
+    tokio::spawn(async move { h.next_rendezvous().await })
+}
+
 /// A member dies (its link cut, no goodbye): the survivors are told within the TTL and a
 /// round trip, and form the next round with the worker that was waiting, without it.
 pub async fn member_death_forms_new_round(kv: Arc<dyn Kv>) {
@@ -527,6 +600,7 @@ macro_rules! rendezvous_scenarios {
             a_spare_takes_a_dead_members_place, an_excluded_member_leaves_at_once_and_its_record_goes_with_it,
             survivors_keep_their_ranks_when_the_world_shrinks,
             natural_rank_order, segments_hold_consecutive_ranks_and_fill_their_own_holes,
+            whole_segments_keep_their_blocks,
             member_death_forms_new_round, close_while_waiting, timeout_when_too_few,
             corrupt_state_is_a_state_error, state_deleted_underfoot_recovers,
             leave_is_fast_and_not_close, reentry_leaves_at_once, extra_data_round_trips_and_times_out,
