@@ -47,8 +47,9 @@ ceiling: `rdzv bench URL --workers N --rounds 1 --format json` for each N in tur
   whether it completed, the round's time, the error of a failure, and the server's cost per
   1000 workers: CPU seconds, committed proposals and the database size.
 
-segments: `rdzv bench URL --workers N --rounds 1 --format json` on one client, without segments
-  and with `--segments L` (worker i labelled `s<i mod L>`: the labels arrive interleaved),
+segments: `rdzv bench URL --workers N --rounds 1 --format json` on one client, without segments,
+  with `--segments L` (worker i labelled `s<i mod L>`: the labels arrive interleaved), and with
+  those labels admitted as whole segments (`segment_size=N/L` in the URL),
   alternating, each on the same etcd. Records, per N, labelling and run, the round's time, the
   bench's writes and reads per worker and etcd's proposals and ranges per worker, with the
   1-minute load average before the run.
@@ -156,12 +157,12 @@ def segments(a):
         with open(a.out, "a") as out:
             for n in [int(x) for x in a.sizes.split(",")]:
                 for run in range(a.runs):
-                    for labels in (0, a.labels):
+                    for labels, whole in ((0, None), (a.labels, None), (a.labels, n // a.labels)):
                         load = os.getloadavg()[0]
                         extra = ["--segments", str(labels)] if labels else []
-                        r = bench_once(etcd, a, n, "", extra)
-                        r.update({"run": run, "labels": labels, "load_before": load})
-                        print(f"segments N={n} labels={labels} run {run} (load {load:.2f}): "
+                        r = bench_once(etcd, a, n, f"&segment_size={whole}" if whole else "", extra)
+                        r.update({"run": run, "labels": labels, "segment_size": whole, "load_before": load})
+                        print(f"segments N={n} labels={labels} segment_size={whole} run {run} (load {load:.2f}): "
                               + (f"round {r['seconds']:.3f}s, writes {r['writes_per_worker_round']:.2f}, "
                                  f"reads {r['reads_per_worker_round']:.2f} per worker"
                                  if "seconds" in r else f"FAILED ({r['failed'][:200]})"), flush=True)
