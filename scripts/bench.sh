@@ -18,8 +18,8 @@
 # 4,096 sessions on one client lose their leases on this machine) for a member
 # cut off among in-process workers; CEILING_SIZES (default 8192,16384,24576,32768,40960,49152) for the largest
 # round on one etcd;
-# DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); C10D_SIZES (default 32,64) and
-# C10D_RUNS (default 5) for the comparison with PyTorch's c10d rendezvous; RDZV_JOIN_BIN (a worker command for the multi-process runs,
+# DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); C10D_SIZES (default 16,32,64) and
+# C10D_RUNS (default 1: each c10d run at 64 waits out its 120 s timeout) for the comparison with PyTorch's c10d rendezvous; RDZV_JOIN_BIN (a worker command for the multi-process runs,
 # called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
 # RDZV_BENCH_URL / RDZV_BENCH_BACKENDS are passed to the benches (see benches/common/mod.rs).
 #
@@ -151,7 +151,10 @@ if [ -x "$cli" ]; then
     echo "== against PyTorch's default rendezvous (c10d over a TCPStore), separate processes"
     torch_python=$(source scripts/venv.sh && venv_for crates/rdzv-py/requirements-test.txt)/bin/python
     if [ -x "$torch_python" ] && "$torch_python" -c 'import torch, rdzv' 2>/dev/null; then
-        python3 scripts/c10d_compare.py --python "$torch_python" --sizes "${C10D_SIZES:-32,64}" --runs "${C10D_RUNS:-5}" \
+        # Workers that stay after their round and workers that exit; c10d with torch's defaults and
+        # with a backoff after a lost write and no heartbeats during the join (BENCHMARKS.md says why).
+        python3 scripts/c10d_compare.py --python "$torch_python" --sizes "${C10D_SIZES:-16,32,64}" --runs "${C10D_RUNS:-1}" \
+            --after-round stay,exit --c10d-conf ';cas_backoff_max_seconds=0.5,keep_alive_interval=600' \
             --out "$results/c10d.jsonl" || echo "bench: the c10d comparison failed"
     else
         echo "bench: no venv with torch and rdzv at $torch_python (run scripts/test-python.sh once); skipping the c10d comparison"

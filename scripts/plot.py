@@ -551,30 +551,60 @@ def targets_section(md, data):
 
 
 def c10d_section(md, data):
-    """### Against PyTorch's default rendezvous: c10d and rdzv side by side (c10d.jsonl)."""
+    """### Against PyTorch's default rendezvous: c10d and rdzv side by side (c10d.jsonl), with the
+    variants that show why c10d collapses."""
     c10d = data.c10d
     if not c10d:
         return
     md.append("### Against PyTorch's default rendezvous (torchrun's `c10d` backend)")
     md.append("")
-    md.append("`python3 scripts/c10d_compare.py --python <the test venv's python> --sizes 32,64 --runs 5 --out "
-              "benches/results/c10d.jsonl` (run by `scripts/bench.sh`): N separate worker processes of each "
-              "system, alternating run by run; each imports its library and connects (c10d: "
-              "`DynamicRendezvousHandler` over a TCPStore this script hosts, torch "
-              "2.15's defaults; rdzv: `rdzv.connect` to a local etcd on tmpfs), then all are told to go at "
-              "one instant, and the time runs until the last has its round (min = max = N). Median "
-              "(min–max) over the runs; ratio of the medians. Load average during the runs: "
-              f"{c10d[0].get('load_at_start', '?')} at the start, {c10d[-1].get('load', '?')} at the end.")
+    md.append("`python3 scripts/c10d_compare.py --python <the test venv's python> --sizes 16,32,64 --runs 1 "
+              "--after-round stay,exit --c10d-conf ';cas_backoff_max_seconds=0.5,keep_alive_interval=600' "
+              "--out benches/results/c10d.jsonl` (run by `scripts/bench.sh`), one run of each: N separate worker processes of each system; each imports "
+              "its library and connects (c10d: `DynamicRendezvousHandler` over a multi-tenant TCPStore this "
+              "script hosts, torch 2.15; rdzv: `rdzv.connect` to a local etcd on tmpfs), then all are told to "
+              "go at one instant (a line on each one's stdin), and the time runs until the last has its round "
+              "(min = max = N, join timeout 120 s). A worker that has its round *stays* (as torchrun's agents "
+              "do while their workers train) or *exits*. Beside each figure: the load average (1 min) before "
+              "the run — it still counts the previous run's N processes importing torch, so the check that "
+              "nothing else ran is the number of runnable tasks at the go (the harness itself is one); the "
+              "load each system makes during its run is part of its result. 128 processes do not fit this "
+              "machine: 128 Python processes importing torch took 208 MiB each, 22 GiB of its 24, and it "
+              "thrashed and killed some for memory before the first run began (tried 2026-12-05, stopped); "
+              "128 and more need a larger machine.")
     md.append("")
     rows = []
-    for n in sorted({r["workers"] for r in c10d}):
-        times = {s: [r["seconds"] for r in c10d if r["workers"] == n and r["system"] == s and not r.get("failed")]
-                 for s in ("c10d", "rdzv")}
-        failed = [r for r in c10d if r["workers"] == n and r.get("failed")]
-        ratio = (f"{statistics.median(times['c10d']) / statistics.median(times['rdzv']):.0f}×"
-                 if times["c10d"] and times["rdzv"] else "–")
-        rows.append([n, fmt_spread(times["c10d"]), fmt_spread(times["rdzv"]), ratio, len(failed)])
-    md.append(table(["N processes", "c10d (TCPStore)", "rdzv (etcd)", "c10d / rdzv", "failed runs"], rows))
+    for r in sorted(c10d, key=lambda r: (r["workers"], r.get("after_round") != "stay", r["system"] != "c10d",
+                                         r.get("c10d_conf") or "")):
+        what = "rdzv" if r["system"] == "rdzv" else f"c10d, {r.get('c10d_conf') or 'torch defaults'}"
+        took = fmt_s(r["seconds"]) if not r.get("failed") else (
+            "timed out (`RendezvousTimeoutError`)" if "Timeout" in r["failed"] else f"failed: {r['failed'][:80]}")
+        load = (r.get("load_before") or r.get("load_at_start") or "?").split()[0]
+        rows.append([r["workers"], r.get("after_round", "stay"), what, took, load, r.get("runnable_at_go", "?")])
+    md.append(table(["N processes", "after its round", "system", "last worker's round", "load before",
+                     "runnable at the go"], rows))
+    md.append("")
+    md.append("Why c10d collapses, read in torch 2.15's `torch/distributed/elastic/rendezvous/"
+              "dynamic_rendezvous.py`: every node joins by a compare-and-set of *one* value, the pickled "
+              "state holding every participant and its last heartbeat (`_BackendRendezvousStateHolder.sync` "
+              "→ `C10dRendezvousBackend.set_state`, a TCPStore `compare_set`), so each attempt ships and "
+              "pickles O(N) bytes and only one of the nodes racing wins. A node whose write lost re-reads and "
+              "writes again at once: `cas_backoff_max_seconds` defaults to 0 (`_DistributedRendezvousOpExecutor."
+              "run` waits only when it is above 0). And a node that has joined and waits for the rest sends a "
+              "keep-alive every `keep_alive_interval` (5 s): `_RendezvousJoinOp` returns `KEEP_ALIVE`, one more "
+              "write of the whole state racing the nodes still joining. Once N processes on two cores make "
+              "the join last past 5 s, every joined node adds its heartbeats to the race, and at 64 the join "
+              "does not converge within its 120 s. The variants say which part does it: whether a worker "
+              "stays or exits after its round changes nothing (with min = max = N no worker has its round "
+              "before the last one joins, so no finished member is writing), nor does a plain TCPStore "
+              "instead of a multi-tenant one (a preparatory run, not in the table: 16 processes 1.36 s "
+              "multi-tenant, 1.49 s plain; 32 processes 5.10 s and 4.52 s; 64 processes both timed out, "
+              "staying or exiting); a random backoff after a lost write "
+              "(`cas_backoff_max_seconds=0.5`) and no heartbeats during the join (`keep_alive_interval=600`) "
+              "take 64 processes from the timeout to seconds. Both are torch options "
+              "(`--rdzv-conf`) that torchrun leaves at their defaults. rdzv has no shared value to race for: "
+              "each worker creates its own join key and counts its position, and a failed create is an "
+              "answer, not a retry.")
     md.append("")
 
 
