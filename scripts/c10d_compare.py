@@ -27,6 +27,9 @@ Variants, to find what makes c10d slow (each run of each system in every combina
   refreshes its lease. `exit`: a worker exits as soon as it has its round.
 - `--stores multi` (the default): the TCPStore is multi-tenant, as torchrun's agents share it;
   `single`: a plain one.
+- `--stagger S`: the go lines are spread evenly over S seconds instead of sent at once (workers
+  arriving one after another, as when each starts as soon as it has imported torch); the time
+  still runs from the first go.
 - `--c10d-conf`: c10d's own options (torchrun's `--rdzv-conf`), one set per variant, the sets
   separated by `;` (an empty set: torch's defaults, the default). `cas_backoff_max_seconds=0.5`
   makes a worker whose write of the state lost the race wait up to 0.5 s (torch's default:
@@ -78,11 +81,12 @@ else:
 '''
 
 
-def one_run(python, system, target, n, run_id, timeout, after_round, conf=""):
+def one_run(python, system, target, n, run_id, timeout, after_round, conf="", stagger=0.0):
     procs = [subprocess.Popen([python, "-c", WORKER, system, target, run_id, str(n), after_round, conf],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(n)]
-    r = {"system": system, "workers": n, "run_id": run_id, "after_round": after_round, "c10d_conf": conf}
+    r = {"system": system, "workers": n, "run_id": run_id, "after_round": after_round, "c10d_conf": conf,
+         "stagger_s": stagger}
     try:
         deadline = time.monotonic() + timeout
         for p in procs:
@@ -95,7 +99,8 @@ def one_run(python, system, target, n, run_id, timeout, after_round, conf=""):
         # start-up, cannot give.
         r["runnable_at_go"] = int(open("/proc/loadavg").read().split()[3].split("/")[0])
         go = time.monotonic()
-        for p in procs:
+        for i, p in enumerate(procs):
+            time.sleep(max(0.0, go + stagger * i / n - time.monotonic()))
             p.stdin.write("go\n")
             p.stdin.flush()
         results = []
@@ -135,6 +140,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--after-round", default="stay", help="stay and/or exit, comma-separated")
     ap.add_argument("--stores", default="multi", help="multi and/or single (the TCPStore), comma-separated")
+    ap.add_argument("--stagger", type=float, default=0.0, help="spread the go lines over this many seconds")
     ap.add_argument("--c10d-conf", default="", help="c10d option sets (k=v,k=v), one per variant, `;`-separated")
     ap.add_argument("--timeout", type=float, default=180)
     ap.add_argument("--out", required=True)
@@ -152,12 +158,13 @@ def main():
                         for system, store, target, conf in systems + [("rdzv", None, etcd.hosts, "")]:
                             run_id = f"cmp-{system}-{n}-{run}-{os.getpid()}-{time.time_ns()}"
                             before = " ".join(open("/proc/loadavg").read().split()[:3])
-                            r = one_run(a.python, system, target, n, run_id, a.timeout, after_round, conf)
+                            r = one_run(a.python, system, target, n, run_id, a.timeout, after_round, conf, a.stagger)
                             r.update({"run": run, "store": store, "load_before": before,
                                       "load": " ".join(open("/proc/loadavg").read().split()[:3]),
                                       "load_at_start": load,
                                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-                            print(f"{system} N={n} {after_round} store={store} conf={conf!r} run {run} (load {before}): "
+                            print(f"{system} N={n} {after_round} store={store} conf={conf!r} stagger={a.stagger} "
+                                  f"run {run} (load {before}): "
                                   + (f"{r['seconds']:.3f} s" if "seconds" in r else f"FAILED: {r['failed']}"),
                                   flush=True)
                             out.write(json.dumps(r) + "\n")
