@@ -71,8 +71,7 @@ async fn spare(
     observer: &RendezvousHandler,
     waiting_before: usize,
 ) -> tokio::task::JoinHandle<Result<RendezvousInfo, RendezvousError>> {
-    let h = handler.clone();
-    let task = tokio::spawn(async move { h.next_rendezvous().await });
+    let task = spare_later(handler);
     until_waiting(observer, waiting_before + 1).await;
     task
 }
