@@ -1,7 +1,7 @@
 //! [`EtcdServer`]: one real `etcd` process on free loopback ports.
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
@@ -650,16 +650,11 @@ fn free_ports() -> Result<[u16; 3], HarnessError> {
     Ok([ports[0], ports[1], ports[2]])
 }
 
-/// `n` distinct free loopback ports (held open together so that they differ).
+/// `n` distinct free loopback ports outside the ephemeral range, so that a server
+/// restarted on them cannot find one taken by an outgoing connection.
 pub(crate) fn free_port_list(n: usize) -> Result<Vec<u16>, HarnessError> {
-    let listeners = (0..n)
-        .map(|_| {
-            TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| Ok((l.local_addr()?.port(), l)))
-                .map_err(|e| HarnessError::new(format!("cannot find a free loopback port: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(listeners.into_iter().map(|(port, _)| port).collect())
+    rdzv_core::testing::ports::free_loopback_ports(n)
+        .map_err(|e| HarnessError::new(format!("cannot find free loopback ports: {e}")))
 }
 
 /// Percent-encodes everything but unreserved characters and `/` (for file paths in a query).

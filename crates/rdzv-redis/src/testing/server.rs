@@ -1,7 +1,7 @@
 //! [`RedisServer`]: a real `redis-server` on a free loopback port, for tests.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -102,16 +102,12 @@ impl RedisServer {
             .prefix("rdzv-redis-")
             .tempdir()
             .map_err(|e| HarnessError(format!("cannot create a temporary directory: {e}")))?;
-        let tls = if tls {
-            let files = TlsFiles::generate(dir.path())?;
-            Some((free_port()?, files))
-        } else {
-            None
-        };
+        let ports = free_ports(if tls { 2 } else { 1 })?;
+        let tls = if tls { Some((ports[1], TlsFiles::generate(dir.path())?)) } else { None };
         Ok(RedisServer {
             bin,
             dir,
-            port: free_port()?,
+            port: ports[0],
             tls,
             client_auth: false,
             extra_args: Vec::new(),
@@ -368,12 +364,11 @@ fn find_binary() -> Result<PathBuf, HarnessError> {
         })
 }
 
-fn free_port() -> Result<u16, HarnessError> {
-    let l = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| HarnessError(format!("cannot find a free loopback port: {e}")))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| HarnessError(format!("cannot find a free loopback port: {e}")))
+/// `n` distinct free loopback ports outside the ephemeral range, so that a server restarted
+/// on them cannot find one taken by an outgoing connection.
+fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    rdzv_core::testing::ports::free_loopback_ports(n)
+        .map_err(|e| HarnessError(format!("cannot find free loopback ports: {e}")))
 }
 
 fn ping(port: u16) -> bool {
