@@ -2,8 +2,10 @@
 # Installs what building and testing rdzv needs on a Debian machine, when it is missing:
 # protoc and protobuf's well-known .proto files (the etcd client's build needs both), etcd
 # and redis-server (the tests start their own servers from these binaries), prometheus (the
-# metrics test starts one to scrape `rdzv run`), cargo-nextest (which runs the tests), and
-# the Rust components rustfmt and clippy.
+# metrics test starts one to scrape `rdzv run`), Slurm's slurmctld, slurmd, slurm-client and
+# munge (the Python tests start a cluster of their own on this host from these:
+# crates/rdzv-py/tests/slurm_cluster.py), cargo-nextest (which runs the tests), and the Rust
+# components rustfmt and clippy.
 # Idempotent, and silent when everything is already there. It starts no server.
 set -euo pipefail
 
@@ -40,6 +42,12 @@ want_etcd=false
 etcd_is_current || want_etcd=true
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+# Slurm's daemons and munged live in /usr/sbin, which a user's PATH may lack.
+has_sbin() { PATH="$PATH:/usr/sbin:/sbin" command -v "$1" >/dev/null 2>&1; }
+has_sbin slurmctld || missing+=(slurmctld)
+has_sbin slurmd || missing+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || missing+=(slurm-client)
+has_sbin munged || missing+=(munge)
 
 # apt-helper download-file URL FILE [SHA256:hash], quiet unless it fails.
 download() {
@@ -88,6 +96,9 @@ if ((${#missing[@]} > 0)) || $want_etcd; then
     fi
     # Keep the packages' install scripts from starting system services (the tests start
     # their own servers): a policy-rc.d that refuses, unless one is already in place.
+    # Refused, invoke-rc.d returns success, so the postinsts that start a service (munge,
+    # slurmctld, slurmd: `invoke-rc.d ... || exit 1`) do not fail; the Slurm ones also start
+    # nothing without /etc/slurm/slurm.conf, which none of these packages installs.
     policy=/usr/sbin/policy-rc.d
     downloads=$(mktemp -d /tmp/rdzv-setup-XXXXXX)
     chmod 755 "$downloads" # apt-get reads a local package as its own unprivileged user
@@ -119,8 +130,11 @@ if ((${#missing[@]} > 0)) || $want_etcd; then
         die "apt-get install ${installing[*]} failed"
     fi
     etcd_is_current || die "etcd is $(etcd_version) after installing, still older than 3.5"
-    for tool in protoc etcd redis-server prometheus; do
+    for tool in protoc etcd redis-server prometheus sbatch; do
         command -v "$tool" >/dev/null 2>&1 || die "\`$tool\` is still missing after installing ${missing[*]}"
+    done
+    for tool in slurmctld slurmd munged; do
+        has_sbin "$tool" || die "\`$tool\` is still missing after installing ${missing[*]}"
     done
     protoc_has_includes \
         || die "protoc cannot find google/protobuf/descriptor.proto after installing ${missing[*]} (the etcd client's build needs protobuf's well-known .proto files)"

@@ -67,6 +67,7 @@ const PROPERTIES: &[Property] = &[
     stable_ranks,
     segments_carried,
     first_round_by_segment,
+    first_round_by_node_index,
     whole_blocks,
     settles,
     key_count,
@@ -710,19 +711,20 @@ fn segments_carried(f: &Facts) -> Vec<Violation> {
     v
 }
 
+/// The run's first final round (no survivors, no round before to follow), as the state key
+/// showed it: a [`Record::Final`].
+fn first_final(records: &[Record]) -> Option<&Record> {
+    records.iter().filter(|r| matches!(r, Record::Final { .. })).min_by_key(|r| match r {
+        Record::Final { version, .. } => *version,
+        _ => u64::MAX,
+    })
+}
+
 /// `first-round-by-segment`: in the run's first final round (no survivors, no round before
 /// to follow), the workers of each segment hold consecutive ranks.
 fn first_round_by_segment(f: &Facts) -> Vec<Violation> {
     let mut v = Vec::new();
-    let first = f
-        .records
-        .iter()
-        .filter_map(|r| match r {
-            Record::Final { version, segments, .. } => Some((*version, segments)),
-            _ => None,
-        })
-        .min_by_key(|(version, _)| *version);
-    let Some((version, segments)) = first else { return v };
+    let Some(Record::Final { version, segments, .. }) = first_final(f.records) else { return v };
     let mut runs: Vec<&Option<String>> = segments.iter().collect();
     runs.dedup();
     let mut distinct = runs.clone();
@@ -733,6 +735,29 @@ fn first_round_by_segment(f: &Facts) -> Vec<Violation> {
         "first-round-by-segment",
         runs.len() == distinct.len(),
         "round {version}, the first final one, splits a segment: segments by rank {segments:?}"
+    );
+    v
+}
+
+/// `first-round-by-node-index`: with `rank_order=slurm`, the run's first final round holds
+/// its workers in the order of their node indexes, those without one last.
+fn first_round_by_node_index(f: &Facts) -> Vec<Violation> {
+    let mut v = Vec::new();
+    if !f.world.slurm_order {
+        return v;
+    }
+    let Some(Record::Final { version, participants, .. }) = first_final(f.records) else { return v };
+    let order: Vec<(bool, Option<u64>)> = participants
+        .iter()
+        .map(|node| f.world.plans[Facts::worker_of(node)].node_index)
+        .map(|index| (index.is_none(), index))
+        .collect();
+    ensure!(
+        v,
+        "first-round-by-node-index",
+        order.is_sorted(),
+        "round {version}, the first final one, is not in node index order: {participants:?} have {:?}",
+        order.iter().map(|(_, index)| index).collect::<Vec<_>>()
     );
     v
 }

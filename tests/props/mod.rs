@@ -89,6 +89,8 @@ pub struct Plan {
     pub faults: Option<Faults>,
     /// The worker's segment (`s<N>`), in a world whose workers name one.
     pub segment: Option<u8>,
+    /// The worker's `node_index`, in a world ordered by it (`rank_order=slurm`).
+    pub node_index: Option<u64>,
 }
 
 /// A generated world.
@@ -108,6 +110,9 @@ pub struct World {
     /// Whole segments of this many workers (`segment_size`), in a world whose workers all
     /// name a segment; `min` and `max` are then multiples of it.
     pub segment_size: Option<usize>,
+    /// Whether newcomers take ranks by their `node_index` (`rank_order=slurm`), in a world
+    /// without segments.
+    pub slurm_order: bool,
 }
 
 impl World {
@@ -231,6 +236,7 @@ fn plan(calm: bool, arrive: Range<u64>, faulty: f64) -> BoxedStrategy<Plan> {
                 latency_ms: 0,
                 faults: None,
                 segment: None,
+                node_index: None,
             })
             .boxed();
     }
@@ -246,6 +252,7 @@ fn plan(calm: bool, arrive: Range<u64>, faulty: f64) -> BoxedStrategy<Plan> {
             latency_ms,
             faults,
             segment: None,
+            node_index: None,
         })
         .boxed()
 }
@@ -257,6 +264,12 @@ fn segments(n: usize) -> impl Strategy<Value = Vec<Option<u8>>> {
         Just(vec![None; n]),
         (1u8..=4).prop_flat_map(move |labels| prop::collection::vec((0..labels).prop_map(Some), n)),
     ]
+}
+
+/// The node indexes of a world's `n` workers, for a world ordered by them: each one of
+/// `0..n` at random (ties happen, as two nodes of two jobs' lists may say the same), or none.
+fn node_indexes(n: usize) -> impl Strategy<Value = Vec<Option<u64>>> {
+    prop::collection::vec(prop::option::weighted(0.8, 0..n as u64), n)
 }
 
 /// Worlds of the given shape.
@@ -284,47 +297,73 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
                     if calm { Just(None).boxed() } else { prop::option::weighted(0.15, 0u64..1000).boxed() },
                     segments(n),
                     prop::option::weighted(0.5, 1usize..=3),
+                    prop::option::weighted(0.5, node_indexes(n)),
                 )
-                    .prop_map(
-                        |(min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close, segments, whole)| {
-                            let labelled = segments.iter().all(Option::is_some);
-                            for (p, segment) in plans.iter_mut().zip(segments) {
-                                p.segment = segment;
-                            }
-                            // Whole segments in half the labelled worlds: sizes rounded up to
-                            // multiples of the segment size.
-                            let segment_size = whole.filter(|_| labelled);
-                            let (min, max) = match segment_size {
-                                Some(k) => (min.div_ceil(k) * k, max.div_ceil(k) * k),
-                                None => (min, max),
-                            };
-                            // Deaths and leaves happen before healing; a fate that would come later
-                            // becomes a stay. Without a heal time there are no faults.
-                            for p in &mut plans {
-                                if let Fate::DieAt(ms) | Fate::LeaveAt(ms) = p.fate
-                                    && p.arrive_ms + ms >= heal_ms
-                                {
-                                    p.fate = Fate::Stay;
-                                }
-                            }
-                            // The close, if any, comes at a random point of the hostile period.
-                            let close_at_ms = close.map(|permille| heal_ms * permille / 1000);
-                            World {
-                                min,
-                                max,
-                                last_call_ms,
-                                ttl_ms,
-                                heal_ms,
-                                plans,
-                                close_at_ms,
-                                hold_ms: 2 * ttl_ms + 3000,
-                                segment_size,
-                            }
-                        },
-                    )
+                    .prop_map(world_from)
             })
         },
     )
+}
+
+/// What [`worlds`] draws for one world: min, max, last call, TTL and heal time (ms), the
+/// plans, the close (‰ of the hostile period), the segments, the segment size, the node
+/// indexes.
+type Drawn = (
+    usize,
+    usize,
+    u64,
+    u64,
+    u64,
+    Vec<Plan>,
+    Option<u64>,
+    Vec<Option<u8>>,
+    Option<usize>,
+    Option<Vec<Option<u64>>>,
+);
+
+/// The world that what was drawn makes, its parts made consistent.
+fn world_from(drawn: Drawn) -> World {
+    let (min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close, segments, whole, indexes) = drawn;
+    let labelled = segments.iter().all(Option::is_some);
+    for (p, segment) in plans.iter_mut().zip(segments) {
+        p.segment = segment;
+    }
+    // Half the worlds without segments are ordered by node index.
+    let indexes = indexes.filter(|_| plans.iter().all(|p| p.segment.is_none()));
+    let slurm_order = indexes.is_some();
+    for (p, index) in plans.iter_mut().zip(indexes.into_iter().flatten()) {
+        p.node_index = index;
+    }
+    // Whole segments in half the labelled worlds: sizes rounded up to multiples of the
+    // segment size.
+    let segment_size = whole.filter(|_| labelled);
+    let (min, max) = match segment_size {
+        Some(k) => (min.div_ceil(k) * k, max.div_ceil(k) * k),
+        None => (min, max),
+    };
+    // Deaths and leaves happen before healing; a fate that would come later becomes a stay.
+    // Without a heal time there are no faults.
+    for p in &mut plans {
+        if let Fate::DieAt(ms) | Fate::LeaveAt(ms) = p.fate
+            && p.arrive_ms + ms >= heal_ms
+        {
+            p.fate = Fate::Stay;
+        }
+    }
+    // The close, if any, comes at a random point of the hostile period.
+    let close_at_ms = close.map(|permille| heal_ms * permille / 1000);
+    World {
+        min,
+        max,
+        last_call_ms,
+        ttl_ms,
+        heal_ms,
+        plans,
+        close_at_ms,
+        hold_ms: 2 * ttl_ms + 3000,
+        segment_size,
+        slurm_order,
+    }
 }
 
 /// How a call failed.
@@ -458,6 +497,9 @@ fn params_for(world: &World, run: &str) -> RendezvousParams {
     p.timeout = TIMEOUT;
     p.last_call_timeout = world.last_call();
     p.keep_alive_ttl = world.ttl();
+    if world.slurm_order {
+        p.rank_order = rdzv_core::params::RankOrder::Slurm;
+    }
     p
 }
 
@@ -691,6 +733,7 @@ async fn run_worker(i: usize, plan: Plan, world: &World, kv: Arc<dyn Kv>, run: &
     p.node_id = Some(format!("w{i}"));
     p.segment = plan.segment.map(|s| format!("s{s}"));
     p.segment_size = world.segment_size;
+    p.node_index = plan.node_index;
     let handler = loop {
         if *stop.borrow() || *ctl.end.borrow() {
             return;

@@ -13,6 +13,7 @@ mod output;
 mod progress;
 mod ranks;
 mod signals;
+mod slurm;
 mod target;
 mod workers;
 

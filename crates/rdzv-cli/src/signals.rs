@@ -1,5 +1,5 @@
-//! Termination signals received (SIGINT, SIGTERM, SIGHUP, SIGQUIT), "stdin closed", and
-//! signals sent to process groups — through `rustix`'s safe system-call wrappers, never by
+//! Termination signals received (SIGINT, SIGTERM, SIGHUP, SIGQUIT), notices to pass on
+//! (SIGUSR1, SIGUSR2), "stdin closed", and signals sent to process groups — through `rustix`'s safe system-call wrappers, never by
 //! running the `kill` program (absent from minimal images, and its failures went unseen).
 
 use rustix::process::{Pid, Signal as Sig};
@@ -51,24 +51,77 @@ impl Received {
     }
 }
 
+/// What [`Signals::recv_or_notice`] caught.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Caught {
+    /// A termination signal.
+    End(Received),
+    /// SIGUSR1 or SIGUSR2, to pass on to the workers.
+    Notice(Sig),
+}
+
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught from creation on (so they no longer end this
-/// process).
+/// process); with [`Signals::catch_with_notices`], SIGUSR1 and SIGUSR2 too.
 pub struct Signals {
     interrupt: Signal,
     terminate: Signal,
     hangup: Signal,
     quit: Signal,
+    notices: Option<[Signal; 2]>,
 }
 
 impl Signals {
-    /// Starts catching the four signals.
+    /// Starts catching the four termination signals.
     pub fn catch() -> std::io::Result<Signals> {
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
             hangup: signal(SignalKind::hangup())?,
             quit: signal(SignalKind::quit())?,
+            notices: None,
         })
+    }
+
+    /// Starts catching the four termination signals, and SIGUSR1 and SIGUSR2 as notices for
+    /// the workers ([`Signals::recv_or_notice`]): Slurm's `--signal` warns of a job's end with them.
+    pub fn catch_with_notices() -> std::io::Result<Signals> {
+        let notices = [signal(SignalKind::user_defined1())?, signal(SignalKind::user_defined2())?];
+        Ok(Signals { notices: Some(notices), ..Signals::catch()? })
+    }
+
+    /// The next termination signal or notice, a termination signal first when both came.
+    pub async fn recv_or_notice(&mut self) -> Caught {
+        let notice = async {
+            match self.notices.as_mut() {
+                Some([usr1, usr2]) => tokio::select! {
+                    _ = usr1.recv() => Sig::USR1,
+                    _ = usr2.recv() => Sig::USR2,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = self.interrupt.recv() => Caught::End(Received::Interrupt),
+            _ = self.terminate.recv() => Caught::End(Received::Terminate),
+            _ = self.hangup.recv() => Caught::End(Received::Hangup),
+            _ = self.quit.recv() => Caught::End(Received::Quit),
+            notice = notice => Caught::Notice(notice),
+        }
+    }
+
+    /// The notices received while nobody listened (no workers ran), taken so that they are
+    /// not passed on to workers started later, before these could catch them.
+    pub fn stale_notices(&mut self) -> Vec<Sig> {
+        let mut stale = Vec::new();
+        let Some([usr1, usr2]) = self.notices.as_mut() else { return stale };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for (caught, notice) in [(usr1, Sig::USR1), (usr2, Sig::USR2)] {
+            while let std::task::Poll::Ready(Some(())) = caught.poll_recv(&mut cx) {
+                stale.push(notice);
+            }
+        }
+        stale
     }
 
     /// The next signal.

@@ -161,6 +161,7 @@ impl World {
                     leaving: None,
                     last: None,
                     since: None,
+                    node_index: None,
                 });
                 let action = Some(machine.start());
                 Worker { machine, session, action, states_from: None, prefix: None, outcome: None }

@@ -51,6 +51,7 @@ fn machine_with_retired(leave_first: Option<Leaving>, retired: Vec<LeaseId>) -> 
         leaving: None,
         last: None,
         since: None,
+        node_index: None,
     })
 }
 

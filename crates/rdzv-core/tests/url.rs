@@ -312,6 +312,7 @@ fn segment_and_rank_order_options() {
         ("segment", RankOrder::Segment),
         ("arrival", RankOrder::Arrival),
         ("natural", RankOrder::Natural),
+        ("slurm", RankOrder::Slurm),
     ] {
         assert_eq!(params(&[("rank_order", value)]).expect(value).rank_order, order);
     }
@@ -324,6 +325,26 @@ fn segment_and_rank_order_options() {
         match params(pairs) {
             Err(ConfigError::InvalidValue { option: o, .. }) => assert_eq!(o, option, "{pairs:?}"),
             other => panic!("{pairs:?}: expected an invalid {option}, got {other:?}"),
+        }
+    }
+}
+
+/// `node_index`: a whole number, 0 or more, what `rank_order=slurm` orders by.
+#[test]
+fn node_index_option() {
+    assert_eq!(params(&[]).expect("defaults").node_index, None);
+    assert_eq!(params(&[("node_index", "0")]).expect("index 0").node_index, Some(0));
+    assert_eq!(
+        params(&[("node_index", "1023"), ("rank_order", "slurm")]).expect("1023").node_index,
+        Some(1023)
+    );
+    for value in ["-1", "", "x", "1.5", "99999999999999999999"] {
+        match params(&[("node_index", value)]) {
+            Err(ConfigError::InvalidValue { option, reason, .. }) => {
+                assert_eq!(option, "node_index", "{value:?}");
+                assert!(reason.contains("whole number"), "{value:?}: {reason}");
+            }
+            other => panic!("{value:?}: expected an invalid node_index, got {other:?}"),
         }
     }
 }

@@ -1,7 +1,9 @@
-"""Real servers for the tests: etcd and redis-server, started on free loopback ports.
+"""Real servers for the tests: etcd and redis-server, started on free loopback ports, and a
+Slurm cluster of three nodes on this host (munged, slurmctld and three slurmd: slurm_cluster.py).
 
 A missing binary fails the tests that need it (never skips): install them with
-`scripts/setup.sh` (Debian's etcd-server and redis-server)."""
+`scripts/setup.sh` (Debian's etcd-server, redis-server, slurmctld, slurmd, slurm-client and
+munge)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Iterator
 import pytest
 
 import rdzv
+from slurm_cluster import SlurmCluster
 
 
 def free_port() -> int:
@@ -105,6 +108,19 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A fresh Slurm cluster of three nodes, n1..n3, of 2 CPUs each, in the partition `test`;
+    submit through its helpers or with its `env` (which names its slurm.conf)."""
+    # Its Unix sockets live in this directory; pytest's (under /tmp, about 40 characters,
+    # with an xdist worker's folder) keeps them well under the 107 a socket's path may have.
+    cluster = SlurmCluster.start(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(params=["etcd", "redis"])

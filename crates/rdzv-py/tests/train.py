@@ -9,6 +9,9 @@ With AGENT_NAME set (in the agent's environment), each worker appends a line to
 OUT_DIR/starts.jsonl when it starts: which agent, its group rank and rank, the world size,
 the master address (one per world), its pid and the agent's restart count.
 
+With NOTICE_FILE set, each worker appends a line to NOTICE_FILE.<rank> for every SIGUSR1 it
+receives (the Slurm tests: a warning before the job's end, once per worker).
+
 With STEPS set, each world trains that many steps whatever its size, appends what it saw to
 OUT_DIR/steps.jsonl, then runs no collective while HOLD_FILE exists and exits 0: its peers
 can then be stopped by their agents (a world re-forming) without failing it, so that only
@@ -16,6 +19,7 @@ its own agent stops it (the fencing tests)."""
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -24,11 +28,19 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+if "NOTICE_FILE" in os.environ:
+
+    def noticed(signum: int, frame: object) -> None:
+        with open(f"{os.environ['NOTICE_FILE']}.{rank}", "a") as f:
+            f.write(f"{signal.Signals(signum).name} pid {os.getpid()}\n")
+
+    signal.signal(signal.SIGUSR1, noticed)
 target = int(os.environ["TARGET_WORLD"])
 hold = os.environ.get("HOLD_FILE")
 if "AGENT_NAME" in os.environ:
     start = {
         "agent": os.environ["AGENT_NAME"],
+        "node_id": os.environ.get("RDZV_NODE_ID"),
         "group_rank": int(os.environ["GROUP_RANK"]),
         "rank": rank,
         "world": world,

@@ -30,12 +30,19 @@ pub fn run(_: GuardArgs) -> ExitCode {
     runtime.block_on(async {
         // The agent stops a group with SIGTERM (or SIGINT) to all of it, then SIGKILL: the
         // first is for the worker to handle; the guard stays until the SIGKILL, or until
-        // the agent is gone. Caught signals are merely ignored here.
-        let caught: Vec<_> =
-            [SignalKind::terminate(), SignalKind::interrupt(), SignalKind::hangup(), SignalKind::quit()]
-                .into_iter()
-                .filter_map(|kind| signal(kind).ok())
-                .collect();
+        // the agent is gone. Caught signals are merely ignored here, the notices the agent
+        // passes on to the group (SIGUSR1, SIGUSR2) too.
+        let caught: Vec<_> = [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::hangup(),
+            SignalKind::quit(),
+            SignalKind::user_defined1(),
+            SignalKind::user_defined2(),
+        ]
+        .into_iter()
+        .filter_map(|kind| signal(kind).ok())
+        .collect();
         stdin_closed().await;
         drop(caught);
     });

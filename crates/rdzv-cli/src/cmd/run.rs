@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use rdzv::{ConfigError, HealthParams, Rendezvous, RendezvousParams, Round, Store, StoreError};
+use rdzv_core::RendezvousUrl;
+use rdzv_core::params::RankOrder;
 use rdzv_core::retry::RetryPolicy;
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -16,7 +18,8 @@ use crate::exit::{CliError, one_line};
 use crate::observe::Observe;
 use crate::progress::Progress;
 use crate::ranks::{Assignment, NProc, RoleInfo};
-use crate::signals::Signals;
+use crate::signals::{Caught, Signals};
+use crate::slurm::{self, SlurmStep};
 use crate::target;
 use crate::workers::{Group, Logs, WorkerExit, WorkerSpec, read_error_file};
 
@@ -63,7 +66,10 @@ the URL on the command line stays visible to anyone who can list processes: pref
 Process control: each worker runs in its own process group; stopping it sends SIGTERM to
 the group (its children too), then SIGKILL after --grace-period. SIGINT is passed on to the
 workers as SIGINT; SIGTERM, SIGHUP and SIGQUIT as SIGTERM; the agent then leaves the run
-and exits with the workers' status (or 128+N for signal N). A worker whose agent dies (even
+and exits with the workers' status (or 128+N for signal N). SIGUSR1 and SIGUSR2 are passed on
+to the workers' process groups and change nothing else (Slurm's --signal=USR1@120 warns of
+the job's end so: a script can checkpoint); one that comes while no workers run is dropped,
+said on stderr. A worker whose agent dies (even
 by SIGKILL) is killed, with everything it started in its process group (a parent-death
 signal, and a guard process in each group that kills the group when the agent is gone), so
 no worker trains alone; only processes a worker moved to another process group are not
@@ -116,6 +122,14 @@ their latency, lease refresh failures); --events FILE appends one JSON line per 
 formed, spare promoted, member lost, restart, worker exited, nodes waiting, run closed,
 lease refresh failed), or writes them to stderr with --events -.
 
+Under Slurm (SLURM_JOB_ID and SLURMD_NODENAME set, as in `srun --ntasks-per-node=1 rdzv run
+...`): the node id defaults to NODE-JOB.STEP (-rN added after the job's N-th requeue, so a
+requeued job's nodes are new nodes while an agent restarted within its step keeps its place),
+the address to the node's NodeAddr (`scontrol show node`), the URL's node_index to the node's
+place in SLURM_JOB_NODELIST, and rank_order to `slurm` (newcomers in Slurm's node order)
+unless the URL names a rank_order or the node a segment. --node-id, --local-addr and the
+URL's options replace each default; the agent says on stderr what it took (docs/SLURM.md).
+
 torchrun flags: --nnodes MIN:MAX is min_workers/max_workers in the URL (they count nodes),
 --rdzv-id is the URL's run id, --rdzv-endpoint its host:port; --nproc-per-node, --max-restarts,
 --monitor-interval, --role, --log-dir and --tee are the same here.
@@ -157,11 +171,12 @@ pub struct RunArgs {
     /// rank in brackets and a colon.
     #[arg(long)]
     tee: bool,
-    /// This node's id (unique within the run; default: host-pid-random).
+    /// This node's id (unique within the run; default: host-pid-random; under Slurm:
+    /// NODE-JOB.STEP, with -rN after the job's N-th requeue).
     #[arg(long, value_name = "ID", value_parser = crate::args::node_id)]
     node_id: Option<String>,
     /// The address this node advertises (MASTER_ADDR when it is group rank 0; default: host
-    /// name).
+    /// name; under Slurm: the node's NodeAddr, from `scontrol show node`).
     #[arg(long, value_name = "ADDR")]
     local_addr: Option<String>,
     /// The segment of the hardware this node is in (an NVLink domain, a rack): the nodes of a
@@ -207,18 +222,42 @@ struct Setup {
     logs: Logs,
     /// The agent's own `RDZV_URL`, to pass on redacted.
     rdzv_url: Option<std::ffi::OsString>,
+    /// Whether SIGUSR1 and SIGUSR2 reach the workers without the agent: Slurm signals every
+    /// process of a step (unless its process tracking is by process group).
+    notices_reach_workers: bool,
 }
 
 /// Runs `rdzv run`.
 pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
-    let mut signals = Signals::catch().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
-    let setup = prepare(&args)?;
+    let mut signals =
+        Signals::catch_with_notices().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
+    let step = SlurmStep::from_env(|name| std::env::var(name).ok());
+    let slurm = slurm::Defaults::of(step.as_ref(), args.local_addr.is_some()).await;
+    let setup = Setup { notices_reach_workers: slurm.notices_reach_workers, ..prepare(&args)? };
     let observe = Observe::start(args.metrics_addr.as_deref(), args.events.as_deref()).await?;
-    let place = |params: &mut RendezvousParams| flags_over_url(&args, setup.nproc, params);
+    let url_orders =
+        RendezvousUrl::parse(&args.url).is_ok_and(|u| u.rendezvous_options.contains_key("rank_order"));
+    let place = |params: &mut RendezvousParams| {
+        flags_over_url(&args, setup.nproc, params)?;
+        slurm_under_url(&slurm, url_orders, params);
+        Ok(())
+    };
     let worker = target::worker_on(&args.url, args.node_id.clone(), args.local_addr.clone(), place, |kv| {
         observe.instrument(kv)
     })
     .await?;
+    if let Some(step) = &step {
+        let p = worker.params();
+        let index = p.node_index.map_or("none".into(), |i| i.to_string());
+        let (id, addr) = (&worker.participant().node, &worker.participant().addr);
+        eprintln!(
+            "rdzv: under Slurm (job {}, step {}, node {}): node id {id}, address {addr}, node index {index}, rank_order={}",
+            step.job,
+            step.step,
+            step.node,
+            p.rank_order.as_str()
+        );
+    }
     observe.attach(&worker);
     let result = agent(&args, &setup, &worker, &observe, &mut signals).await;
     if let Err(e) = worker.shutdown().await {
@@ -234,6 +273,21 @@ fn flags_over_url(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -
         params.segment = args.segment.clone();
     }
     health_from_flags(args, nproc, params)
+}
+
+/// Slurm's defaults (none outside Slurm) where the URL and the flags say nothing: the node id,
+/// the address, the node index, and `rank_order=slurm` unless the URL names an order or the
+/// node a segment.
+fn slurm_under_url(slurm: &slurm::Defaults, url_orders: bool, params: &mut RendezvousParams) {
+    if slurm.node_id.is_none() {
+        return;
+    }
+    params.node_id = params.node_id.take().or_else(|| slurm.node_id.clone());
+    params.local_addr = params.local_addr.take().or_else(|| slurm.local_addr.clone());
+    params.node_index = params.node_index.or(slurm.node_index);
+    if !url_orders && params.segment.is_none() {
+        params.rank_order = RankOrder::Slurm;
+    }
 }
 
 /// The health gate of the URL (`health_check*` options) with the command line's flags over
@@ -286,7 +340,7 @@ fn prepare(args: &RunArgs) -> Result<Setup, CliError> {
         let dir = args.log_dir.as_ref().map_or("a temporary directory".into(), |d| d.display().to_string());
         CliError::other(format!("cannot create the log directory {dir}: {e}"))
     })?;
-    Ok(Setup { exe, nproc, logs, rdzv_url: std::env::var_os("RDZV_URL") })
+    Ok(Setup { exe, nproc, logs, rdzv_url: std::env::var_os("RDZV_URL"), notices_reach_workers: false })
 }
 
 /// The agent: carries out what [`Agent`] decides, one decision at a time, and tells it what
@@ -449,7 +503,7 @@ struct Launch<'a> {
 /// Starts this node's workers and watches them until they end or must be stopped (then
 /// stops them).
 async fn run_workers(launch: &Launch<'_>, observe: &Observe, signals: &mut Signals) -> Event {
-    let Launch { args, setup, worker, round, assignment, restarts, .. } = *launch;
+    let Launch { args, setup, assignment, restarts, .. } = *launch;
     let specs = (0..setup.nproc)
         .map(|local_rank| WorkerSpec {
             local_rank,
@@ -459,7 +513,7 @@ async fn run_workers(launch: &Launch<'_>, observe: &Observe, signals: &mut Signa
         .collect();
     let hide = |cmd: &mut Command| hide_credentials(cmd, setup.rdzv_url.clone());
     match Group::start(&setup.exe, &args.command, specs, &setup.logs, restarts, hide) {
-        Ok(mut group) => supervise(args, worker, observe, round, &mut group, restarts, signals).await,
+        Ok(mut group) => supervise(launch, observe, &mut group, signals).await,
         Err(e) => Event::StartFailed(format!("cannot start the workers (`{}`): {e}", args.command[0])),
     }
 }
@@ -552,20 +606,37 @@ impl Launch<'_> {
 
 /// Waits for the workers to end or for a reason to stop them (then stops them).
 async fn supervise(
-    args: &RunArgs,
-    worker: &Rendezvous,
+    launch: &Launch<'_>,
     observe: &Observe,
-    round: &Round,
     group: &mut Group,
-    restarts: u32,
     signals: &mut Signals,
 ) -> Event {
+    let Launch { args, setup, worker, round, restarts, .. } = *launch;
     let over = round_over(worker, round, args.monitor_interval);
     // Only read when observed; never resolves.
     let reported = observe.nodes_waiting(worker, args.monitor_interval);
     tokio::pin!(over, reported);
+    for notice in signals.stale_notices() {
+        eprintln!("rdzv: {} came while no workers ran: not passed on", notice_name(notice));
+    }
     let stop_reason = loop {
+        // Signals first: Slurm's scancel signals the agent and its workers together, and a
+        // worker ended by it is no failure to report when the agent is told to stop.
         tokio::select! {
+            biased;
+            caught = signals.recv_or_notice() => match caught {
+                Caught::End(signal) => {
+                    let status = group.stop(signal.forwarded(), args.grace_period).await;
+                    return Event::Interrupted { signal, status };
+                }
+                Caught::Notice(notice) if setup.notices_reach_workers => {
+                    eprintln!("rdzv: {} reaches the workers from Slurm itself: not passed on again", notice_name(notice));
+                }
+                Caught::Notice(notice) => {
+                    eprintln!("rdzv: passing {} on to the workers", notice_name(notice));
+                    group.signal(notice);
+                }
+            },
             exit = group.next_exit() => match exit {
                 Some(exit) => {
                     observe.worker_exited(worker, &exit);
@@ -577,10 +648,6 @@ async fn supervise(
             },
             () = &mut reported => {}
             event = &mut over => break Ok(event),
-            signal = signals.recv() => {
-                let status = group.stop(signal.forwarded(), args.grace_period).await;
-                return Event::Interrupted { signal, status };
-            }
         }
     };
     group.stop(rustix::process::Signal::TERM, args.grace_period).await;
@@ -588,6 +655,11 @@ async fn supervise(
         let (summary, report) = failure_report(&exit, &worker.participant().node, round, restarts);
         Event::WorkerFailed { rank: exit.rank, status: exit.status, summary, report }
     })
+}
+
+/// How a notice passed on to the workers is named in what the agent says.
+fn notice_name(notice: rustix::process::Signal) -> &'static str {
+    if notice == rustix::process::Signal::USR2 { "SIGUSR2" } else { "SIGUSR1" }
 }
 
 /// Resolves with why the workers of `round` must stop, as the round tells: it broke

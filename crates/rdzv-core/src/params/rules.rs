@@ -58,6 +58,10 @@ pub struct RendezvousParams {
     /// ([`validate_worker`](Self::validate_worker)); `min_workers` and `max_workers` must be
     /// multiples of `K`.
     pub segment_size: Option<usize>,
+    /// This node's index in its scheduler's order of the job's nodes (`node_index`; `rdzv
+    /// run` under Slurm gives its position in `SLURM_JOB_NODELIST`): with
+    /// `rank_order=slurm`, newcomers take free ranks in this order.
+    pub node_index: Option<u64>,
     /// The node's health gate, if any: checks run before each join and while the worker
     /// waits or is a member (docs/PROTOCOL.md "Health gates"). The handler only carries
     /// them; the `rdzv` facade's worker runs them.
@@ -119,6 +123,10 @@ pub enum RankOrder {
     /// By advertised address, then node id, in natural order: runs of digits compare as
     /// numbers, so `node7` comes before `node66` (`rank_order=natural`); segments ignored.
     Natural,
+    /// By the `node_index` each worker gives (`rank_order=slurm`: `rdzv run` under Slurm gives
+    /// its node's position in the job's node list, Slurm's topology-aware order), workers
+    /// without one after those with one, ties in order of arrival; segments ignored.
+    Slurm,
 }
 
 impl RankOrder {
@@ -129,6 +137,7 @@ impl RankOrder {
             RankOrder::SegmentNatural => "segment+natural",
             RankOrder::Arrival => "arrival",
             RankOrder::Natural => "natural",
+            RankOrder::Slurm => "slurm",
         }
     }
 
@@ -149,10 +158,11 @@ impl RankOrder {
             "segment+natural" | "segment,natural" => Ok(RankOrder::SegmentNatural),
             "arrival" => Ok(RankOrder::Arrival),
             "natural" => Ok(RankOrder::Natural),
+            "slurm" => Ok(RankOrder::Slurm),
             _ => Err(ConfigError::InvalidValue {
                 option: "rank_order".into(),
                 value: value.chars().take(80).flat_map(char::escape_debug).collect(),
-                reason: "expected `segment` (the default: each segment's workers together, in order of arrival), `segment+natural` (together, by address inside), `arrival` (in order of arrival) or `natural` (by address, then node id, digits as numbers)".into(),
+                reason: "expected `segment` (the default: each segment's workers together, in order of arrival), `segment+natural` (together, by address inside), `arrival` (in order of arrival), `natural` (by address, then node id, digits as numbers) or `slurm` (by node_index: the node's place in the Slurm job's node list)".into(),
             }),
         }
     }
@@ -193,6 +203,7 @@ impl RendezvousParams {
             rank_order: RankOrder::default(),
             segment: None,
             segment_size: None,
+            node_index: None,
             health: None,
         }
     }
@@ -392,6 +403,7 @@ pub const OPTIONS: &[(&str, Option<&str>)] = &[
     ("rank_order", None),
     ("segment", None),
     ("segment_size", None),
+    ("node_index", None),
     ("health_check", None),
     ("health_check_timeout", None),
     ("health_check_interval", None),
@@ -595,6 +607,13 @@ impl RendezvousParams {
         }
         if let Some(v) = given.get("segment_size") {
             params.segment_size = Some(parse_count("segment_size", v)?);
+        }
+        if let Some(v) = given.get("node_index") {
+            params.node_index = Some(v.parse().map_err(|_| ConfigError::InvalidValue {
+                option: "node_index".into(),
+                value: v.chars().take(80).flat_map(char::escape_debug).collect(),
+                reason: "expected a whole number, 0 or more: the node's place in the job's node list".into(),
+            })?);
         }
         params.health = health_from(&given)?;
         for (name, target) in [

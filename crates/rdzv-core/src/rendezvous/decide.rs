@@ -335,7 +335,10 @@ pub fn freeze(
     if survivors.len() + newcomers.len() < sizing.min {
         return FreezeAction::AwaitJoiners { count };
     }
-    let newcomers = in_rank_order(newcomers.iter().map(|c| c.joiner.participant()).collect(), sizing.order);
+    let newcomers = in_rank_order(
+        newcomers.iter().map(|c| (c.joiner.participant(), c.joiner.node_index)).collect(),
+        sizing.order,
+    );
     FreezeAction::Freeze(assign_ranks(survivors, newcomers, &free))
 }
 
@@ -378,17 +381,21 @@ fn admit(newcomers: Vec<Candidate>, room: usize, free: &[(usize, String)]) -> Ve
     newcomers.into_iter().zip(taken).filter_map(|(c, taken)| taken.then_some(c)).collect()
 }
 
-/// The newcomers (given in arrival order) in the order they take free ranks: by `order`.
-/// By segment, the newcomers of one segment are kept together, segments in the order of their
-/// first arrival; natural, by address then node id (inside each segment, by segment).
-pub(super) fn in_rank_order(mut newcomers: Vec<Participant>, order: RankOrder) -> Vec<Participant> {
+/// The newcomers (given in arrival order, each with its `node_index`) in the order they take
+/// free ranks: by `order`. By segment, the newcomers of one segment are kept together,
+/// segments in the order of their first arrival; natural, by address then node id (inside
+/// each segment, by segment); Slurm, by node index, those without one last.
+pub(super) fn in_rank_order(
+    mut newcomers: Vec<(Participant, Option<u64>)>,
+    order: RankOrder,
+) -> Vec<Participant> {
     let natural = |a: &Participant, b: &Participant| {
         alphanumeric_sort::compare_str(&a.addr, &b.addr)
             .then_with(|| alphanumeric_sort::compare_str(&a.node, &b.node))
     };
     if order.by_segment() {
         let mut first_seen: Vec<Option<&str>> = Vec::new();
-        for p in &newcomers {
+        for (p, _) in &newcomers {
             if !first_seen.contains(&p.segment.as_deref()) {
                 first_seen.push(p.segment.as_deref());
             }
@@ -396,14 +403,17 @@ pub(super) fn in_rank_order(mut newcomers: Vec<Participant>, order: RankOrder) -
         let group: std::collections::HashMap<Option<String>, usize> =
             first_seen.iter().enumerate().map(|(i, s)| (s.map(str::to_string), i)).collect();
         // Stable: arrival order inside a segment, unless natural.
-        newcomers.sort_by(|a, b| {
+        newcomers.sort_by(|(a, _), (b, _)| {
             let by_group = group[&a.segment].cmp(&group[&b.segment]);
             if order.natural() { by_group.then_with(|| natural(a, b)) } else { by_group }
         });
     } else if order.natural() {
-        newcomers.sort_by(natural);
+        newcomers.sort_by(|(a, _), (b, _)| natural(a, b));
+    } else if order == RankOrder::Slurm {
+        // Stable: ties (and workers without an index) in arrival order.
+        newcomers.sort_by_key(|(_, index)| (index.is_none(), *index));
     }
-    newcomers
+    newcomers.into_iter().map(|(p, _)| p).collect()
 }
 
 /// The participant list of a round of `survivors` (with their ranks in the round before, in
@@ -906,6 +916,31 @@ mod tests {
             at("n1", "h1", 3),
         ];
         assert_eq!(nodes(freeze(mixed, Some(1), &[], Trigger::Timer, &sizing, None)), ["s", "n1", "n2"]);
+    }
+
+    #[test]
+    fn slurm_order_ranks_newcomers_by_node_index_then_arrival() {
+        let mut sizing = sz(4, 4, S, S);
+        sizing.order = RankOrder::Slurm;
+        let at = |node: &str, index: Option<u64>, created| Candidate {
+            joiner: Joiner { node_index: index, ..p(node).joiner(None, None) },
+            created,
+        };
+        // Arrival: a (no index), b (2), c (0), d (2): by index, ties in arrival, none last.
+        let candidates =
+            vec![at("a", None, 1), at("b", Some(2), 2), at("c", Some(0), 3), at("d", Some(2), 4)];
+        assert_eq!(nodes(freeze(candidates, None, &[], Trigger::Full, &sizing, None)), ["c", "b", "d", "a"]);
+        // Survivors keep their ranks; a newcomer takes the free one whatever its index.
+        let survivor = |node: &str, index, rank| Candidate {
+            joiner: Joiner {
+                node_index: Some(index),
+                ..p(node).joiner(Some(super::super::state::LastRound { version: 1, rank }), None)
+            },
+            created: 1,
+        };
+        let mixed =
+            vec![survivor("s1", 3, 0), survivor("s2", 1, 1), survivor("s3", 2, 3), at("n", Some(0), 5)];
+        assert_eq!(nodes(freeze(mixed, Some(1), &[], Trigger::Full, &sizing, None)), ["s1", "s2", "n", "s3"]);
     }
 
     /// A candidate of `segment` that arrived at `created`, a member of `last` if given.

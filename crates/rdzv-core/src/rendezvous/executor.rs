@@ -111,6 +111,7 @@ impl<'a> Attempt<'a> {
             leaving,
             last,
             since,
+            node_index: ctx.params.node_index,
         });
         Attempt { ctx, machine, session, states: None, prefix: None }
     }

@@ -55,6 +55,10 @@ pub struct Joiner {
     /// Newcomers are admitted in this order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<crate::kv::Revision>,
+    /// Its node's index in the scheduler's order of the job's nodes (the `node_index`
+    /// option): what `rank_order=slurm` orders newcomers by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_index: Option<u64>,
 }
 
 /// The segments of a round's ranks, in rank order, as runs of one segment: written as
@@ -376,6 +380,7 @@ impl Participant {
             segment: self.segment.clone(),
             last,
             since,
+            node_index: None,
         }
     }
 

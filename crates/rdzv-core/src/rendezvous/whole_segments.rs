@@ -133,7 +133,11 @@ fn admit_segments(
         .flat_map(|(label, members)| {
             let blocks: Vec<Vec<Participant>> =
                 members.chunks_exact(k).map(<[Participant]>::to_vec).collect();
-            blocks.into_iter().map(move |block| Some((label.clone(), in_rank_order(block, sizing.order))))
+            // Whole segments need an order by segment (`validate`), which reads no node index.
+            blocks.into_iter().map(move |block| {
+                let block = block.into_iter().map(|p| (p, None)).collect();
+                Some((label.clone(), in_rank_order(block, sizing.order)))
+            })
         })
         .collect();
     let mut admitted = Vec::new();

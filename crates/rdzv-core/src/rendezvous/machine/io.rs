@@ -341,4 +341,7 @@ pub struct Call {
     /// When this worker first arrived in the run (the create revision of its first join or
     /// waiting key), if it has.
     pub since: Option<Revision>,
+    /// Its node's index in the scheduler's order (the `node_index` option), written in its
+    /// join and waiting keys.
+    pub node_index: Option<u64>,
 }

@@ -96,7 +96,7 @@ impl Machine {
         // and must not be frozen into a round as a ghost.
         self.leftovers.add(&join_key);
         self.phase = Phase::Join { round, step: JoinStep::Writing };
-        let value = self.me.joiner(self.last, self.since).to_bytes();
+        let value = self.my_joiner().to_bytes();
         if self.counted_create {
             // The tally is my position: nobody counts the others' keys.
             let tally = self.keys.tally(round.version, TALLY_JOINS);

@@ -44,7 +44,7 @@ impl Machine {
                 let key = self.keys.waiter(version, &self.me.node);
                 self.leftovers.add(&key);
                 self.phase = next(LateStep::Registering);
-                let value = self.me.joiner(self.last, self.since).to_bytes();
+                let value = self.my_joiner().to_bytes();
                 Action::Put { key, value, mode: PutMode::Overwrite, bind: Bind::Session }
             }
             (LateStep::Registering, Input::Put(outcome, _)) => {

@@ -65,6 +65,8 @@ pub struct Machine {
     last: Option<LastRound>,
     /// See [`Call::since`]; set by this call's first join or waiting key if it was unknown.
     since: Option<Revision>,
+    /// See [`Call::node_index`].
+    node_index: Option<u64>,
     /// The latest round this call saw final: a round it opens names it as `previous`.
     latest_final: Option<u64>,
     /// The members of the latest round this call saw final (or leaves): a round it opens
@@ -100,6 +102,7 @@ impl Machine {
             leaving,
             last,
             since,
+            node_index,
         } = call;
         let latest_final =
             leave_first.as_ref().map(|l| l.version).into_iter().chain(last.map(|l| l.version)).max();
@@ -117,6 +120,7 @@ impl Machine {
             leave_first,
             last,
             since,
+            node_index,
             latest_final,
             final_members,
             joinable_segments: None,
@@ -132,6 +136,11 @@ impl Machine {
     /// its next calls (see [`Call::since`]).
     pub fn arrived(&self) -> Option<Revision> {
         self.since
+    }
+
+    /// What this worker writes under its join and waiting keys.
+    fn my_joiner(&self) -> super::state::Joiner {
+        super::state::Joiner { node_index: self.node_index, ..self.me.joiner(self.last, self.since) }
     }
 
     /// The latest running round this call waited on as a late arrival or spare, with its
