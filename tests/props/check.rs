@@ -617,7 +617,8 @@ fn healed_liveness(f: &Facts) -> Vec<Violation> {
 }
 
 /// `rerun-liveness`: the members of the latest round, re-entering together once all
-/// completed one after healing, complete again within [`rerun_bound`] (spares keep waiting).
+/// completed one after healing, complete again within [`rerun_bound`] (spares keep waiting;
+/// with whole segments, so do the members left over from a segment that lost one).
 fn rerun_liveness(f: &Facts) -> Vec<Violation> {
     let mut v = Vec::new();
     let world = f.world;
@@ -631,15 +632,26 @@ fn rerun_liveness(f: &Facts) -> Vec<Violation> {
         return v;
     };
     let bound = rerun_at + rerun_bound(world);
-    for &w in members.iter().filter(|w| world.stayers().contains(w)) {
+    let stayers: Vec<usize> = members.iter().copied().filter(|w| world.stayers().contains(w)).collect();
+    let mut late = Vec::new();
+    for &w in &stayers {
         let again = f.calls_of(w).find_map(|(s, ret, r)| (s >= rerun_at && r.is_ok()).then_some(ret));
-        ensure!(
-            v,
-            "rerun-liveness",
-            again.is_some_and(|t| t <= bound),
-            "worker {w}: re-entered at {rerun_at:?}, completed again at {again:?}, bound {bound:?}"
-        );
+        if again.is_none_or(|t| t > bound) {
+            late.push((w, again));
+        }
     }
+    // With whole segments, the stayers left over from a segment that lost a member wait as
+    // spares: only those that make whole segments are owed a round.
+    let owed = world.admissible(&stayers);
+    ensure!(
+        v,
+        "rerun-liveness",
+        stayers.len() - late.len() >= owed,
+        "of the {} members that re-entered at {rerun_at:?} and stay, {} completed again by {bound:?} \
+         (owed {owed}); late (worker, completed again): {late:?}",
+        stayers.len(),
+        stayers.len() - late.len()
+    );
     v
 }
 
