@@ -62,7 +62,7 @@ class SlurmCluster:
         Raises RuntimeError when Slurm is not installed, or when the cluster is not ready
         within 30 s (with the tails of the daemons' logs); no process is left running then.
         Raises ValueError when `directory` is too long a path for the Unix sockets in it."""
-        binaries = _find_binaries()
+        binaries = find_binaries(search_path())
         directory = directory.resolve()
         _check_socket_paths(directory, nodes)
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -280,9 +280,15 @@ class SlurmCluster:
         self.stop()
 
 
-def _find_binaries() -> dict[str, str]:
-    # The daemons live in /usr/sbin, which a user's PATH may lack.
-    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+def search_path() -> str:
+    """Where the binaries are looked for: PATH, and the daemons' /usr/sbin, which a user's
+    PATH may lack."""
+    return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def find_binaries(path: str) -> dict[str, str]:
+    """Slurm's and munge's binaries on the search path `path`; raises RuntimeError naming
+    the missing ones and how to install them."""
     found = {name: shutil.which(name, path=path) for name in BINARIES}
     missing = [name for name, where in found.items() if where is None]
     if missing:

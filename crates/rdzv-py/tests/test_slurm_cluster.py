@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slurm_cluster import SlurmCluster
+import pytest
+
+from slurm_cluster import SlurmCluster, find_binaries
 
 
 def test_a_batch_job_runs_one_step_on_each_node(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -33,3 +35,8 @@ for pid in "${{pids[@]}}"; do wait "$pid"; done
     nodes = {p.name: p.read_text().strip() for p in out.iterdir()}
     assert sorted(nodes) == ["0", "1", "2"], f"step -> node: {nodes}"
     assert sorted(nodes.values()) == ["n1", "n2", "n3"], f"step -> node: {nodes}"
+
+
+def test_a_missing_slurm_fails_saying_how_to_install_it(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"run scripts/setup.sh .*missing: munged, slurmctld, slurmd, sbatch"):
+        find_binaries(str(tmp_path))
