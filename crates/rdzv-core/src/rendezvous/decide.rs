@@ -389,26 +389,24 @@ pub(super) fn in_rank_order(
     mut newcomers: Vec<(Participant, Option<u64>)>,
     order: RankOrder,
 ) -> Vec<Participant> {
-    let natural = |a: &Participant, b: &Participant| {
+    let natural = |(a, _): &(Participant, Option<u64>), (b, _): &(Participant, Option<u64>)| {
         alphanumeric_sort::compare_str(&a.addr, &b.addr)
             .then_with(|| alphanumeric_sort::compare_str(&a.node, &b.node))
     };
     if order.by_segment() {
-        let mut first_seen: Vec<Option<&str>> = Vec::new();
-        for (p, _) in &newcomers {
-            if !first_seen.contains(&p.segment.as_deref()) {
-                first_seen.push(p.segment.as_deref());
-            }
-        }
-        let group: std::collections::HashMap<Option<String>, usize> =
-            first_seen.iter().enumerate().map(|(i, s)| (s.map(str::to_string), i)).collect();
-        // Stable: arrival order inside a segment, unless natural.
-        newcomers.sort_by(|(a, _), (b, _)| {
-            let by_group = group[&a.segment].cmp(&group[&b.segment]);
-            if order.natural() { by_group.then_with(|| natural(a, b)) } else { by_group }
-        });
+        // Arrival order inside a segment, unless natural.
+        let groups = super::segment_groups::by_segment(newcomers, |(p, _)| p.segment.as_deref());
+        newcomers = groups
+            .into_iter()
+            .flat_map(|(_, mut members)| {
+                if order.natural() {
+                    members.sort_by(natural);
+                }
+                members
+            })
+            .collect();
     } else if order.natural() {
-        newcomers.sort_by(|(a, _), (b, _)| natural(a, b));
+        newcomers.sort_by(natural);
     } else if order == RankOrder::Slurm {
         // Stable: ties (and workers without an index) in arrival order.
         newcomers.sort_by_key(|(_, index)| (index.is_none(), *index));

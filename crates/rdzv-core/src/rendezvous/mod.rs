@@ -29,6 +29,7 @@ pub(crate) mod machine;
 mod monitor;
 mod recent;
 mod run_lease;
+mod segment_groups;
 mod state;
 mod waiting;
 mod whole_segments;

@@ -132,19 +132,13 @@ fn whole_segments_first(
             room -= 1;
         }
     }
-    let mut segments: Vec<(Option<String>, Vec<usize>)> = Vec::new();
-    for (i, w) in waiters.iter().enumerate().filter(|(i, _)| !admitted[*i]) {
-        match segments.iter_mut().find(|(segment, _)| *segment == w.segment) {
-            Some((_, members)) => members.push(i),
-            None => segments.push((w.segment.clone(), vec![i])),
-        }
-    }
-    for (_, members) in segments {
+    let unadmitted = waiters.iter().enumerate().filter(|(i, _)| !admitted[*i]);
+    for (_, members) in super::segment_groups::by_segment(unadmitted, |(_, w)| w.segment.as_deref()) {
         for block in members.chunks_exact(k) {
             if room < k {
                 break;
             }
-            block.iter().for_each(|i| admitted[*i] = true);
+            block.iter().for_each(|(i, _)| admitted[*i] = true);
             room -= k;
         }
     }

@@ -119,14 +119,9 @@ fn admit_segments(
     room: usize,
     sizing: &Sizing,
 ) -> Vec<(Option<usize>, Vec<Participant>)> {
-    let mut groups: Vec<(Option<String>, Vec<Participant>)> = Vec::new();
-    for c in pool {
-        let p = c.joiner.participant();
-        match groups.iter_mut().find(|(label, _)| *label == p.segment) {
-            Some((_, members)) => members.push(p),
-            None => groups.push((p.segment.clone(), vec![p])),
-        }
-    }
+    let groups = super::segment_groups::by_segment(pool.into_iter().map(|c| c.joiner.participant()), |p| {
+        p.segment.as_deref()
+    });
     // A segment of more than `k` workers makes a block of each `k` of them.
     let mut complete: Vec<Option<(Option<String>, Vec<Participant>)>> = groups
         .into_iter()
