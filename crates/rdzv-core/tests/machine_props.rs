@@ -132,7 +132,14 @@ struct World {
 impl World {
     /// `count_at_revision`: whether the backend of the model counts at a past revision;
     /// `counted_create`: whether it counts creations in a tally.
-    fn new(n: usize, sizing: Sizing, count_at_revision: bool, counted_create: bool) -> World {
+    /// `segments`: each worker's segment (a worker beyond the list has none).
+    fn new(
+        n: usize,
+        sizing: Sizing,
+        count_at_revision: bool,
+        counted_create: bool,
+        segments: &[Option<String>],
+    ) -> World {
         let keys = RunKeys::new("/t", "job");
         let base = Instant::now();
         let mut model = Model { next_lease: 100, ..Model::default() };
@@ -144,7 +151,7 @@ impl World {
                     addr: "h".into(),
                     pid: i as u32,
                     port: Some(1000),
-                    segment: None,
+                    segment: segments.get(i).cloned().flatten(),
                 };
                 let session = model.next_lease;
                 let mut machine = Machine::new(Call {
@@ -383,25 +390,39 @@ proptest! {
         losses in proptest::collection::vec(proptest::bool::weighted(0.1), 1..32),
         count_at_revision in proptest::bool::ANY,
         counted_create in proptest::bool::ANY,
+        segment_size in proptest::option::of(1usize..=2),
+        labels in proptest::collection::vec(0u8..2, 8),
     ) {
-        let max = min + extra;
-        prop_assume!(n >= min);
+        // With whole segments of `k`, every worker names one of two segments, the sizes are
+        // multiples of `k`, and the round takes whole blocks only: the workers of a segment
+        // rounded down to a multiple of `k`.
+        let k = segment_size.unwrap_or(1);
+        let (min, max) = (min.div_ceil(k) * k, (min + extra).div_ceil(k) * k);
+        let segments: Vec<Option<String>> = match segment_size {
+            Some(_) => labels.iter().take(n).map(|l| Some(format!("s{l}"))).collect(),
+            None => Vec::new(),
+        };
+        let admissible = match segment_size {
+            Some(k) => (0..2).map(|l| labels.iter().take(n).filter(|x| **x == l).count() / k * k).sum(),
+            None => n,
+        };
+        prop_assume!(admissible >= min);
         let sizing = Sizing {
             min,
             max,
             last_call: Duration::from_secs(30),
             backup: Duration::from_secs(10),
-            order: RankOrder::Arrival,
-            segment_size: None,
+            order: if segment_size.is_some() { RankOrder::Segment } else { RankOrder::Arrival },
+            segment_size,
         };
-        let mut world = World::new(n, sizing, count_at_revision, counted_create);
+        let mut world = World::new(n, sizing, count_at_revision, counted_create, &segments);
         run(&mut world, &schedule, &losses);
         let done: Vec<&Completed> =
             world.workers.iter().filter_map(|w| w.outcome.as_ref().and_then(|o| o.as_ref().ok())).collect();
         let failed: Vec<&String> =
             world.workers.iter().filter_map(|w| w.outcome.as_ref().and_then(|o| o.as_ref().err())).collect();
         prop_assert!(failed.is_empty(), "calls failed: {failed:?}");
-        let w = n.min(max);
+        let w = admissible.min(max);
         prop_assert_eq!(done.len(), w, "expected {} members of {} workers", w, n);
         let version = done[0].version;
         let mut ranks: Vec<usize> = done.iter().map(|d| d.rank).collect();
@@ -412,8 +433,13 @@ proptest! {
             prop_assert_eq!(&d.participants, &done[0].participants);
             prop_assert_eq!(d.participants.len(), w);
         }
+        // Every block of `k` ranks holds workers of one segment.
+        for block in done[0].participants.chunks(k) {
+            prop_assert!(block.iter().all(|p| p.segment == block[0].segment), "a block mixes segments: {:?}", block);
+        }
         for worker in world.workers.iter().filter(|w| w.outcome.is_none()) {
-            // Beyond `max`: waiting for the running round to end, as a late arrival.
+            // Beyond `max`, or of an incomplete segment: waiting for the running round to
+            // end, as a late arrival (a spare).
             prop_assert_eq!(worker.machine.phase_name(), "late");
         }
     }
@@ -431,7 +457,7 @@ fn a_failed_count_at_a_past_revision_is_taken_from_the_live_keys() {
         order: RankOrder::Arrival,
         segment_size: None,
     };
-    let mut world = World::new(3, sizing, true, false);
+    let mut world = World::new(3, sizing, true, false, &[]);
     world.past_counts_fail = true;
     run(&mut world, &[0, 1, 2], &[]);
     let done: Vec<_> = world.workers.iter().filter_map(|w| w.outcome.as_ref()).collect();

@@ -314,6 +314,12 @@ pub fn freeze(
     let before = segments.filter(|_| sizing.order.by_segment() && round == previous);
     if let Some(k) = sizing.segment_size {
         return match super::whole_segments::freeze(k, survivors, newcomers, before, sizing) {
+            // "Full" counted joiners, not whole segments: a round its whole segments do not
+            // fill yet is not full, so the last call decides (and a joiner that completes a
+            // segment meanwhile is in).
+            Some(participants) if trigger == Trigger::Full && participants.len() < sizing.max => {
+                FreezeAction::AwaitJoiners { count }
+            }
             Some(participants) => FreezeAction::Freeze(participants),
             None if count as usize >= sizing.min => FreezeAction::AwaitSegments { count },
             None => FreezeAction::AwaitJoiners { count },

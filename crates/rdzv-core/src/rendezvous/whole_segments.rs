@@ -239,10 +239,18 @@ mod tests {
             decide_freeze(four, None, &[], Trigger::Full, &pairs(4, 4), None),
             FreezeAction::AwaitSegments { count: 4 }
         );
-        // A smaller world takes the one complete segment.
+        // A smaller world takes the one complete segment, but only at its last call: four
+        // joiners in one complete segment do not fill a round of four.
         let mut four = arrivals();
         four.pop();
-        assert_eq!(nodes(decide_freeze(four, None, &[], Trigger::Timer, &pairs(2, 4), None)), ["a", "c"]);
+        assert_eq!(
+            nodes(decide_freeze(four.clone(), None, &[], Trigger::Timer, &pairs(2, 4), None)),
+            ["a", "c"]
+        );
+        assert_eq!(
+            decide_freeze(four, None, &[], Trigger::Full, &pairs(2, 4), None),
+            FreezeAction::AwaitJoiners { count: 4 }
+        );
         let three = arrivals().into_iter().take(3).collect();
         assert_eq!(
             decide_freeze(three, None, &[], Trigger::Timer, &pairs(4, 4), None),

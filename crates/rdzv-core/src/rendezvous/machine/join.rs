@@ -75,9 +75,12 @@ impl Machine {
             }
             (JoinStep::WatchingJoiners { count, whole: false }, Input::Ack) => {
                 // Enough for a round but not full (a position of `max` counted a joiner that
-                // is gone since): the last call runs from now.
-                let freeze_at =
-                    decide::retry_delay(count, &self.sizing).map(|(delay, trigger)| (now + delay, trigger));
+                // is gone since, or whole segments do not fill the `max` joiners): the last
+                // call runs from now.
+                let freeze_at = match decide::retry_delay(count, &self.sizing) {
+                    Some((_, Trigger::Full)) => Some((now + self.sizing.last_call, Trigger::Timer)),
+                    other => other.map(|(delay, trigger)| (now + delay, trigger)),
+                };
                 self.await_joined(round, freeze_at, Some(count))
             }
             (JoinStep::Freezing, Input::Put(outcome, _)) => {
