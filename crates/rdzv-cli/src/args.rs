@@ -41,9 +41,13 @@ pub fn positive_duration(value: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A `--segment`: a label by the identifier rule, or `auto`.
+/// A `--segment`: a label by the identifier rule, `auto`, or empty for none (the agent
+/// gives its workers an empty `RDZV_SEGMENT` without one, and job scripts write
+/// `RDZV_SEGMENT=${RACK:-}`).
 pub fn segment(value: &str) -> Result<String, String> {
-    rdzv_core::ids::validate_id("segment", value).map_err(|e| reason(&e))?;
+    if !value.is_empty() {
+        rdzv_core::ids::validate_id("segment", value).map_err(|e| reason(&e))?;
+    }
     Ok(value.to_string())
 }
 
@@ -72,6 +76,13 @@ mod tests {
         assert!(run_id("a/rdzv/v_1/join/x").is_err_and(|e| e.contains('/')));
         assert!(node_id("").is_err_and(|e| e.contains("empty")));
         assert!(node_id("a\tb").is_err_and(|e| e.contains("whitespace")));
+    }
+
+    #[test]
+    fn an_empty_segment_is_none_and_others_follow_the_rule() {
+        assert_eq!(segment("").as_deref(), Ok(""));
+        assert_eq!(segment("rack-7").as_deref(), Ok("rack-7"));
+        assert!(segment("rack 7").is_err_and(|e| e.contains("whitespace")));
     }
 
     #[test]

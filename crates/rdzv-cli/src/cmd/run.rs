@@ -181,7 +181,7 @@ pub struct RunArgs {
     local_addr: Option<String>,
     /// The segment of the hardware this node is in (an NVLink domain, a rack): the nodes of a
     /// segment get consecutive group ranks. `auto`: the GPUs' NVLink domain, from
-    /// `nvidia-smi -q`. Replaces the URL's segment.
+    /// `nvidia-smi -q`. Replaces the URL's segment; empty is none.
     #[arg(long, env = "RDZV_SEGMENT", value_name = "LABEL|auto", value_parser = crate::args::segment)]
     segment: Option<String>,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (port 0: a free port, printed).
@@ -269,8 +269,8 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
 
 /// The command line's flags over the URL's options: the segment, and the health gate.
 fn flags_over_url(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -> Result<(), ConfigError> {
-    if args.segment.is_some() {
-        params.segment = args.segment.clone();
+    if let Some(segment) = args.segment.as_ref().filter(|s| !s.is_empty()) {
+        params.segment = Some(segment.clone());
     }
     health_from_flags(args, nproc, params)
 }
