@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use rdzv::RendezvousParams;
+use rdzv_core::Participant;
+use rdzv_core::params::RankOrder;
 use tokio::process::Command;
 
 /// How long one `scontrol` call may take: it asks slurmctld, which a large job's start keeps
@@ -69,6 +72,20 @@ impl SlurmStep {
 }
 
 impl SlurmStep {
+    /// What the agent says it took from this step, once its worker `me` exists with `params`.
+    pub fn taken(&self, params: &RendezvousParams, me: &Participant) -> String {
+        let index = params.node_index.map_or("none".into(), |i| i.to_string());
+        format!(
+            "under Slurm (job {}, step {}, node {}): node id {}, address {}, node index {index}, rank_order={}",
+            self.job,
+            self.step,
+            self.node,
+            me.node,
+            me.addr,
+            params.rank_order.as_str()
+        )
+    }
+
     /// Whether Slurm signals every process of a step (`scancel --signal`, `--signal`, srun
     /// passing a signal on), the workers in their own process groups too: so with every
     /// `ProctrackType` but `proctrack/pgid`, which signals the agent's process group only.
@@ -127,6 +144,21 @@ impl Defaults {
             .map_err(|e| eprintln!("rdzv: under Slurm, its process tracking is unknown: {e}; SIGUSR1 and SIGUSR2 are passed on"))
             .unwrap_or(false);
         Defaults { node_id: Some(step.node_id()), local_addr, node_index, notices_reach_workers }
+    }
+
+    /// Fills in what `params` (the URL's options with the flags over them) leaves open: the
+    /// node id, the address, the node index, and `rank_order=slurm` unless the URL names an
+    /// order (`url_orders`) or the node a segment. Nothing outside Slurm.
+    pub fn fill(&self, params: &mut RendezvousParams, url_orders: bool) {
+        if self.node_id.is_none() {
+            return;
+        }
+        params.node_id = params.node_id.take().or_else(|| self.node_id.clone());
+        params.local_addr = params.local_addr.take().or_else(|| self.local_addr.clone());
+        params.node_index = params.node_index.or(self.node_index);
+        if !url_orders && params.segment.is_none() {
+            params.rank_order = RankOrder::Slurm;
+        }
     }
 }
 
@@ -191,6 +223,37 @@ mod tests {
         .expect("requeued");
         assert_eq!(requeued.node_id(), "n1-42.0-r2");
         assert!(rdzv_core::ids::validate_id("node_id", &requeued.node_id()).is_ok());
+    }
+
+    #[test]
+    fn slurms_defaults_fill_only_what_the_url_and_flags_leave_open() {
+        let slurm = Defaults {
+            node_id: Some("n2-42.0".into()),
+            local_addr: Some("10.1.0.2".into()),
+            node_index: Some(1),
+            notices_reach_workers: true,
+        };
+        let mut params = RendezvousParams::new("job", 2, 2).expect("params");
+        slurm.fill(&mut params, false);
+        assert_eq!(params.node_id.as_deref(), Some("n2-42.0"));
+        assert_eq!(params.local_addr.as_deref(), Some("10.1.0.2"));
+        assert_eq!((params.node_index, params.rank_order), (Some(1), RankOrder::Slurm));
+        // The URL's own values stay; an order it names, or a segment, keeps its order.
+        let mut given = RendezvousParams::new("job", 2, 2).expect("params");
+        given.node_id = Some("mine".into());
+        given.node_index = Some(7);
+        given.segment = Some("rack1".into());
+        slurm.fill(&mut given, false);
+        assert_eq!((given.node_id.as_deref(), given.node_index), (Some("mine"), Some(7)));
+        assert_eq!(given.rank_order, RankOrder::Segment);
+        let mut ordered = RendezvousParams::new("job", 2, 2).expect("params");
+        ordered.rank_order = RankOrder::Natural;
+        slurm.fill(&mut ordered, true);
+        assert_eq!(ordered.rank_order, RankOrder::Natural);
+        // Outside Slurm nothing changes.
+        let mut outside = RendezvousParams::new("job", 2, 2).expect("params");
+        Defaults::default().fill(&mut outside, false);
+        assert_eq!(outside, RendezvousParams::new("job", 2, 2).expect("params"));
     }
 
     #[test]

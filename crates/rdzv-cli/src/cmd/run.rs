@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use rdzv::{ConfigError, HealthParams, Rendezvous, RendezvousParams, Round, Store, StoreError};
 use rdzv_core::RendezvousUrl;
-use rdzv_core::params::RankOrder;
 use rdzv_core::retry::RetryPolicy;
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -239,7 +238,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         RendezvousUrl::parse(&args.url).is_ok_and(|u| u.rendezvous_options.contains_key("rank_order"));
     let place = |params: &mut RendezvousParams| {
         flags_over_url(&args, setup.nproc, params)?;
-        slurm_under_url(&slurm, url_orders, params);
+        slurm.fill(params, url_orders);
         Ok(())
     };
     let worker = target::worker_on(&args.url, args.node_id.clone(), args.local_addr.clone(), place, |kv| {
@@ -247,16 +246,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
     })
     .await?;
     if let Some(step) = &step {
-        let p = worker.params();
-        let index = p.node_index.map_or("none".into(), |i| i.to_string());
-        let (id, addr) = (&worker.participant().node, &worker.participant().addr);
-        eprintln!(
-            "rdzv: under Slurm (job {}, step {}, node {}): node id {id}, address {addr}, node index {index}, rank_order={}",
-            step.job,
-            step.step,
-            step.node,
-            p.rank_order.as_str()
-        );
+        eprintln!("rdzv: {}", step.taken(worker.params(), worker.participant()));
     }
     observe.attach(&worker);
     let result = agent(&args, &setup, &worker, &observe, &mut signals).await;
@@ -273,21 +263,6 @@ fn flags_over_url(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -
         params.segment = Some(segment.clone());
     }
     health_from_flags(args, nproc, params)
-}
-
-/// Slurm's defaults (none outside Slurm) where the URL and the flags say nothing: the node id,
-/// the address, the node index, and `rank_order=slurm` unless the URL names an order or the
-/// node a segment.
-fn slurm_under_url(slurm: &slurm::Defaults, url_orders: bool, params: &mut RendezvousParams) {
-    if slurm.node_id.is_none() {
-        return;
-    }
-    params.node_id = params.node_id.take().or_else(|| slurm.node_id.clone());
-    params.local_addr = params.local_addr.take().or_else(|| slurm.local_addr.clone());
-    params.node_index = params.node_index.or(slurm.node_index);
-    if !url_orders && params.segment.is_none() {
-        params.rank_order = RankOrder::Slurm;
-    }
 }
 
 /// The health gate of the URL (`health_check*` options) with the command line's flags over
