@@ -123,25 +123,28 @@ impl Defaults {
     /// own default.
     pub async fn of(step: Option<&SlurmStep>, given_addr: bool) -> Defaults {
         let Some(step) = step else { return Defaults::default() };
-        let local_addr = match given_addr {
-            true => None,
-            false => step
-                .address()
-                .await
-                .map_err(|e| eprintln!("rdzv: under Slurm, no node address: {e}; advertising the host name"))
-                .ok(),
+        // Asked together: two of them wait on slurmctld, which a large job's start keeps busy.
+        let address = async {
+            match given_addr {
+                true => Ok(None),
+                false => step.address().await.map(Some),
+            }
         };
-        let node_index = step
-            .node_index()
-            .await
+        let (address, index, tracking) =
+            tokio::join!(address, step.node_index(), step.signals_every_process());
+        let local_addr = address
+            .map_err(|e| eprintln!("rdzv: under Slurm, no node address: {e}; advertising the host name"))
+            .ok()
+            .flatten();
+        let node_index = index
             .map_err(|e| {
                 eprintln!("rdzv: under Slurm, no node index: {e}; rank_order=slurm falls back to arrival")
             })
             .ok();
-        let notices_reach_workers = step
-            .signals_every_process()
-            .await
-            .map_err(|e| eprintln!("rdzv: under Slurm, its process tracking is unknown: {e}; SIGUSR1 and SIGUSR2 are passed on"))
+        let notices_reach_workers = tracking
+            .map_err(|e| {
+                eprintln!("rdzv: under Slurm, its process tracking is unknown: {e}; SIGUSR1 and SIGUSR2 are passed on")
+            })
             .unwrap_or(false);
         Defaults { node_id: Some(step.node_id()), local_addr, node_index, notices_reach_workers }
     }
