@@ -51,9 +51,12 @@ pub fn segment(value: &str) -> Result<String, String> {
     Ok(value.to_string())
 }
 
-/// A `--health-check`: a shell command, or `builtin:` checks that exist.
+/// A `--health-check`: a shell command, `builtin:` checks that exist, or empty for none (an
+/// empty `RDZV_HEALTH_CHECK`, as job scripts write `RDZV_HEALTH_CHECK=${CHECK:-}`).
 pub fn health_check(value: &str) -> Result<String, String> {
-    rdzv::health::Checks::parse(&[value.to_string()], Duration::from_secs(1)).map_err(|e| reason(&e))?;
+    if !value.is_empty() {
+        rdzv::health::Checks::parse(&[value.to_string()], Duration::from_secs(1)).map_err(|e| reason(&e))?;
+    }
     Ok(value.to_string())
 }
 
@@ -79,10 +82,12 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_segment_is_none_and_others_follow_the_rule() {
+    fn an_empty_segment_or_health_check_is_none_and_others_follow_the_rule() {
         assert_eq!(segment("").as_deref(), Ok(""));
         assert_eq!(segment("rack-7").as_deref(), Ok("rack-7"));
         assert!(segment("rack 7").is_err_and(|e| e.contains("whitespace")));
+        assert_eq!(health_check("").as_deref(), Ok(""));
+        assert!(health_check("builtin:nope").is_err());
     }
 
     #[test]

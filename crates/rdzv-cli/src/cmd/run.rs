@@ -192,7 +192,7 @@ pub struct RunArgs {
     /// Check this node's health before each join, every interval while it waits, and every
     /// interval while it is a member: a shell command (healthy when it exits 0), or
     /// `builtin:` and built-in checks joined by `,` or `+` (gpu, gpu:N, disk:PATH:MIN,
-    /// store, store:BOUND). Repeat to combine. Replaces the URL's health_check.
+    /// store, store:BOUND). Repeat to combine. Replaces the URL's health_check; empty is none.
     #[arg(long, env = "RDZV_HEALTH_CHECK", value_name = "CMD|builtin:LIST", value_parser = crate::args::health_check)]
     health_check: Vec<String>,
     /// How long the checks may take, together, before they are killed and count as failed
@@ -268,9 +268,10 @@ fn flags_over_url(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -
 /// The health gate of the URL (`health_check*` options) with the command line's flags over
 /// it; a bare `gpu` check expects `nproc` GPUs. A timing flag without any check is an error.
 fn health_from_flags(args: &RunArgs, nproc: usize, params: &mut RendezvousParams) -> Result<(), ConfigError> {
-    if !args.health_check.is_empty() {
+    let checks: Vec<String> = args.health_check.iter().filter(|c| !c.is_empty()).cloned().collect();
+    if !checks.is_empty() {
         let health = params.health.get_or_insert_with(|| HealthParams::new(""));
-        health.checks = args.health_check.clone();
+        health.checks = checks;
     }
     let flags = [
         ("--health-check-timeout", args.health_check_timeout.is_some()),
