@@ -152,7 +152,8 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, CliError> {
     };
     let report = Report::new(&stats, n, target.kv.name(), &run_id, peak_memory_kib())
         .with_clients(clients)
-        .with_failure(failure);
+        .with_failure(failure)
+        .with_segments(args.segments);
     let text = match args.format {
         ReportFormat::Json => format!("{}\n", report.json()),
         ReportFormat::Text => report.text(),
@@ -438,6 +439,9 @@ struct Report {
     clients: usize,
     /// What `--kill-one` measured.
     failure: Option<Failure>,
+    /// How many segment labels the workers took in turn (`--segments`), if any: a record
+    /// says what it measured.
+    segments: Option<u32>,
 }
 
 impl Report {
@@ -465,6 +469,7 @@ impl Report {
             peak_memory_kib: peak,
             clients: 1,
             failure: None,
+            segments: None,
         }
     }
 
@@ -474,6 +479,10 @@ impl Report {
 
     fn with_failure(self, failure: Option<Failure>) -> Report {
         Report { failure, ..self }
+    }
+
+    fn with_segments(self, segments: Option<u32>) -> Report {
+        Report { segments, ..self }
     }
 
     fn json(&self) -> serde_json::Value {
@@ -490,6 +499,7 @@ impl Report {
             "ops_per_worker_round": self.ops_per_worker_round,
             "peak_memory_kib": self.peak_memory_kib,
             "clients": self.clients,
+            "segments": self.segments,
             "failure": self.failure.map(|f| json!({
                 "told_first_s": f.told[0].as_secs_f64(),
                 "told_last_s": f.told[1].as_secs_f64(),
@@ -609,6 +619,8 @@ mod tests {
         assert_eq!(r.json()["ops_per_worker_round"]["lease_keep_alives"], 50.0);
         assert_eq!(r.json()["ops_per_worker_round"]["ranges"], 2.0);
         assert!(r.text().contains("2.0 MiB"), "{}", r.text());
+        assert_eq!(r.json()["segments"], json!(null), "no labels");
+        assert_eq!(r.with_segments(Some(64)).json()["segments"], 64);
     }
 
     /// `--kill-one`: the survivors are told within the TTL (the cut member's lease ends by
