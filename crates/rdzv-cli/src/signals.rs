@@ -1,6 +1,7 @@
 //! Termination signals received (SIGINT, SIGTERM, SIGHUP, SIGQUIT), notices to pass on
-//! (SIGUSR1, SIGUSR2), "stdin closed", and signals sent to process groups — through `rustix`'s safe system-call wrappers, never by
-//! running the `kill` program (absent from minimal images, and its failures went unseen).
+//! (SIGUSR1, SIGUSR2), "stdin closed", and signals sent to process groups — through
+//! `rustix`'s safe system-call wrappers, never by running the `kill` program (absent from
+//! minimal images, and its failures went unseen).
 
 use rustix::process::{Pid, Signal as Sig};
 use tokio::io::AsyncReadExt;
@@ -51,87 +52,144 @@ impl Received {
     }
 }
 
+/// A notice received, for the workers: Slurm's `--signal` warns of a job's end with one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// SIGUSR1.
+    Usr1,
+    /// SIGUSR2.
+    Usr2,
+}
+
+impl Notice {
+    /// The signal's name (`SIGUSR1`, `SIGUSR2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Notice::Usr1 => "SIGUSR1",
+            Notice::Usr2 => "SIGUSR2",
+        }
+    }
+
+    /// The signal to pass on.
+    pub fn signal(self) -> Sig {
+        match self {
+            Notice::Usr1 => Sig::USR1,
+            Notice::Usr2 => Sig::USR2,
+        }
+    }
+}
+
 /// What [`Signals::recv_or_notice`] caught.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Caught {
     /// A termination signal.
     End(Received),
-    /// SIGUSR1 or SIGUSR2, to pass on to the workers.
-    Notice(Sig),
+    /// A notice, to pass on to the workers.
+    Notice(Notice),
 }
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught from creation on (so they no longer end this
 /// process); with [`Signals::catch_with_notices`], SIGUSR1 and SIGUSR2 too.
 pub struct Signals {
-    interrupt: Signal,
-    terminate: Signal,
-    hangup: Signal,
-    quit: Signal,
-    notices: Option<[Signal; 2]>,
+    termination: Termination,
+    notices: Option<Notices>,
 }
 
 impl Signals {
     /// Starts catching the four termination signals.
     pub fn catch() -> std::io::Result<Signals> {
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
-            quit: signal(SignalKind::quit())?,
-            notices: None,
-        })
+        Ok(Signals { termination: Termination::catch()?, notices: None })
     }
 
     /// Starts catching the four termination signals, and SIGUSR1 and SIGUSR2 as notices for
-    /// the workers ([`Signals::recv_or_notice`]): Slurm's `--signal` warns of a job's end with them.
+    /// the workers ([`Signals::recv_or_notice`]).
     pub fn catch_with_notices() -> std::io::Result<Signals> {
-        let notices = [signal(SignalKind::user_defined1())?, signal(SignalKind::user_defined2())?];
-        Ok(Signals { notices: Some(notices), ..Signals::catch()? })
+        Ok(Signals { termination: Termination::catch()?, notices: Some(Notices::catch()?) })
+    }
+
+    /// The next termination signal.
+    pub async fn recv(&mut self) -> Received {
+        self.termination.recv().await
     }
 
     /// The next termination signal or notice, a termination signal first when both came.
     pub async fn recv_or_notice(&mut self) -> Caught {
         let notice = async {
             match self.notices.as_mut() {
-                Some([usr1, usr2]) => tokio::select! {
-                    _ = usr1.recv() => Sig::USR1,
-                    _ = usr2.recv() => Sig::USR2,
-                },
+                Some(notices) => notices.recv().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             biased;
-            _ = self.interrupt.recv() => Caught::End(Received::Interrupt),
-            _ = self.terminate.recv() => Caught::End(Received::Terminate),
-            _ = self.hangup.recv() => Caught::End(Received::Hangup),
-            _ = self.quit.recv() => Caught::End(Received::Quit),
+            signal = self.termination.recv() => Caught::End(signal),
             notice = notice => Caught::Notice(notice),
         }
     }
 
     /// The notices received while nobody listened (no workers ran), taken so that they are
     /// not passed on to workers started later, before these could catch them.
-    pub fn stale_notices(&mut self) -> Vec<Sig> {
-        let mut stale = Vec::new();
-        let Some([usr1, usr2]) = self.notices.as_mut() else { return stale };
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        for (caught, notice) in [(usr1, Sig::USR1), (usr2, Sig::USR2)] {
-            while let std::task::Poll::Ready(Some(())) = caught.poll_recv(&mut cx) {
-                stale.push(notice);
-            }
-        }
-        stale
+    pub fn stale_notices(&mut self) -> Vec<Notice> {
+        self.notices.as_mut().map(Notices::stale).unwrap_or_default()
+    }
+}
+
+/// The four termination signals.
+struct Termination {
+    interrupt: Signal,
+    terminate: Signal,
+    hangup: Signal,
+    quit: Signal,
+}
+
+impl Termination {
+    fn catch() -> std::io::Result<Termination> {
+        Ok(Termination {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
+        })
     }
 
-    /// The next signal.
-    pub async fn recv(&mut self) -> Received {
+    async fn recv(&mut self) -> Received {
         tokio::select! {
             _ = self.interrupt.recv() => Received::Interrupt,
             _ = self.terminate.recv() => Received::Terminate,
             _ = self.hangup.recv() => Received::Hangup,
             _ = self.quit.recv() => Received::Quit,
         }
+    }
+}
+
+/// SIGUSR1 and SIGUSR2.
+struct Notices {
+    usr1: Signal,
+    usr2: Signal,
+}
+
+impl Notices {
+    fn catch() -> std::io::Result<Notices> {
+        Ok(Notices { usr1: signal(SignalKind::user_defined1())?, usr2: signal(SignalKind::user_defined2())? })
+    }
+
+    async fn recv(&mut self) -> Notice {
+        tokio::select! {
+            _ = self.usr1.recv() => Notice::Usr1,
+            _ = self.usr2.recv() => Notice::Usr2,
+        }
+    }
+
+    /// Those already received, without waiting.
+    fn stale(&mut self) -> Vec<Notice> {
+        let mut stale = Vec::new();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for (caught, notice) in [(&mut self.usr1, Notice::Usr1), (&mut self.usr2, Notice::Usr2)] {
+            while let std::task::Poll::Ready(Some(())) = caught.poll_recv(&mut cx) {
+                stale.push(notice);
+            }
+        }
+        stale
     }
 }
 

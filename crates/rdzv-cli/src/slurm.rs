@@ -69,9 +69,7 @@ impl SlurmStep {
             .map(|i| i as u64)
             .ok_or_else(|| format!("{} is not in SLURM_JOB_NODELIST ({})", self.node, self.node_list))
     }
-}
 
-impl SlurmStep {
     /// What the agent says it took from this step, once its worker `me` exists with `params`.
     pub fn taken(&self, params: &RendezvousParams, me: &Participant) -> String {
         let index = params.node_index.map_or("none".into(), |i| i.to_string());

@@ -383,6 +383,17 @@ def _choose_ports(nodes: int) -> tuple[int, list[int]]:
     return ctld[0], node_ports
 
 
+def consecutive_free_ports(length: int) -> list[int]:
+    """`length` consecutive ports free now, outside the kernel's ephemeral range, chosen at
+    random (for a server the test starts, as `_choose_ports` chooses the daemons')."""
+    held: list[socket.socket] = []
+    try:
+        return _free_run(length, *_candidate_range(), held)
+    finally:
+        for s in held:
+            s.close()
+
+
 def _candidate_range() -> tuple[int, int]:
     """LOWEST_PORT up to the start of the ephemeral range, or the ports above it when
     those are more."""

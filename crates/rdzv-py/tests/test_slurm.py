@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster
+from slurm_cluster import SlurmCluster, consecutive_free_ports
 from test_rdzv_run import rdzv_binary
 from test_torchrun import TRAIN
 
@@ -44,25 +42,6 @@ def documented_script() -> str:
     block = re.search(r"<!-- slurm\.sbatch: begin -->\n```bash\n(.*?)```\n<!-- slurm\.sbatch: end -->", text, re.S)
     assert block, "docs/SLURM.md lost its job script's markers"
     return block.group(1)
-
-
-def two_free_ports() -> int:
-    """A port p with p and p + 1 free, below the ephemeral range (etcd's client and peer)."""
-    for _ in range(200):
-        port = random.randrange(10_000, 32_000)
-        held = []
-        try:
-            for p in (port, port + 1):
-                s = socket.socket()
-                s.bind(("0.0.0.0", p))
-                held.append(s)
-            return port
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise RuntimeError("no two consecutive free ports below 32000")
 
 
 def job_env(slurm: SlurmCluster, out: Path, **extra: str) -> dict[str, str]:
@@ -97,7 +76,7 @@ def test_the_documented_job_trains_with_a_spare_and_every_agent_exits_0(slurm: S
     out.mkdir()
     script = tmp_path / "train.sbatch"
     script.write_text(documented_script())
-    env = job_env(slurm, out, NODES="2", NPROC="1", ETCD_PORT=str(two_free_ports()), TRAIN=TRAIN, TARGET_WORLD="2")
+    env = job_env(slurm, out, NODES="2", NPROC="1", ETCD_PORT=str(consecutive_free_ports(2)[0]), TRAIN=TRAIN, TARGET_WORLD="2")
     job = slurm.sbatch(script, "--nodes=3", f"--output={out}/job.log", env=env)
     state = slurm.wait_job(job, timeout=240)
     said = logs(out)
@@ -132,6 +111,27 @@ done
 """
 
 
+def agents_per_step(slurm: SlurmCluster, etcd: str, run_id: str, tmp_path: Path, ttl: int) -> tuple[Path, Path, str]:
+    """Submits AGENT_PER_STEP (min = max = 2 nodes of 3, keep_alive_ttl `ttl` seconds) with
+    the workers held by a hold file, and waits for the first world of 2. Returns the output
+    folder, the hold file and the job id."""
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    out.mkdir()
+    hold.touch()
+    script = tmp_path / "agents.sbatch"
+    script.write_text(AGENT_PER_STEP)
+    url = f"etcd://{etcd}/{run_id}?min_workers=2&max_workers=2&keep_alive_ttl={ttl}s&last_call_timeout=1s"
+    env = job_env(slurm, out, URL=url, TRAIN=TRAIN, TARGET_WORLD="2", HOLD_FILE=str(hold))
+    job = slurm.sbatch(script, "--nodes=3", f"--output={out}/job.log", env=env)
+    wait_until(lambda: len(starts(out)) >= 2, "the first world of 2", slurm, job)
+    return out, hold, job
+
+
+def agent_of(node_id: str) -> int:
+    """Which AGENT_PER_STEP agent a node id (NODE-JOB.STEP) is: agent<i> ran on n<i+1>."""
+    return int(node_id.split("-", 1)[0][1:]) - 1
+
+
 @pytest.mark.parametrize("how", ["scancel", "scancel --signal=TERM"])
 def test_a_cancelled_step_is_replaced_by_the_spare_and_the_job_finishes(
     how: str, slurm: SlurmCluster, etcd: str, run_id: str, tmp_path: Path
@@ -140,19 +140,11 @@ def test_a_cancelled_step_is_replaced_by_the_spare_and_the_job_finishes(
     takes the place once the member's lease expires (`keep_alive_ttl`); with
     `--signal=TERM` the agent stops its workers and leaves, and the spare takes the place at
     once, long before the TTL."""
-    out, hold = tmp_path / "out", tmp_path / "hold"
-    out.mkdir()
-    hold.touch()
-    script = tmp_path / "agents.sbatch"
-    script.write_text(AGENT_PER_STEP)
     graceful = "TERM" in how
     # With a leave, a TTL far longer than the replacement may take: only the leave explains
     # a quick one.
     ttl = 40 if graceful else 5
-    url = f"etcd://{etcd}/{run_id}?min_workers=2&max_workers=2&keep_alive_ttl={ttl}s&last_call_timeout=1s"
-    env = job_env(slurm, out, URL=url, TRAIN=TRAIN, TARGET_WORLD="2", HOLD_FILE=str(hold))
-    job = slurm.sbatch(script, "--nodes=3", f"--output={out}/job.log", env=env)
-    wait_until(lambda: len(starts(out)) >= 2, "the first world of 2", slurm, job)
+    out, hold, job = agents_per_step(slurm, etcd, run_id, tmp_path, ttl)
     first = starts(out)[:2]
     leaving = next(w for w in first if w["group_rank"] == 1)
     staying = next(w for w in first if w["group_rank"] == 0)
@@ -176,10 +168,9 @@ def test_a_cancelled_step_is_replaced_by_the_spare_and_the_job_finishes(
     assert ranks.get(staying["node_id"]) == 0, (second, said)
     spare = next(node for node in ranks if node != staying["node_id"])
     assert ranks[spare] == 1, (second, said)
-    # agent<i> ran on node n<i+1> (srun --relative=i).
     codes = {int(p.stem[len("agent") :]): int(p.read_text()) for p in out.glob("agent*.rc")}
     assert sorted(codes) == [0, 1, 2], (codes, said)
-    cancelled_agent = int(leaving["node_id"].split("-", 1)[0][1:]) - 1
+    cancelled_agent = agent_of(leaving["node_id"])
     assert codes[cancelled_agent] != 0, (codes, said)
     assert all(code == 0 for i, code in codes.items() if i != cancelled_agent), (codes, said)
     assert state == ("COMPLETED", "0:0"), (state, said)
@@ -192,16 +183,8 @@ def test_scancel_of_the_job_stops_every_agent_gracefully(
 ) -> None:
     """`scancel JOB` (as a time limit or a preemption) sends SIGTERM to every step, SIGKILL
     `KillWait` (5 s here) later: each agent stops its workers and leaves before that."""
-    out, hold = tmp_path / "out", tmp_path / "hold"
-    out.mkdir()
-    hold.touch()
-    script = tmp_path / "agents.sbatch"
-    script.write_text(AGENT_PER_STEP)
-    url = f"etcd://{etcd}/{run_id}?min_workers=2&max_workers=2&keep_alive_ttl=5s&last_call_timeout=1s"
-    env = job_env(slurm, out, URL=url, TRAIN=TRAIN, TARGET_WORLD="2", HOLD_FILE=str(hold))
-    job = slurm.sbatch(script, "--nodes=3", f"--output={out}/job.log", env=env)
-    wait_until(lambda: len(starts(out)) >= 2, "the first world of 2", slurm, job)
-    members = {int(w["node_id"].split("-", 1)[0][1:]) - 1 for w in starts(out)[:2]}
+    out, _, job = agents_per_step(slurm, etcd, run_id, tmp_path, ttl=5)
+    members = {agent_of(w["node_id"]) for w in starts(out)[:2]}
     slurm.scancel(job)
     state = slurm.wait_job(job, timeout=60)
     said = logs(out)

@@ -232,7 +232,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode, CliError> {
         Signals::catch_with_notices().map_err(|e| CliError::other(format!("cannot catch signals: {e}")))?;
     let step = SlurmStep::from_env(|name| std::env::var(name).ok());
     let slurm = slurm::Defaults::of(step.as_ref(), args.local_addr.is_some()).await;
-    let setup = Setup { notices_reach_workers: slurm.notices_reach_workers, ..prepare(&args)? };
+    let setup = prepare(&args, slurm.notices_reach_workers)?;
     let observe = Observe::start(args.metrics_addr.as_deref(), args.events.as_deref()).await?;
     let url_orders =
         RendezvousUrl::parse(&args.url).is_ok_and(|u| u.rendezvous_options.contains_key("rank_order"));
@@ -296,8 +296,8 @@ fn health_from_flags(args: &RunArgs, nproc: usize, params: &mut RendezvousParams
 }
 
 /// Checks what can be checked before joining: a node that cannot start its workers must
-/// not join and make the others wait for it.
-fn prepare(args: &RunArgs) -> Result<Setup, CliError> {
+/// not join and make the others wait for it. `notices_reach_workers`: see [`Setup`].
+fn prepare(args: &RunArgs, notices_reach_workers: bool) -> Result<Setup, CliError> {
     let program = &args.command[0];
     crate::workers::find_program(program)
         .map_err(|e| CliError::other(format!("cannot start `{program}`: {e}")))?;
@@ -316,7 +316,7 @@ fn prepare(args: &RunArgs) -> Result<Setup, CliError> {
         let dir = args.log_dir.as_ref().map_or("a temporary directory".into(), |d| d.display().to_string());
         CliError::other(format!("cannot create the log directory {dir}: {e}"))
     })?;
-    Ok(Setup { exe, nproc, logs, rdzv_url: std::env::var_os("RDZV_URL"), notices_reach_workers: false })
+    Ok(Setup { exe, nproc, logs, rdzv_url: std::env::var_os("RDZV_URL"), notices_reach_workers })
 }
 
 /// The agent: carries out what [`Agent`] decides, one decision at a time, and tells it what
@@ -593,7 +593,7 @@ async fn supervise(
     let reported = observe.nodes_waiting(worker, args.monitor_interval);
     tokio::pin!(over, reported);
     for notice in signals.stale_notices() {
-        eprintln!("rdzv: {} came while no workers ran: not passed on", notice_name(notice));
+        eprintln!("rdzv: {} came while no workers ran: not passed on", notice.name());
     }
     let stop_reason = loop {
         // Signals first: Slurm's scancel signals the agent and its workers together, and a
@@ -606,11 +606,11 @@ async fn supervise(
                     return Event::Interrupted { signal, status };
                 }
                 Caught::Notice(notice) if setup.notices_reach_workers => {
-                    eprintln!("rdzv: {} reaches the workers from Slurm itself: not passed on again", notice_name(notice));
+                    eprintln!("rdzv: {} reaches the workers from Slurm itself: not passed on again", notice.name());
                 }
                 Caught::Notice(notice) => {
-                    eprintln!("rdzv: passing {} on to the workers", notice_name(notice));
-                    group.signal(notice);
+                    eprintln!("rdzv: passing {} on to the workers", notice.name());
+                    group.signal(notice.signal());
                 }
             },
             exit = group.next_exit() => match exit {
@@ -631,11 +631,6 @@ async fn supervise(
         let (summary, report) = failure_report(&exit, &worker.participant().node, round, restarts);
         Event::WorkerFailed { rank: exit.rank, status: exit.status, summary, report }
     })
-}
-
-/// How a notice passed on to the workers is named in what the agent says.
-fn notice_name(notice: rustix::process::Signal) -> &'static str {
-    if notice == rustix::process::Signal::USR2 { "SIGUSR2" } else { "SIGUSR1" }
 }
 
 /// Resolves with why the workers of `round` must stop, as the round tells: it broke

@@ -77,10 +77,8 @@ impl Machine {
                 // Enough for a round but not full (a position of `max` counted a joiner that
                 // is gone since, or whole segments do not fill the `max` joiners): the last
                 // call runs from now.
-                let freeze_at = match decide::retry_delay(count, &self.sizing) {
-                    Some((_, Trigger::Full)) => Some((now + self.sizing.last_call, Trigger::Timer)),
-                    other => other.map(|(delay, trigger)| (now + delay, trigger)),
-                };
+                let freeze_at = (count as usize >= self.sizing.min)
+                    .then(|| (now + self.sizing.last_call, Trigger::Timer));
                 self.await_joined(round, freeze_at, Some(count))
             }
             (JoinStep::Freezing, Input::Put(outcome, _)) => {
