@@ -41,6 +41,7 @@ Results: one JSON line per system, size, variant and run, appended to FILE; the 
 """
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -147,33 +148,36 @@ def main():
     a = ap.parse_args()
     etcd = Etcd()
     stores = {kind: host_store(a.python, kind == "multi") for kind in a.stores.split(",")}
+    c10d = [("c10d", kind, f"127.0.0.1:{port}", conf)
+            for kind, (_, port) in stores.items() for conf in a.c10d_conf.split(";")]
+    variants = c10d + [("rdzv", None, etcd.hosts, "")]
     try:
-        load = " ".join(open("/proc/loadavg").read().split()[:3])
+        load = loadavg()
         with open(a.out, "a") as out:
-            for n in [int(x) for x in a.sizes.split(",")]:
-                for run in range(a.runs):
-                    for after_round in a.after_round.split(","):
-                        systems = [("c10d", kind, f"127.0.0.1:{port}", conf)
-                                   for kind, (_, port) in stores.items() for conf in a.c10d_conf.split(";")]
-                        for system, store, target, conf in systems + [("rdzv", None, etcd.hosts, "")]:
-                            run_id = f"cmp-{system}-{n}-{run}-{os.getpid()}-{time.time_ns()}"
-                            before = " ".join(open("/proc/loadavg").read().split()[:3])
-                            r = one_run(a.python, system, target, n, run_id, a.timeout, after_round, conf, a.stagger)
-                            r.update({"run": run, "store": store, "load_before": before,
-                                      "load": " ".join(open("/proc/loadavg").read().split()[:3]),
-                                      "load_at_start": load,
-                                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
-                            print(f"{system} N={n} {after_round} store={store} conf={conf!r} stagger={a.stagger} "
-                                  f"run {run} (load {before}): "
-                                  + (f"{r['seconds']:.3f} s" if "seconds" in r else f"FAILED: {r['failed']}"),
-                                  flush=True)
-                            out.write(json.dumps(r) + "\n")
-                            out.flush()
+            sizes = [int(x) for x in a.sizes.split(",")]
+            for n, run, after_round, (system, store, target, conf) in itertools.product(
+                    sizes, range(a.runs), a.after_round.split(","), variants):
+                run_id = f"cmp-{system}-{n}-{run}-{os.getpid()}-{time.time_ns()}"
+                before = loadavg()
+                r = one_run(a.python, system, target, n, run_id, a.timeout, after_round, conf, a.stagger)
+                r.update({"run": run, "store": store, "load_before": before, "load": loadavg(),
+                          "load_at_start": load, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+                print(f"{system} N={n} {after_round} store={store} conf={conf!r} stagger={a.stagger} "
+                      f"run {run} (load {before}): "
+                      + (f"{r['seconds']:.3f} s" if "seconds" in r else f"FAILED: {r['failed']}"),
+                      flush=True)
+                out.write(json.dumps(r) + "\n")
+                out.flush()
     finally:
         for host, _ in stores.values():
             host.stdin.close()
             host.wait(10)
         etcd.stop()
+
+
+def loadavg():
+    """The load averages over 1, 5 and 15 minutes, as /proc/loadavg gives them."""
+    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def host_store(python, multi_tenant):
