@@ -348,6 +348,35 @@ pub fn freeze(
     FreezeAction::Freeze(assign_ranks(survivors, newcomers, &free))
 }
 
+/// Phase 2, freeze of a full round: how many of the `waiters` of the round before (read from
+/// their waiting keys, which their sessions hold, so alive) have not joined yet but would be
+/// admitted in place of a newcomer that has — the spare that waited longest, or one of a dead
+/// member's segment. The freeze waits for them as it waits for survivors (until a backup
+/// timer); otherwise whichever spare joins first would take the place.
+pub fn waiters_to_await(
+    candidates: &[Candidate],
+    waiters: Vec<Candidate>,
+    previous: Option<u64>,
+    sizing: &Sizing,
+    segments: Option<&SegmentRuns>,
+) -> usize {
+    let joined: std::collections::HashSet<&str> = candidates.iter().map(|c| c.joiner.node.as_str()).collect();
+    let missing: Vec<Candidate> =
+        waiters.into_iter().filter(|w| !joined.contains(w.joiner.node.as_str())).collect();
+    if missing.is_empty() {
+        return 0;
+    }
+    let missing_nodes: std::collections::HashSet<String> =
+        missing.iter().map(|w| w.joiner.node.clone()).collect();
+    let everyone = candidates.iter().cloned().chain(missing).collect();
+    match freeze(everyone, previous, &[], Trigger::Timer, sizing, segments) {
+        FreezeAction::Freeze(participants) => {
+            participants.iter().filter(|p| missing_nodes.contains(&p.node)).count()
+        }
+        _ => 0,
+    }
+}
+
 /// The ranks of the round before that no survivor holds, with the segment of the member that
 /// held each (those that had one), lowest first.
 fn free_segments(segments: &SegmentRuns, survivors: &[(usize, Participant)]) -> Vec<(usize, String)> {
@@ -851,6 +880,40 @@ mod tests {
             nodes(freeze(early, Some(4), &alive, Trigger::Timer, &sz(4, 4, S, S), None)),
             ["a", "s1", "s2", "d"]
         );
+    }
+
+    #[test]
+    fn a_full_round_waits_for_a_spare_that_comes_before_a_newcomer_that_joined() {
+        // Round 4 was a, b, c, d; b died. s2 joined first, though s1 has waited longer.
+        let joined = vec![
+            cand("a", 13, None, Some((4, 0))),
+            cand("c", 14, None, Some((4, 2))),
+            cand("d", 11, None, Some((4, 3))),
+            cand("s2", 15, Some(8), None),
+        ];
+        let sizing = sz(4, 4, S, S);
+        let waiting = |names: &[(&str, Revision)]| -> Vec<Candidate> {
+            names.iter().map(|(node, at)| cand(node, *at, Some(*at), None)).collect()
+        };
+        assert_eq!(waiters_to_await(&joined, waiting(&[("s1", 6), ("s2", 8)]), Some(4), &sizing, None), 1);
+        // Once s1 has joined, or when the one missing came after s2, nobody is waited for.
+        let mut both = joined.clone();
+        both.push(cand("s1", 16, Some(6), None));
+        assert_eq!(waiters_to_await(&both, waiting(&[("s1", 6), ("s2", 8)]), Some(4), &sizing, None), 0);
+        assert_eq!(waiters_to_await(&joined, waiting(&[("s2", 8), ("s3", 9)]), Some(4), &sizing, None), 0);
+
+        // With segments, a spare of the dead member's segment comes before an earlier one.
+        let segments = SegmentRuns(vec![("r1".into(), 2), ("r2".into(), 2)]);
+        let mut sizing = sizing;
+        sizing.order = RankOrder::Segment;
+        let joined = vec![
+            in_segment("a", "r1", 13, Some((4, 0))),
+            in_segment("c", "r2", 14, Some((4, 2))),
+            in_segment("d", "r2", 11, Some((4, 3))),
+            in_segment("early", "r2", 15, None),
+        ];
+        let waiting = vec![in_segment("early", "r2", 5, None), in_segment("late", "r1", 9, None)];
+        assert_eq!(waiters_to_await(&joined, waiting, Some(4), &sizing, Some(&segments)), 1);
     }
 
     #[test]

@@ -1,15 +1,15 @@
 //! Phase 2, Join (docs/PROTOCOL.md): watch the state, create my join key, learn my position
 //! (a tally, or a count of the join keys up to mine), take the role it gives — wait, freeze
 //! when full, or freeze after the last call — and freeze: read the joiners (and, for a full
-//! round that waits for survivors of the round before, which of them are alive) and swap
-//! `joinable` for `frozen`.
+//! round, which survivors of the round before are alive and who waited behind it, to wait
+//! for those it owes a place) and swap `joinable` for `frozen`.
 
 use tokio::time::Instant;
 
 use crate::kv::{CountedCreate, DeleteMode, EventKind, LeaseId, PutMode, PutOutcome, Revision};
 
 use super::super::decide::{self, Candidate, FreezeAction, JoinRole, JoinedAction, Trigger};
-use super::super::state::{Participant, State};
+use super::super::state::{Participant, SegmentRuns, State};
 use super::phase::{Frozen, JoinStep, Joining, Phase, Reread};
 use super::{Action, Bind, FROZEN_TTL, Handled, Input, Machine, Observed};
 
@@ -67,7 +67,10 @@ impl Machine {
                 self.read_joiners(round, trigger, candidates, revision, now)
             }
             (JoinStep::ReadingMembers { candidates, revision }, Input::Members(alive)) => {
-                self.freeze(round, candidates, &alive, Trigger::Full, revision, now)
+                self.read_waiters(round, candidates, revision, alive)
+            }
+            (JoinStep::ReadingWaiters { candidates, revision, alive }, Input::Joiners(waiters, _)) => {
+                self.freeze_unless_waiters_first(round, candidates, revision, alive, waiters, now)
             }
             (JoinStep::WatchingJoiners { count, whole: true }, Input::Ack) => {
                 // Only a joiner that comes or goes can complete a segment: try again then.
@@ -185,6 +188,55 @@ impl Machine {
         }
     }
 
+    /// A full round's freeze, with the members of the round before that are `alive`: reads
+    /// who waited behind that round.
+    fn read_waiters(
+        &mut self,
+        round: Joining,
+        candidates: Vec<Candidate>,
+        revision: Revision,
+        alive: Vec<Participant>,
+    ) -> Action {
+        let before = decide::survivor_round(&candidates, round.previous).unwrap_or(round.version);
+        self.phase = Phase::Join { round, step: JoinStep::ReadingWaiters { candidates, revision, alive } };
+        Action::ReadJoiners { prefix: self.keys.waiting(before) }
+    }
+
+    /// A full round's freeze: waits for `waiters` of the round before that come ahead of a
+    /// newcomer that joined ([`decide::waiters_to_await`]), else freezes.
+    fn freeze_unless_waiters_first(
+        &mut self,
+        round: Joining,
+        candidates: Vec<Candidate>,
+        revision: Revision,
+        alive: Vec<Participant>,
+        waiters: Vec<Candidate>,
+        now: Instant,
+    ) -> Action {
+        let segments = self.segments_before(round.version);
+        match decide::waiters_to_await(&candidates, waiters, round.previous, &self.sizing, segments) {
+            0 => self.freeze(round, candidates, &alive, Trigger::Full, revision, now),
+            missing => {
+                tracing::debug!(missing, "the round is full, but spares first in line are yet to join");
+                self.await_earlier(round, now)
+            }
+        }
+    }
+
+    /// Waits, for a full round, for workers that come first and have not joined yet: one
+    /// that joins later freezes the round itself (it counts a position of `max` or more); the
+    /// backup timer covers one that never comes.
+    fn await_earlier(&mut self, round: Joining, now: Instant) -> Action {
+        let freeze_at = Some((now + self.sizing.backup, Trigger::Timer));
+        let round = Joining { awaiting_survivors: true, ..round };
+        self.await_joined(round, freeze_at, None)
+    }
+
+    /// The segments of the ranks of the round before `version`, when this worker knows them.
+    fn segments_before(&self, version: u64) -> Option<&SegmentRuns> {
+        self.joinable_segments.as_ref().filter(|(of, _)| *of == version).map(|(_, segments)| segments)
+    }
+
     /// Phase 2, my join key written (`outcome`, with its `tally` if the create counted it):
     /// my position is the tally, or else a count of the join keys up to mine.
     fn joined(&mut self, round: Joining, outcome: PutOutcome, tally: Option<u64>, now: Instant) -> Action {
@@ -243,8 +295,7 @@ impl Machine {
     ) -> Action {
         let Joining { version, previous, state_revision, .. } = round;
         let stay = |round, step| Phase::Join { round, step };
-        let segments =
-            self.joinable_segments.as_ref().filter(|(of, _)| *of == version).map(|(_, segments)| segments);
+        let segments = self.segments_before(version);
         match decide::freeze(candidates, previous, alive, trigger, &self.sizing, segments) {
             action @ (FreezeAction::AwaitJoiners { count } | FreezeAction::AwaitSegments { count }) => {
                 let whole = matches!(action, FreezeAction::AwaitSegments { .. });
@@ -257,16 +308,11 @@ impl Machine {
                 Action::WatchPrefix { prefix: self.keys.joins(version), from: revision + 1 }
             }
             FreezeAction::AwaitSurvivors { missing } => {
-                // A survivor that joins later freezes the round itself (it counts a position
-                // of `max` or more); the backup timer covers one that never comes.
                 tracing::debug!(
                     missing,
                     "the round is full, but survivors of the round before are yet to join"
                 );
-                let freeze_at = Some((now + self.sizing.backup, Trigger::Timer));
-                let round = Joining { awaiting_survivors: true, ..round };
-                self.phase = stay(round, JoinStep::Waiting { freeze_at, joiners: None });
-                Action::Await { until: freeze_at.map(|(at, _)| at), prefix: false }
+                self.await_earlier(round, now)
             }
             FreezeAction::Freeze(participants) => {
                 self.phase = stay(round, JoinStep::Freezing);

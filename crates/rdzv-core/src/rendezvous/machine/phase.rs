@@ -95,7 +95,8 @@ pub(super) struct Joining {
     pub(super) state_revision: Revision,
     /// The lease of its `joinable` value (the run lease), which the join tally is bound to.
     pub(super) lease: Option<LeaseId>,
-    /// Whether the round is full but waits for survivors of the round before it.
+    /// Whether the round is full but waits for survivors of the round before it, or for
+    /// workers that waited behind it and come before a newcomer that joined.
     pub(super) awaiting_survivors: bool,
 }
 
@@ -134,6 +135,9 @@ pub(super) enum JoinStep {
     Reading { trigger: Trigger },
     /// Reading which members of the round before are alive, to freeze a full round.
     ReadingMembers { candidates: Vec<Candidate>, revision: Revision },
+    /// Reading who waited behind the round before (spares, late arrivals), to freeze a full
+    /// round: one that would be admitted ahead of a newcomer that joined is waited for.
+    ReadingWaiters { candidates: Vec<Candidate>, revision: Revision, alive: Vec<Participant> },
     /// Too few to freeze (`whole`: too few in complete segments, though enough joiners):
     /// opening a watch of the join keys.
     WatchingJoiners { count: u64, whole: bool },
@@ -260,7 +264,9 @@ impl Machine {
                 | JoinStep::Writing
                 | JoinStep::Reclaiming
                 | JoinStep::Counting { .. } => "joining",
-                _ if round.awaiting_survivors => "waiting for the members of the previous round to join",
+                _ if round.awaiting_survivors => {
+                    "waiting for the previous round's members (or its spares first in line) to join"
+                }
                 _ => "waiting for enough workers to join",
             },
             Phase::Confirm { step: ConfirmStep::Waiting { .. }, .. } => "waiting for every member to confirm",
