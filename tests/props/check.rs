@@ -7,7 +7,8 @@ use std::time::Duration;
 use rdzv_core::{RendezvousInfo, RoundBroken};
 
 use super::{
-    Failure, KEYS_CONSTANT, KEYS_PER_WORKER, Record, SLACK, TIMEOUT, World, healed_bound, rerun_bound,
+    Failure, KEYS_CONSTANT, KEYS_PER_WORKER, PIECES_PER_WORKER, Record, SLACK, TIMEOUT, World, healed_bound,
+    rerun_bound,
 };
 
 /// A guarantee a world broke.
@@ -815,17 +816,28 @@ fn settles(f: &Facts) -> Vec<Violation> {
 }
 
 /// `key-count`: the keys under the run stay within [`KEYS_PER_WORKER`] per worker and
-/// [`KEYS_CONSTANT`].
+/// [`KEYS_CONSTANT`], the pieces of member lists aside; those within
+/// [`PIECES_PER_WORKER`] per worker.
 fn key_count(f: &Facts) -> Vec<Violation> {
     let mut v = Vec::new();
     for r in f.records {
         if let Record::Keys { at, count, workers, by_part } = r {
+            let pieces: u64 =
+                by_part.iter().filter(|(part, _)| part.ends_with("/members")).map(|(_, n)| n).sum();
             let limit = KEYS_PER_WORKER * *workers as u64 + KEYS_CONSTANT;
             ensure!(
                 v,
                 "key-count",
-                *count <= limit,
-                "{count} keys under the run at {at:?} ({workers} workers; limit {limit}): {by_part:?}"
+                *count - pieces <= limit,
+                "{} keys under the run (pieces aside) at {at:?} ({workers} workers; limit {limit}): {by_part:?}",
+                count - pieces
+            );
+            let pieces_limit = PIECES_PER_WORKER * *workers as u64;
+            ensure!(
+                v,
+                "key-count",
+                pieces <= pieces_limit,
+                "{pieces} pieces of member lists under the run at {at:?} ({workers} workers; limit {pieces_limit}): {by_part:?}"
             );
         }
     }

@@ -53,6 +53,11 @@ pub const SLACK: Duration = Duration::from_secs(2);
 pub const KEYS_PER_WORKER: u64 = 6;
 /// See [`KEYS_PER_WORKER`].
 pub const KEYS_CONSTANT: u64 = 10;
+/// The pieces of member lists under a run may not exceed `PIECES_PER_WORKER × workers`: in
+/// the worlds whose lists go to pieces, a piece holds one member or two, and the lists of
+/// two rounds are there (the running one and the one replacing it), with the pieces of a
+/// freeze whose answer was lost left to their round.
+pub const PIECES_PER_WORKER: u64 = 3;
 
 /// Faults on one worker's link, active until the world heals.
 #[derive(Clone, Debug)]
@@ -113,6 +118,9 @@ pub struct World {
     /// Whether newcomers take ranks by their `node_index` (`rank_order=slurm`), in a world
     /// without segments.
     pub slurm_order: bool,
+    /// The workers' `members_inline_bytes`, in the worlds whose member lists go to pieces
+    /// (so small that every round's list does: one or two members a piece).
+    pub members_inline_bytes: Option<usize>,
 }
 
 impl World {
@@ -298,6 +306,7 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
                     segments(n),
                     prop::option::weighted(0.5, 1usize..=3),
                     prop::option::weighted(0.5, node_indexes(n)),
+                    prop::option::weighted(0.5, 1usize..=80),
                 )
                     .prop_map(world_from)
             })
@@ -307,7 +316,7 @@ pub fn worlds(shape: Shape) -> impl Strategy<Value = World> {
 
 /// What [`worlds`] draws for one world: min, max, last call, TTL and heal time (ms), the
 /// plans, the close (‰ of the hostile period), the segments, the segment size, the node
-/// indexes.
+/// indexes, the members' inline limit.
 type Drawn = (
     usize,
     usize,
@@ -319,11 +328,24 @@ type Drawn = (
     Vec<Option<u8>>,
     Option<usize>,
     Option<Vec<Option<u64>>>,
+    Option<usize>,
 );
 
 /// The world that what was drawn makes, its parts made consistent.
 fn world_from(drawn: Drawn) -> World {
-    let (min, max, last_call_ms, ttl_ms, heal_ms, mut plans, close, segments, whole, indexes) = drawn;
+    let (
+        min,
+        max,
+        last_call_ms,
+        ttl_ms,
+        heal_ms,
+        mut plans,
+        close,
+        segments,
+        whole,
+        indexes,
+        members_inline_bytes,
+    ) = drawn;
     let labelled = segments.iter().all(Option::is_some);
     for (p, segment) in plans.iter_mut().zip(segments) {
         p.segment = segment;
@@ -363,6 +385,7 @@ fn world_from(drawn: Drawn) -> World {
         hold_ms: 2 * ttl_ms + 3000,
         segment_size,
         slurm_order,
+        members_inline_bytes,
     }
 }
 
@@ -500,6 +523,9 @@ fn params_for(world: &World, run: &str) -> RendezvousParams {
     if world.slurm_order {
         p.rank_order = rdzv_core::params::RankOrder::Slurm;
     }
+    if let Some(bytes) = world.members_inline_bytes {
+        p.members_inline_bytes = bytes;
+    }
     p
 }
 
@@ -541,34 +567,44 @@ pub async fn run_world(world: &World, kv: Arc<dyn Kv>, run: &str) -> Vec<Record>
 async fn record_finals(kv: Arc<dyn Kv>, params: RendezvousParams, ctl: Ctl) {
     use rdzv_core::KvExt;
     use rdzv_core::kv::{EventKind, WatchScope};
-    use rdzv_core::protocol::State;
-    let key = rdzv_core::protocol::RunKeys::new(&params.prefix, &params.run_id).state();
+    let keys = rdzv_core::protocol::RunKeys::new(&params.prefix, &params.run_id);
+    let key = keys.state();
     let mut seen = std::collections::BTreeSet::new();
-    let mut note = |value: &rdzv_core::kv::Bytes| {
-        if let Ok(State::Final { version, participants, .. }) = State::parse(&key, value)
-            && seen.insert(version)
-        {
-            let segments = participants.iter().map(|p| p.segment.clone()).collect();
-            let participants = participants.iter().map(|p| p.node.clone()).collect();
-            ctl.push(Record::Final { at: ctl.now(), version, participants, segments });
-        }
-    };
     loop {
         let Ok(read) = kv.get(&key).await else { return };
-        if let Some(kv) = &read.kv {
-            note(&kv.value);
+        if let Some(found) = &read.kv {
+            note_final(&*kv, &keys, found, &mut seen, &ctl).await;
         }
         let Ok(mut watch) = kv.watch_from(&key, WatchScope::Key, read.revision + 1).await else { return };
         loop {
             tokio::select! {
                 event = watch.next() => match event {
-                    Ok(event) if event.kind == EventKind::Put => note(&event.kv.value),
+                    Ok(event) if event.kind == EventKind::Put => note_final(&*kv, &keys, &event.kv, &mut seen, &ctl).await,
                     Ok(_) => {}
                     Err(_) => break,
                 },
                 _ = ended(ctl.end.clone()) => return,
             }
         }
+    }
+}
+
+/// Records the state value `found` if it is a `final` round not `seen` yet (its member list
+/// read from its pieces where it names them).
+async fn note_final(
+    kv: &dyn Kv,
+    keys: &rdzv_core::protocol::RunKeys,
+    found: &rdzv_core::kv::KeyValue,
+    seen: &mut std::collections::BTreeSet<u64>,
+    ctl: &Ctl,
+) {
+    use rdzv_core::protocol::State;
+    if let Ok(State::Final { version, participants, .. }) = State::read(kv, keys, found).await
+        && seen.insert(version)
+    {
+        let segments = participants.iter().map(|p| p.segment.clone()).collect();
+        let participants = participants.iter().map(|p| p.node.clone()).collect();
+        ctl.push(Record::Final { at: ctl.now(), version, participants, segments });
     }
 }
 

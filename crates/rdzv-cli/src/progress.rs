@@ -61,7 +61,10 @@ async fn describe(worker: &Rendezvous, deadline: Instant) -> String {
     let kv = worker.backend();
     let keys = worker.keys();
     let state = match kv.get(&keys.state()).await {
-        Ok(read) => read.kv.and_then(|kv| State::parse(&kv.key, &kv.value).ok()),
+        Ok(read) => match read.kv {
+            Some(found) => State::read(&*kv, keys, &found).await.ok(),
+            None => None,
+        },
         Err(_) => return format!("rdzv: backend not answering… {left} s left"),
     };
     match state {

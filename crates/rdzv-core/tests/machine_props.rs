@@ -229,7 +229,14 @@ impl World {
                     },
                 }
             }
-            Action::Put { key, value, mode, bind } => {
+            Action::Put { .. } | Action::PutState { .. } => {
+                let (key, value, mode, bind) = match action {
+                    Action::Put { key, value, mode, bind } => (key, value.clone(), mode, bind),
+                    // This model keeps every member list whole.
+                    Action::PutState { key, state, mode, bind } => (key, state.to_bytes(), mode, bind),
+                    _ => unreachable!("matched above"),
+                };
+                let value = &value;
                 let lease = match bind {
                     Bind::Session => w.session,
                     Bind::RunLease => RUN_LEASE,

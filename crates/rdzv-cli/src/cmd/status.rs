@@ -103,7 +103,10 @@ pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
     let keys = &target.keys;
     let state_key = keys.state();
     let read = kv.get(&state_key).await.map_err(rdzv::RendezvousError::from)?;
-    let state = read.kv.map(|kv| State::parse(&kv.key, &kv.value)).transpose()?;
+    let state = match &read.kv {
+        Some(found) => Some(State::read(kv, keys, found).await?),
+        None => None,
+    };
     let mut snap = Snapshot {
         run_id: target.address.run_id.clone(),
         status: state.as_ref().map_or("none", State::status).to_string(),

@@ -6,8 +6,8 @@
 pub(crate) mod rules;
 
 pub use rules::{
-    DEFAULT_PREFIX, HealthParams, MAX_DURATION, OPTIONS, RankOrder, canonical_option_name,
-    is_rendezvous_option, option_names, parse_duration,
+    DEFAULT_MEMBERS_INLINE_BYTES, DEFAULT_PREFIX, HealthParams, MAX_DURATION, OPTIONS, RankOrder,
+    canonical_option_name, is_rendezvous_option, option_names, parse_duration,
 };
 
 // `RendezvousParams` has its one public path at the crate root.

@@ -66,7 +66,18 @@ pub struct RendezvousParams {
     /// waits or is a member (docs/PROTOCOL.md "Health gates"). The handler only carries
     /// them; the `rdzv` facade's worker runs them.
     pub health: Option<HealthParams>,
+    /// The longest member list, in bytes as written, that a round's `frozen` or `final`
+    /// value holds itself ([`DEFAULT_MEMBERS_INLINE_BYTES`]); a longer one is written in
+    /// pieces of at most this size beside it, which each reader reads once
+    /// (docs/PROTOCOL.md "How large a round can be"). Keep it well under the backend's
+    /// largest request (etcd's `--max-request-bytes`). Only the writer's value matters:
+    /// workers of one run may differ.
+    pub members_inline_bytes: usize,
 }
+
+/// The default [`RendezvousParams::members_inline_bytes`]: 512 KiB, a third of etcd's
+/// default request limit (about 8,000 members of the default node ids).
+pub const DEFAULT_MEMBERS_INLINE_BYTES: usize = 512 * 1024;
 
 /// A node's health gate (the `health_check*` options): what to check, how long a check may
 /// run, how often it runs, and how many consecutive failures drain a member.
@@ -205,6 +216,7 @@ impl RendezvousParams {
             segment_size: None,
             node_index: None,
             health: None,
+            members_inline_bytes: DEFAULT_MEMBERS_INLINE_BYTES,
         }
     }
 

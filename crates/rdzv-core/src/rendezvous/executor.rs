@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use crate::error::RendezvousError;
 use crate::ext::{KvExt, Watch};
 use crate::kv::{
-    DeleteMode, EventKind, Kv, LeaseId, PutOptions, RangeOptions, RangeOrder, Revision, WatchScope,
+    DeleteMode, EventKind, Kv, LeaseId, PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, Revision,
+    WatchScope,
 };
 use crate::params::RendezvousParams;
 use crate::retry::RetryPolicy;
@@ -237,7 +238,7 @@ impl<'a> Attempt<'a> {
         Ok(match action {
             Action::ReadState => {
                 let read = kv.get(&ctx.keys.state()).await?;
-                Input::State(Observed::from_kv(read.kv, Some(read.revision))?)
+                Input::State(Observed::read(kv, &ctx.keys, read.kv, Some(read.revision)).await?)
             }
             Action::WatchState { from } => {
                 self.states = Some(kv.watch_from(&ctx.keys.state(), WatchScope::Key, from).await?);
@@ -255,18 +256,18 @@ impl<'a> Attempt<'a> {
                 self.next_wake(until).await?
             }
             Action::Put { key, value, mode, bind } => {
-                let (outcome, lease) = match bind {
-                    Bind::Session => {
-                        let options = PutOptions { mode, lease: Some(self.session) };
-                        (kv.put(&key, &value, options).await?, Some(self.session))
-                    }
-                    Bind::RunLease => put_with_run_lease(&ctx.run_lease, kv, &key, &value, mode).await?,
-                    Bind::Fresh(ttl) => {
-                        let lease = kv.lease_grant(ttl).await?;
-                        (kv.put(&key, &value, PutOptions { mode, lease: Some(lease) }).await?, Some(lease))
-                    }
-                };
-                Input::Put(outcome, lease)
+                put(ctx, self.session, &key, &value, mode, bind).await?
+            }
+            Action::PutState { key, state, mode, bind } => {
+                let inline = ctx.params.members_inline_bytes;
+                let (value, pieces) = state.value_to_write(kv, &ctx.keys, inline, &ctx.run_lease).await?;
+                let input = put(ctx, self.session, &key, &value, mode, bind).await?;
+                if let (Input::Put(PutOutcome::Conflict { .. }, _), Some(pieces)) = (&input, pieces) {
+                    // Another value won: nobody will read these. Best effort: what remains
+                    // goes with the round.
+                    let _ = kv.delete_prefix(&pieces).await;
+                }
+                input
             }
             Action::CreateCounted { key, value, tally, tally_lease } => Input::Counted(
                 kv.create_counted(&key, &value, Some(self.session), &tally, tally_lease).await?,
@@ -320,7 +321,7 @@ impl<'a> Attempt<'a> {
 
     /// The first of: a change of the state key, an event under the watched prefix, `until`.
     async fn next_wake(&mut self, until: Option<Instant>) -> Result<Input> {
-        let Attempt { states, prefix, .. } = self;
+        let Attempt { ctx, states, prefix, .. } = self;
         let Some(states) = states.as_mut() else {
             return Err(RendezvousError::Internal("waiting without a watch of the state".into()));
         };
@@ -329,7 +330,7 @@ impl<'a> Attempt<'a> {
                 let event = event?;
                 let revision = event.revision();
                 Ok(Input::State(match event.kind {
-                    EventKind::Put => Observed::from_kv(Some(event.kv), Some(revision))?,
+                    EventKind::Put => Observed::read(&*ctx.kv, &ctx.keys, Some(event.kv), Some(revision)).await?,
                     EventKind::Delete => Observed::absent(revision),
                 }))
             }
@@ -340,6 +341,31 @@ impl<'a> Attempt<'a> {
             _ = sleep_until(until) => Ok(Input::Timer),
         }
     }
+}
+
+/// Writes `value` under `key` (with precondition `mode`), bound to the lease `bind` says
+/// (`session`: this call's).
+async fn put(
+    ctx: &Context,
+    session: LeaseId,
+    key: &[u8],
+    value: &[u8],
+    mode: PutMode,
+    bind: Bind,
+) -> Result<Input> {
+    let kv = &*ctx.kv;
+    let (outcome, lease) = match bind {
+        Bind::Session => {
+            let options = PutOptions { mode, lease: Some(session) };
+            (kv.put(key, value, options).await?, Some(session))
+        }
+        Bind::RunLease => put_with_run_lease(&ctx.run_lease, kv, key, value, mode).await?,
+        Bind::Fresh(ttl) => {
+            let lease = kv.lease_grant(ttl).await?;
+            (kv.put(key, value, PutOptions { mode, lease: Some(lease) }).await?, Some(lease))
+        }
+    };
+    Ok(Input::Put(outcome, lease))
 }
 
 /// Deletes what a failed call left: each key that is still bound to the call's session (a

@@ -175,7 +175,7 @@ struct RoundSettled<'a> {
 impl RoundSettled<'_> {
     fn settled(&self, found: Option<&KeyValue>) -> bool {
         let Some(found) = found else { return true };
-        match State::parse(&self.key, &found.value) {
+        match State::parse_header(&self.key, &found.value) {
             Ok(State::Final { version, .. }) => version >= self.version,
             Ok(State::Closed { .. }) | Err(_) => true,
             Ok(other) => other.version().is_some_and(|v| v > self.version),

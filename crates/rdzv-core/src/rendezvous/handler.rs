@@ -471,7 +471,7 @@ impl RendezvousHandler {
         let was_closing = self.inner.closed.closing.swap(true, Ordering::SeqCst);
         let mut found = None;
         let written = cas_with_run_lease(&ctx.run_lease, &*ctx.kv, &key, |current| {
-            let already = current.and_then(|kv| State::parse(&kv.key, &kv.value).ok());
+            let already = current.and_then(|kv| State::parse_header(&kv.key, &kv.value).ok());
             match already {
                 Some(State::Closed { outcome: Some(RunOutcome::Succeeded) })
                     if outcome == Some(RunOutcome::Failed) =>
@@ -766,7 +766,10 @@ impl RendezvousHandler {
     async fn state(&self) -> Result<Option<State>> {
         let ctx = &self.inner.ctx;
         let read = ctx.kv.get(&ctx.keys.state()).await?;
-        read.kv.map(|kv| State::parse(&kv.key, &kv.value)).transpose()
+        match read.kv {
+            Some(found) => Ok(Some(State::read(&*ctx.kv, &ctx.keys, &found).await?)),
+            None => Ok(None),
+        }
     }
 
     fn publish(&self, version: Option<u64>, broken: Option<RoundBroken>) {

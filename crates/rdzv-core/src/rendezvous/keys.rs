@@ -89,6 +89,17 @@ impl RunKeys {
         format!("{}waiting/{node}", self.round(version)).into_bytes()
     }
 
+    /// Prefix of the pieces of round `version`'s member list `id` (see `pieces.rs`).
+    pub fn members_pieces(&self, version: u64, id: &str) -> Vec<u8> {
+        format!("{}members/{id}/", self.round(version)).into_bytes()
+    }
+
+    /// Piece `i` of round `version`'s member list `id`, zero-padded so that key order is
+    /// piece order.
+    pub fn members_piece(&self, version: u64, id: &str, i: usize) -> Vec<u8> {
+        format!("{}members/{id}/{i:06}", self.round(version)).into_bytes()
+    }
+
     /// Prefix of the extra data of round `version`.
     pub fn extra_data_prefix(&self, version: u64) -> Vec<u8> {
         format!("{}extra_data/", self.round(version)).into_bytes()

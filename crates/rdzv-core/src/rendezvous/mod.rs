@@ -9,7 +9,8 @@
 //! - `monitor.rs`: phase 4, watching a running round for its end; `broken.rs`: why a round
 //!   is over.
 //! - `handler.rs`: the public [`RendezvousHandler`].
-//! - `state.rs`, `keys.rs`: the state value and the key layout.
+//! - `state.rs`, `keys.rs`: the state value and the key layout; `pieces.rs`: a long member
+//!   list stored in pieces beside it.
 //! - `forget.rs`: deleting the rounds nobody can be in any more.
 //! - `changes.rs`: what changed for a member between two rounds.
 //! - `waiting.rs`: who waits for the next round, and how many of them it could admit.
@@ -27,6 +28,7 @@ mod keys;
 mod lookup;
 pub(crate) mod machine;
 mod monitor;
+mod pieces;
 mod recent;
 mod run_lease;
 mod segment_groups;

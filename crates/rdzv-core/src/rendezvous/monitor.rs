@@ -200,7 +200,7 @@ impl Wait for RoundWait<'_> {
     async fn read(&mut self) -> KvResult<Reading<RoundBroken>> {
         let round = self.round;
         let read = round.kv.get(&round.keys.state()).await?;
-        let state = read.kv.as_ref().and_then(|kv| State::parse(&kv.key, &kv.value).ok());
+        let state = read.kv.as_ref().and_then(|kv| State::parse_header(&kv.key, &kv.value).ok());
         if let Some(reason) = decide::running_round(state.as_ref(), round.version) {
             return Ok(Reading::Done(reason));
         }
@@ -215,7 +215,7 @@ impl Wait for RoundWait<'_> {
     async fn event(&mut self, index: usize, event: Event) -> KvResult<Option<RoundBroken>> {
         if index == STATE {
             let state = match event.kind {
-                EventKind::Put => State::parse(&event.kv.key, &event.kv.value).ok(),
+                EventKind::Put => State::parse_header(&event.kv.key, &event.kv.value).ok(),
                 EventKind::Delete => None,
             };
             return Ok(decide::running_round(state.as_ref(), self.round.version));

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::keys::RunKeys;
+use super::pieces::Pieces;
 use crate::error::RendezvousError;
+use crate::kv::{KeyValue, Kv};
 
 /// A member of a round: who it is and where to reach it. Its rank is its index in the
 /// round's participant list.
@@ -213,6 +216,9 @@ struct Wire {
     outcome: Option<RunOutcome>,
     #[serde(default)]
     max_workers: Option<usize>,
+    /// Where the members are when the value does not list them (see `pieces.rs`).
+    #[serde(default)]
+    pieces: Option<Pieces>,
 }
 
 #[derive(Deserialize)]
@@ -225,10 +231,17 @@ enum Status {
     Closed,
 }
 
-impl TryFrom<Wire> for State {
-    type Error = String;
+/// A state value as read: whole, or a round whose member list is in pieces yet to be read.
+pub(crate) enum Parsed {
+    /// The state, members and all.
+    Whole(State),
+    /// A `frozen` or `final` value without its members (an empty list in their place), and
+    /// where they are.
+    InPieces(State, Pieces),
+}
 
-    fn try_from(wire: Wire) -> Result<State, String> {
+impl Parsed {
+    fn from_wire(wire: Wire) -> Result<Parsed, String> {
         let Wire {
             status,
             version,
@@ -239,10 +252,15 @@ impl TryFrom<Wire> for State {
             segments,
             outcome,
             max_workers,
+            pieces,
         } = wire;
-        let participants = members.or(participants);
         let missing = |field: &str| format!("missing field `{field}`");
-        Ok(match status {
+        let (participants, pieces) = match (members.or(participants), pieces) {
+            (Some(listed), _) => (Some(listed), None),
+            (None, Some(pieces)) => (Some(Arc::from(Vec::new())), Some(pieces)),
+            (None, None) => (None, None),
+        };
+        let state = match status {
             Status::Setup => State::Setup,
             Status::Closed => State::Closed { outcome },
             Status::Joinable => {
@@ -258,8 +276,39 @@ impl TryFrom<Wire> for State {
                 confirmed,
                 max_workers,
             },
+        };
+        Ok(match pieces {
+            Some(pieces) if matches!(state, State::Frozen { .. } | State::Final { .. }) => {
+                Parsed::InPieces(state, pieces)
+            }
+            _ => Parsed::Whole(state),
         })
     }
+}
+
+impl TryFrom<Wire> for State {
+    type Error = String;
+
+    fn try_from(wire: Wire) -> Result<State, String> {
+        match Parsed::from_wire(wire)? {
+            Parsed::Whole(state) => Ok(state),
+            Parsed::InPieces(..) => {
+                Err("its member list is in pieces, which only `State::read` reads".into())
+            }
+        }
+    }
+}
+
+/// The JSON form of a `frozen` or `final` value whose members are in pieces.
+#[derive(Serialize)]
+struct InPiecesWire<'a> {
+    status: &'static str,
+    version: u64,
+    pieces: &'a Pieces,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confirmed: Option<crate::kv::Revision>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_workers: Option<usize>,
 }
 
 impl State {
@@ -284,10 +333,7 @@ impl State {
     }
 
     fn parse_uncached(key: &[u8], value: &[u8]) -> Result<State, RendezvousError> {
-        let state: State = serde_json::from_slice(value).map_err(|e| RendezvousError::State {
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason: format!("not a valid state value ({e}): {}", preview(value)),
-        })?;
+        let state: State = serde_json::from_slice(value).map_err(|e| invalid(key, value, e))?;
         if let State::Frozen { participants, .. } | State::Final { participants, .. } = &state
             && participants.is_empty()
         {
@@ -297,6 +343,91 @@ impl State {
             });
         }
         Ok(state)
+    }
+
+    /// Reads the state value `found` (read from `keys.state()`): as [`State::parse`], and
+    /// where the value names pieces of its member list (a round longer than the writer's
+    /// `members_inline_bytes`), reads them too — once per process, whichever of its
+    /// handlers asks first.
+    pub async fn read(kv: &dyn Kv, keys: &RunKeys, found: &KeyValue) -> Result<State, RendezvousError> {
+        if found.value.len() >= SHARE_FROM_BYTES {
+            return State::parse(&found.key, &found.value);
+        }
+        let parsed: Wire =
+            serde_json::from_slice(&found.value).map_err(|e| invalid(&found.key, &found.value, e))?;
+        match Parsed::from_wire(parsed).map_err(|e| invalid(&found.key, &found.value, e))? {
+            Parsed::Whole(_) => State::parse_uncached(&found.key, &found.value),
+            Parsed::InPieces(template, at) => {
+                let version = template.version().unwrap_or_default();
+                let list = super::pieces::read(kv, keys, version, &at).await?;
+                Ok(template.with_participants(list))
+            }
+        }
+    }
+
+    /// As [`State::parse`], except that a value naming pieces of its member list reads with
+    /// an empty list in its place: for readers that need only the status, the version and
+    /// the outcome, and no I/O.
+    pub fn parse_header(key: &[u8], value: &Bytes) -> Result<State, RendezvousError> {
+        if value.len() >= SHARE_FROM_BYTES {
+            return State::parse(key, value);
+        }
+        let wire: Wire = serde_json::from_slice(value).map_err(|e| invalid(key, value, e))?;
+        match Parsed::from_wire(wire).map_err(|e| invalid(key, value, e))? {
+            Parsed::Whole(_) => State::parse_uncached(key, value),
+            Parsed::InPieces(template, _) => Ok(template),
+        }
+    }
+
+    /// Whether `value` is a state value that names pieces of its member list (which only
+    /// [`State::read`] reads).
+    pub fn names_pieces(value: &[u8]) -> bool {
+        value.len() < SHARE_FROM_BYTES
+            && serde_json::from_slice::<Wire>(value)
+                .ok()
+                .and_then(|wire| Parsed::from_wire(wire).ok())
+                .is_some_and(|parsed| matches!(parsed, Parsed::InPieces(..)))
+    }
+
+    /// This `frozen` or `final` state with its members `list`.
+    fn with_participants(self, list: Arc<[Participant]>) -> State {
+        match self {
+            State::Frozen { version, .. } => State::Frozen { version, participants: list },
+            State::Final { version, confirmed, max_workers, .. } => {
+                State::Final { version, participants: list, confirmed, max_workers }
+            }
+            other => other,
+        }
+    }
+
+    /// The value to write for this state: itself, or, for a `frozen` or `final` round whose
+    /// member list is longer than `inline_bytes`, a value that names the pieces of the list,
+    /// which are written first (bound to the run lease) unless this process wrote or read
+    /// them already. With the value, the prefix of the pieces written now, if any: theirs
+    /// to delete should the value not be written.
+    pub(crate) async fn value_to_write(
+        &self,
+        kv: &dyn Kv,
+        keys: &RunKeys,
+        inline_bytes: usize,
+        run_lease: &super::run_lease::RunLease,
+    ) -> crate::kv::KvResult<(Vec<u8>, Option<Vec<u8>>)> {
+        let (status, version, participants, confirmed, max_workers) = match self {
+            State::Frozen { version, participants } => ("frozen", *version, participants, None, None),
+            State::Final { version, participants, confirmed, max_workers } => {
+                ("final", *version, participants, *confirmed, *max_workers)
+            }
+            _ => return Ok((self.to_bytes(), None)),
+        };
+        let whole = self.to_bytes();
+        if whole.len() <= inline_bytes {
+            return Ok((whole, None));
+        }
+        let (pieces, fresh) =
+            super::pieces::write(kv, keys, version, participants, inline_bytes, run_lease).await?;
+        let wire = InPiecesWire { status, version, pieces: &pieces, confirmed, max_workers };
+        let written = fresh.then(|| keys.members_pieces(version, &pieces.id));
+        Ok((serde_json::to_vec(&wire).unwrap_or_default(), written))
     }
 
     /// The JSON encoding of this state.
@@ -404,7 +535,7 @@ const SHARE_FROM_BYTES: usize = 4096;
 /// segment]` for a member with a segment, instead of an object with field names: about a
 /// third smaller, and it is the value every member receives, whose size bounds how many
 /// members a round can have (docs/PROTOCOL.md "How large a round can be").
-mod members {
+pub(super) mod members {
     use std::sync::Arc;
 
     use serde::de::{self, SeqAccess, Visitor};
@@ -425,6 +556,24 @@ mod members {
             }
         }
         seq.end()
+    }
+
+    /// One member as it appears in a list: `[node, addr, pid, port]` or with its segment.
+    pub(in crate::rendezvous) fn encode_one(p: &Participant) -> Vec<u8> {
+        let encoded = match &p.segment {
+            None => serde_json::to_vec(&(&p.node, &p.addr, p.pid, p.port)),
+            Some(segment) => serde_json::to_vec(&(&p.node, &p.addr, p.pid, p.port, segment)),
+        };
+        // Strings and integers always serialize.
+        encoded.unwrap_or_default()
+    }
+
+    /// A JSON list of members as [`encode_one`] writes them.
+    pub(in crate::rendezvous) fn decode_list(bytes: &[u8]) -> serde_json::Result<Vec<Participant>> {
+        let mut d = serde_json::Deserializer::from_slice(bytes);
+        let members = Vec::<Member>::deserialize(&mut d)?;
+        d.end()?;
+        Ok(members.into_iter().map(|m| m.0).collect())
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
@@ -499,6 +648,14 @@ mod recent {
             recent.pop_front();
         }
         recent.push_back((value.clone(), state.clone()));
+    }
+}
+
+/// The error for a `value` read from `key` that is no valid state value.
+fn invalid(key: &[u8], value: &[u8], e: impl std::fmt::Display) -> RendezvousError {
+    RendezvousError::State {
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: format!("not a valid state value ({e}): {}", preview(value)),
     }
 }
 

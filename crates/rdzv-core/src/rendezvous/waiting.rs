@@ -49,7 +49,10 @@ impl Waiting {
         segment_size: Option<usize>,
     ) -> Result<Waiting, RendezvousError> {
         let read = kv.get(&keys.state()).await?;
-        let state = read.kv.map(|kv| State::parse(&kv.key, &kv.value)).transpose()?;
+        let state = match read.kv {
+            Some(found) => Some(State::read(kv, keys, &found).await?),
+            None => None,
+        };
         let Some(State::Final { version, participants, max_workers: recorded, .. }) = state else {
             return Ok(Waiting::default());
         };

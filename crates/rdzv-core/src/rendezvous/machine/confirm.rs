@@ -123,9 +123,9 @@ impl Machine {
             confirmed: Some(mine),
             max_workers: Some(self.sizing.max),
         };
-        let put = Action::Put {
+        let put = Action::PutState {
             key: self.keys.state(),
-            value: fin.to_bytes(),
+            state: fin,
             mode: PutMode::Update(round.frozen_revision),
             bind: Bind::RunLease,
         };

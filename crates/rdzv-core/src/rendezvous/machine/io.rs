@@ -45,6 +45,25 @@ impl Observed {
         }
     }
 
+    /// As [`Observed::from_kv`], reading the pieces of a member list the value names
+    /// ([`State::read`]).
+    pub async fn read(
+        kv: &dyn crate::Kv,
+        keys: &RunKeys,
+        found: Option<KeyValue>,
+        seen: Option<Revision>,
+    ) -> Result<Observed, RendezvousError> {
+        match found {
+            Some(found) if State::names_pieces(&found.value) => Ok(Observed {
+                state: Some(State::read(kv, keys, &found).await?),
+                mod_revision: found.mod_revision,
+                seen: seen.unwrap_or(found.mod_revision),
+                lease: found.lease,
+            }),
+            other => Observed::from_kv(other, seen),
+        }
+    }
+
     /// No state key, as of `seen`.
     pub fn absent(seen: Revision) -> Observed {
         Observed { state: None, mod_revision: 0, seen, lease: None }
@@ -95,6 +114,19 @@ pub enum Action {
         key: Vec<u8>,
         /// The value.
         value: Vec<u8>,
+        /// The precondition.
+        mode: PutMode,
+        /// The lease to bind it to.
+        bind: Bind,
+    },
+    /// Write the state value `state` under `key` (the state key) → [`Input::Put`]: a
+    /// `frozen` or `final` round's value, whose member list goes to pieces written first when
+    /// it is longer than `members_inline_bytes` (docs/PROTOCOL.md "How large a round can be").
+    PutState {
+        /// The key.
+        key: Vec<u8>,
+        /// The state.
+        state: State,
         /// The precondition.
         mode: PutMode,
         /// The lease to bind it to.

@@ -316,9 +316,9 @@ impl Machine {
             }
             FreezeAction::Freeze(participants) => {
                 self.phase = stay(round, JoinStep::Freezing);
-                Action::Put {
+                Action::PutState {
                     key: self.keys.state(),
-                    value: State::Frozen { version, participants: participants.into() }.to_bytes(),
+                    state: State::Frozen { version, participants: participants.into() },
                     mode: PutMode::Update(state_revision),
                     bind: Bind::Fresh(FROZEN_TTL),
                 }

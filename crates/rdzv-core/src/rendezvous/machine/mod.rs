@@ -301,6 +301,10 @@ impl Machine {
 
     /// Start over from the value that beat a write (absent: deleted meanwhile).
     fn restart_from(&mut self, current: Option<KeyValue>) -> Action {
+        if current.as_ref().is_some_and(|kv| State::names_pieces(&kv.value)) {
+            // Its member list is in pieces: the executor reads them with the state.
+            return self.read_state(Reread::Start);
+        }
         match Observed::from_kv(current, None) {
             Ok(observed) => self.decide(observed, Reread::Start),
             Err(e) => self.fail(e),

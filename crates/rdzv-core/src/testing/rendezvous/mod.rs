@@ -20,7 +20,7 @@ pub mod scenarios;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::error::RendezvousError;
@@ -38,14 +38,26 @@ pub fn run_id(name: &str) -> String {
 }
 
 /// Parameters of run `run` with test-sized timeouts (a 30 s call, a 1 s last call, a 3 s
-/// keep-alive TTL) under the prefix `/rdzv-test`; panics if `min` and `max` are not valid.
+/// keep-alive TTL) under the prefix `/rdzv-test`, and the `members_inline_bytes` of
+/// [`set_members_inline_bytes`]; panics if `min` and `max` are not valid.
 pub fn params(run: &str, min: usize, max: usize) -> RendezvousParams {
     let mut p = RendezvousParams::new(run, min, max).unwrap();
     p.prefix = "/rdzv-test".into();
     p.timeout = Duration::from_secs(30);
     p.last_call_timeout = Duration::from_secs(1);
     p.keep_alive_ttl = Duration::from_secs(3);
+    p.members_inline_bytes = MEMBERS_INLINE_BYTES.load(Ordering::Relaxed);
     p
+}
+
+static MEMBERS_INLINE_BYTES: AtomicUsize = AtomicUsize::new(crate::params::DEFAULT_MEMBERS_INLINE_BYTES);
+
+/// Makes [`params`] give `bytes` as `members_inline_bytes` from now on, in this whole
+/// process: for a test binary whose every scenario keeps its member lists in pieces (a few
+/// dozen bytes: a member or two a piece). Not for a binary whose other tests expect the
+/// default.
+pub fn set_members_inline_bytes(bytes: usize) {
+    MEMBERS_INLINE_BYTES.store(bytes, Ordering::Relaxed);
 }
 
 /// One in-process worker whose backend connection can be cut, to simulate its death.
