@@ -46,7 +46,7 @@ def ceiling_cause(failed):
     if "session lease expired" in failed or "not refreshed within its TTL" in failed:
         limit = "sessions lost (their keep-alives fell behind their TTL: the rate of lease refreshes one client and one etcd sustain here)"
     elif "more than the limit" in failed or "too large" in failed.lower():
-        limit = "a request over etcd's size limit (--max-request-bytes: the state value lists every member)"
+        limit = "a request over etcd's size limit (--max-request-bytes)"
     elif "too many requests" in failed:
         limit = "etcd's 'too many requests' (its apply fell behind its commits)"
     else:
@@ -476,10 +476,30 @@ def ceiling_rows(data):
     rows = [[f"the ceiling: the largest round of in-process workers on one etcd with its default limits{why}",
              str(largest) if largest else "–", "–", "written down"]]
     for r in done:
+        rows.append([f"a round of {r['workers']} in-process workers on one etcd (one run): the round; peak memory "
+                     "(VmHWM); the bench's writes and reads per worker per round",
+                     f"{fmt_s(r['seconds'])}; {r['peak_memory_kib'] / 1024:.0f} MiB; "
+                     f"{fmt_n(r['writes_per_worker_round'])} writes, {fmt_n(r['reads_per_worker_round'])} reads"
+                     if "seconds" in r and "peak_memory_kib" in r else "–",
+                     "–", "≤ 4 GiB, ≤ 4 writes" if r["workers"] >= 98304 else "–"])
         rows.append([f"the etcd server's cost of a round of {r['workers']} (per 1000 workers): CPU s, proposals; "
                      "database size", f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
                      f"{r['db_bytes'] / MIB / MIB:.1f} MiB" if r.get("db_bytes") else "–", "–", "–"])
-    return rows
+    return rows + ceiling_ratio_rows(done)
+
+
+def ceiling_ratio_rows(done):
+    """The round time of the largest completed size over that of 8,192, from the same run of
+    the ceiling (issue 43: t(98,304) ≤ 12 × t(8,192))."""
+    base = next((r for r in done if r["workers"] == 8192 and "seconds" in r), None)
+    top = max((r for r in done if "seconds" in r), key=lambda r: r["workers"], default=None)
+    if not base or not top or top is base:
+        return []
+    factor = top["workers"] / base["workers"]
+    return [[f"etcd: round time at {top['workers']} / at 8192 in-process workers (the ceiling runs: one run each, "
+             "in one invocation, each size on a fresh etcd)",
+             f"{top['seconds'] / base['seconds']:.2f} ({fmt_s(top['seconds'])} and {fmt_s(base['seconds'])})",
+             "–", f"≤ {factor:g} (linear)"]]
 
 
 def promote_rows(data):
