@@ -4,7 +4,7 @@
 # (started by the benches themselves), the multi-process runs against a local etcd (on
 # tmpfs, on disk, and a 3-member cluster), one client per worker (`rdzv bench
 # --client-per-worker`), the failure-detection runs (scripts/etcd_figures.py), and
-# scripts/plot.py. Takes ~20–25 minutes on 2 cores (a cost size that hangs adds up to its
+# scripts/plot.py. Takes ~40 minutes on 2 cores (a cost size that hangs adds up to its
 # 10-minute limit). Not part of CI.
 #
 #   scripts/bench.sh
