@@ -27,6 +27,18 @@ const ID_PUNCTUATION: &str = "-_.:@+";
 /// The rule, in words, for error messages and help texts.
 pub const ID_RULE: &str = "1 to 253 characters, each an ASCII letter, a digit, or one of - _ . : @ +";
 
+/// 64 random bits for the random part of an id (the default node id's suffix, a member
+/// list's pieces): the keys of a fresh `RandomState` are random per instance, and the time
+/// is mixed in.
+pub(crate) fn random_bits() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+    );
+    hasher.finish()
+}
+
 /// Whether `c` may appear in a run id or node id.
 pub fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || ID_PUNCTUATION.contains(c)

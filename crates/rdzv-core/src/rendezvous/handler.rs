@@ -789,17 +789,12 @@ fn refresh_failures(events: &Arc<Subscribers>) -> RefreshFailed {
 /// that the identifier rule ([`validate_id`](crate::ids::validate_id)) does not allow become `-`, and the host part
 /// is cut so that the whole id fits.
 fn default_node_id() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-    );
     let host: String = host_name()
         .chars()
         .map(|c| if crate::ids::is_id_char(c) { c } else { '-' })
         .take(crate::ids::MAX_ID_LEN - 20)
         .collect();
-    format!("{host}-{}-{:06x}", std::process::id(), hasher.finish() & 0xff_ffff)
+    format!("{host}-{}-{:06x}", std::process::id(), crate::ids::random_bits() & 0xff_ffff)
 }
 
 /// This machine's host name, or `localhost` if it cannot be found.

@@ -49,18 +49,8 @@ pub(crate) fn split(participants: &[Participant], piece_bytes: usize) -> (Pieces
     }
     current.push(b']');
     pieces.push(current);
-    let id = format!("{:016x}", fresh_id());
+    let id = format!("{:016x}", crate::ids::random_bits());
     (Pieces { id, count: pieces.len(), members: participants.len() }, pieces)
-}
-
-/// A random id: std's hasher keys are random per `RandomState`, mixed with the time.
-fn fresh_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
-    );
-    hasher.finish()
 }
 
 /// Writes the pieces of `participants` (round `version`) bound to the run lease, unless
@@ -89,7 +79,8 @@ pub(crate) async fn write(
             return Err(e);
         }
     }
-    remember(kv, keys, version, &pieces, participants.clone());
+    // Already set only to this same list, written here once.
+    let _ = cell(kv, keys, version, &pieces).set(participants.clone());
     Ok((pieces, true))
 }
 
@@ -102,9 +93,7 @@ pub(crate) async fn read(
     pieces: &Pieces,
 ) -> Result<Arc<[Participant]>, RendezvousError> {
     let cell = cell(kv, keys, version, pieces);
-    let list = cell.get_or_try_init(|| fetch(kv, keys, version, pieces)).await?.clone();
-    remember(kv, keys, version, pieces, list.clone());
-    Ok(list)
+    Ok(cell.get_or_try_init(|| fetch(kv, keys, version, pieces)).await?.clone())
 }
 
 async fn fetch(
@@ -151,8 +140,8 @@ struct Entry {
     /// The client's address: handlers on separate clients (as in tests, each on a link of
     /// its own) read for themselves.
     client: usize,
+    /// Where the pieces are (round and id).
     prefix: Vec<u8>,
-    version: u64,
     pieces: Pieces,
     list: Arc<OnceCell<Arc<[Participant]>>>,
 }
@@ -179,31 +168,11 @@ fn cell(kv: &dyn Kv, keys: &RunKeys, version: u64, pieces: &Pieces) -> Arc<OnceC
         return entry.list.clone();
     }
     let list = Arc::new(OnceCell::new());
-    push(&mut recent, Entry { client, prefix, version, pieces: pieces.clone(), list: list.clone() });
-    list
-}
-
-fn push(recent: &mut VecDeque<Entry>, entry: Entry) {
     if recent.len() == KEEP {
         recent.pop_front();
     }
-    recent.push_back(entry);
-}
-
-/// Keeps `list` as the one `pieces` of round `version` hold, as read or written through `kv`.
-fn remember(kv: &dyn Kv, keys: &RunKeys, version: u64, pieces: &Pieces, list: Arc<[Participant]>) {
-    let (client, prefix) = (client(kv), keys.members_pieces(version, &pieces.id));
-    let mut recent = recent();
-    match recent.iter().find(|e| e.client == client && e.prefix == prefix) {
-        Some(entry) => {
-            // Already set: to the same list, read or written through this client once.
-            let _ = entry.list.set(list);
-        }
-        None => {
-            let cell = Arc::new(OnceCell::new_with(Some(list)));
-            push(&mut recent, Entry { client, prefix, version, pieces: pieces.clone(), list: cell });
-        }
-    }
+    recent.push_back(Entry { client, prefix, pieces: pieces.clone(), list: list.clone() });
+    list
 }
 
 /// The pieces of round `version` that hold this very list (the same `Arc`), if this process
@@ -212,7 +181,7 @@ fn known(keys: &RunKeys, version: u64, participants: &Arc<[Participant]>) -> Opt
     let round = keys.round(version).into_bytes();
     recent()
         .iter()
-        .filter(|e| e.version == version && e.prefix.starts_with(&round))
+        .filter(|e| e.prefix.starts_with(&round))
         .find(|e| e.list.get().is_some_and(|list| Arc::ptr_eq(list, participants)))
         .map(|e| e.pieces.clone())
 }

@@ -333,8 +333,19 @@ impl State {
     }
 
     fn parse_uncached(key: &[u8], value: &[u8]) -> Result<State, RendezvousError> {
-        let state: State = serde_json::from_slice(value).map_err(|e| invalid(key, value, e))?;
-        if let State::Frozen { participants, .. } | State::Final { participants, .. } = &state
+        match State::parse_value(key, value)? {
+            Parsed::Whole(state) => Ok(state),
+            Parsed::InPieces(..) => {
+                Err(invalid(key, value, "its member list is in pieces, which only `State::read` reads"))
+            }
+        }
+    }
+
+    /// `value` read from `key`, parsed once: whole, or naming pieces of its member list.
+    fn parse_value(key: &[u8], value: &[u8]) -> Result<Parsed, RendezvousError> {
+        let wire: Wire = serde_json::from_slice(value).map_err(|e| invalid(key, value, e))?;
+        let parsed = Parsed::from_wire(wire).map_err(|e| invalid(key, value, e))?;
+        if let Parsed::Whole(State::Frozen { participants, .. } | State::Final { participants, .. }) = &parsed
             && participants.is_empty()
         {
             return Err(RendezvousError::State {
@@ -342,7 +353,7 @@ impl State {
                 reason: "a frozen or final round has no participants".into(),
             });
         }
-        Ok(state)
+        Ok(parsed)
     }
 
     /// Reads the state value `found` (read from `keys.state()`): as [`State::parse`], and
@@ -353,10 +364,8 @@ impl State {
         if found.value.len() >= SHARE_FROM_BYTES {
             return State::parse(&found.key, &found.value);
         }
-        let parsed: Wire =
-            serde_json::from_slice(&found.value).map_err(|e| invalid(&found.key, &found.value, e))?;
-        match Parsed::from_wire(parsed).map_err(|e| invalid(&found.key, &found.value, e))? {
-            Parsed::Whole(_) => State::parse_uncached(&found.key, &found.value),
+        match State::parse_value(&found.key, &found.value)? {
+            Parsed::Whole(state) => Ok(state),
             Parsed::InPieces(template, at) => {
                 let version = template.version().unwrap_or_default();
                 let list = super::pieces::read(kv, keys, version, &at).await?;
@@ -372,21 +381,15 @@ impl State {
         if value.len() >= SHARE_FROM_BYTES {
             return State::parse(key, value);
         }
-        let wire: Wire = serde_json::from_slice(value).map_err(|e| invalid(key, value, e))?;
-        match Parsed::from_wire(wire).map_err(|e| invalid(key, value, e))? {
-            Parsed::Whole(_) => State::parse_uncached(key, value),
-            Parsed::InPieces(template, _) => Ok(template),
+        match State::parse_value(key, value)? {
+            Parsed::Whole(state) | Parsed::InPieces(state, _) => Ok(state),
         }
     }
 
     /// Whether `value` is a state value that names pieces of its member list (which only
     /// [`State::read`] reads).
     pub fn names_pieces(value: &[u8]) -> bool {
-        value.len() < SHARE_FROM_BYTES
-            && serde_json::from_slice::<Wire>(value)
-                .ok()
-                .and_then(|wire| Parsed::from_wire(wire).ok())
-                .is_some_and(|parsed| matches!(parsed, Parsed::InPieces(..)))
+        value.len() < SHARE_FROM_BYTES && matches!(State::parse_value(b"", value), Ok(Parsed::InPieces(..)))
     }
 
     /// This `frozen` or `final` state with its members `list`.

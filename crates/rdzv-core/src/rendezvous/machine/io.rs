@@ -36,12 +36,7 @@ impl Observed {
     pub fn from_kv(kv: Option<KeyValue>, seen: Option<Revision>) -> Result<Observed, RendezvousError> {
         match kv {
             None => Ok(Observed::absent(seen.unwrap_or(0))),
-            Some(kv) => Ok(Observed {
-                state: Some(State::parse(&kv.key, &kv.value)?),
-                mod_revision: kv.mod_revision,
-                seen: seen.unwrap_or(kv.mod_revision),
-                lease: kv.lease,
-            }),
+            Some(kv) => Ok(Observed::of(State::parse(&kv.key, &kv.value)?, &kv, seen)),
         }
     }
 
@@ -54,13 +49,18 @@ impl Observed {
         seen: Option<Revision>,
     ) -> Result<Observed, RendezvousError> {
         match found {
-            Some(found) if State::names_pieces(&found.value) => Ok(Observed {
-                state: Some(State::read(kv, keys, &found).await?),
-                mod_revision: found.mod_revision,
-                seen: seen.unwrap_or(found.mod_revision),
-                lease: found.lease,
-            }),
-            other => Observed::from_kv(other, seen),
+            None => Ok(Observed::absent(seen.unwrap_or(0))),
+            Some(found) => Ok(Observed::of(State::read(kv, keys, &found).await?, &found, seen)),
+        }
+    }
+
+    /// `state`, read from `found`, seen at `seen` (default: its mod revision).
+    fn of(state: State, found: &KeyValue, seen: Option<Revision>) -> Observed {
+        Observed {
+            state: Some(state),
+            mod_revision: found.mod_revision,
+            seen: seen.unwrap_or(found.mod_revision),
+            lease: found.lease,
         }
     }
 
