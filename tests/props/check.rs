@@ -817,28 +817,29 @@ fn settles(f: &Facts) -> Vec<Violation> {
 
 /// `key-count`: the keys under the run stay within [`KEYS_PER_WORKER`] per worker and
 /// [`KEYS_CONSTANT`], the pieces of member lists aside; those within
-/// [`PIECES_PER_WORKER`] per worker.
+/// [`PIECES_PER_WORKER`] per worker in each round.
 fn key_count(f: &Facts) -> Vec<Violation> {
     let mut v = Vec::new();
     for r in f.records {
         if let Record::Keys { at, count, workers, by_part } = r {
-            let pieces: u64 =
-                by_part.iter().filter(|(part, _)| part.ends_with("/members")).map(|(_, n)| n).sum();
+            let pieces = by_part.iter().filter(|(part, _)| part.ends_with("/members"));
             let limit = KEYS_PER_WORKER * *workers as u64 + KEYS_CONSTANT;
+            let others = count - pieces.clone().map(|(_, n)| n).sum::<u64>();
             ensure!(
                 v,
                 "key-count",
-                *count - pieces <= limit,
-                "{} keys under the run (pieces aside) at {at:?} ({workers} workers; limit {limit}): {by_part:?}",
-                count - pieces
+                others <= limit,
+                "{others} keys under the run (pieces aside) at {at:?} ({workers} workers; limit {limit}): {by_part:?}"
             );
             let pieces_limit = PIECES_PER_WORKER * *workers as u64;
-            ensure!(
-                v,
-                "key-count",
-                pieces <= pieces_limit,
-                "{pieces} pieces of member lists under the run at {at:?} ({workers} workers; limit {pieces_limit}): {by_part:?}"
-            );
+            for (round, n) in pieces {
+                ensure!(
+                    v,
+                    "key-count",
+                    *n <= pieces_limit,
+                    "{n} pieces of member lists under {round} at {at:?} ({workers} workers; limit {pieces_limit}): {by_part:?}"
+                );
+            }
         }
     }
     v
