@@ -15,6 +15,9 @@
 #     nothing but the wheel. The python step's `pip install ./crates/rdzv-py` puts the
 #     checkout's build back the next time it runs.
 #
+# With `--built DIR`, checks the wheel already built into DIR by `scripts/wheel.sh --out DIR`
+# (scripts/test.sh builds it beside the other steps) instead of building it.
+#
 # Records the wheel's name, tags and size, and fails if the wheel is larger than 11 MiB (see
 # max_wheel_bytes). Fails loudly when something is missing.
 set -euo pipefail
@@ -32,12 +35,20 @@ for bin in etcd python3 cargo; do
 done
 
 out=target/wheel-test
+built_by=""
+case ${1:-} in
+    "") ;;
+    --built) [[ $# -eq 2 ]] || die "--built needs a directory"; out=$2; built_by=$2 ;;
+    *) die "unknown argument \`$1\` (usage: scripts/test-wheel.sh [--built DIR])" ;;
+esac
 requirements=crates/rdzv-py/requirements-test.txt
 venv=$(venv_for "$requirements")
 start=$SECONDS
 
-rm -rf "$out"
-CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} bash scripts/wheel.sh --out "$out"
+if [[ -z $built_by ]]; then
+    rm -rf "$out"
+    CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-2} bash scripts/wheel.sh --out "$out"
+fi
 built=$SECONDS
 wheels=("$out"/rdzv-*.whl)
 [[ ${#wheels[@]} -eq 1 && -f ${wheels[0]} ]] || die "expected one wheel in $out: ${wheels[*]}"
@@ -131,4 +142,4 @@ set -e
 ((code != 5)) || die "pytest collected no test"
 ((code == 0)) || die "the torch tests failed with the installed wheel (pytest exited $code)"
 
-log "$(basename "$wheel"): $wheel_bytes bytes ($((wheel_bytes / 1024)) KiB, bound $((max_wheel_bytes / 1024)) KiB); built in $((built - start)) s, checked in $((SECONDS - built)) s"
+log "$(basename "$wheel"): $wheel_bytes bytes ($((wheel_bytes / 1024)) KiB, bound $((max_wheel_bytes / 1024)) KiB); ${built_by:+built beforehand, }built in $((built - start)) s, checked in $((SECONDS - built)) s"
