@@ -12,9 +12,8 @@
 # skips. Arguments go to the first pytest run.
 #
 # scripts/test.sh runs the parts one at a time, so that they overlap with its other steps:
-# `--prepare` only prepares the two venvs, `--install` also installs the package into them;
-# then, on what `--install` installed, `--pinned [ARGS]` runs the suite with the pinned torch
-# and `--oldest` the tests of how a job ends with the oldest torch.
+# `--prepare` only prepares the two venvs, `--install` also installs the package into them,
+# and `--tests [ARGS]` runs the tests on what `--install` installed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/venv.sh
@@ -103,14 +102,14 @@ pinned=crates/rdzv-py/requirements-test.txt
 oldest=crates/rdzv-py/requirements-test-oldest.txt
 part=all
 case ${1:-} in
-    --prepare | --install | --pinned | --oldest) part=${1#--}; shift ;;
+    --prepare | --install | --tests) part=${1#--}; shift ;;
 esac
-if [[ $part == all || $part == prepare || $part == install ]]; then
+if [[ $part != tests ]]; then
     prepare "$pinned"
     prepare "$oldest"
 fi
 [[ $part != prepare ]] || exit 0
-[[ $part != all && $part != install ]] || install_package
+[[ $part == tests ]] || install_package
 [[ $part != install ]] || exit 0
 # The `rdzv` binary, for the tests of `rdzv run` driving torch, and `rdzv-netfault`, the
 # partition harness (conftest.py's `Link`); both already built by the Rust tests, wherever
@@ -122,11 +121,7 @@ export RDZV_BIN=${RDZV_BIN:-$bin/rdzv} RDZV_NETFAULT_BIN=${RDZV_NETFAULT_BIN:-$b
 # Three at a time: the tests wait on agents, servers and TTLs more than they compute, and
 # their timing bounds (a fenced node's workers stopped within the TTL and a few seconds, …)
 # hold with three on two cores; with six, torch's start-up under load broke them.
-if [[ $part != oldest ]]; then
-    run_pytest "$pinned" -n 3 --dist worksteal crates/rdzv-py/tests "$@"
-fi
-if [[ $part != pinned ]]; then
-    version=$("$(venv_for "$oldest")/bin/python" -W ignore -c 'import torch; print(torch.__version__)')
-    echo "test-python: how a job ends through torchrun, on torch $version" >&2
-    run_pytest "$oldest" crates/rdzv-py/tests/test_lifecycle.py -k torchrun
-fi
+run_pytest "$pinned" -n 3 --dist worksteal crates/rdzv-py/tests "$@"
+version=$("$(venv_for "$oldest")/bin/python" -W ignore -c 'import torch; print(torch.__version__)')
+echo "test-python: how a job ends through torchrun, on torch $version" >&2
+run_pytest "$oldest" crates/rdzv-py/tests/test_lifecycle.py -k torchrun

@@ -115,8 +115,7 @@ begin wheel-build lowest_priority bash scripts/wheel.sh --out target/wheel-test
 # cargo test does those.
 step tests cargo nextest run --workspace --build-jobs 2
 step doc-tests cargo test --workspace --doc -j2
-step python bash scripts/test-python.sh --pinned
-step python-oldest bash scripts/test-python.sh --oldest
+step python bash scripts/test-python.sh --tests
 finish wheel-build
 step wheel bash scripts/test-wheel.sh --built target/wheel-test
 echo "==> all steps passed" >&2
