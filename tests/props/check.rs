@@ -494,7 +494,9 @@ fn no_false_death(f: &Facts) -> Vec<Violation> {
         };
         let Some(p) = f.rounds.get(version).and_then(|m| m[0].1.participants.get(*rank)) else { continue };
         let g = Facts::worker_of(&p.node);
-        let went = f.killed_at(g).is_some_and(|k| k <= *at)
+        // At the end of the world every worker goes (dropping its handler revokes its lease).
+        let went = *at >= f.end
+            || f.killed_at(g).is_some_and(|k| k <= *at)
             || f.shutdown_of(g).is_some_and(|(s, _, _)| s <= *at)
             || f.starts_of(g).any(|s| {
                 s <= *at

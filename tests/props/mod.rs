@@ -554,8 +554,10 @@ pub async fn run_world(world: &World, kv: Arc<dyn Kv>, run: &str) -> Vec<Record>
         }));
     }
     coordinate(world, &kv, run, &ctl, &rerun_tx).await;
-    end_tx.send_replace(true);
+    // Recorded before the workers hear of it: a worker that ends drops its handler, whose
+    // lease is revoked, and the others are told of that; the record must come first.
     ctl.push(Record::End { at: ctl.now() });
+    end_tx.send_replace(true);
     for t in tasks {
         if let Err(e) = t.await {
             std::panic::resume_unwind(e.into_panic());
