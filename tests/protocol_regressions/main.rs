@@ -178,5 +178,6 @@ mod keys;
 mod leaving_and_shutdown;
 mod node_ids;
 mod outcomes;
+mod pieces;
 mod sessions;
 mod watches;

@@ -54,7 +54,7 @@ pub mod protocol {
     /// (The facade's bootstrap uses it too: rank 0 picks a `MASTER_PORT` with it when it
     /// offered none; so would another executor filling a worker's descriptor.)
     pub use crate::rendezvous::free_port;
-    pub use crate::rendezvous::{Joiner, LastRound, RunKeys, SegmentRuns, State};
+    pub use crate::rendezvous::{Current, Joiner, LastRound, RunKeys, SegmentRuns, State};
     // The state machine and what it needs to be driven by hand.
     pub use crate::rendezvous::decide::{Candidate, LEAVE_STAGGER_STEP, Sizing, leave_delay};
     pub use crate::rendezvous::machine::{

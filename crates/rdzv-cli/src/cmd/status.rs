@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use rdzv::Participant;
 use rdzv_core::kv::{RangeOptions, Revision};
-use rdzv_core::protocol::State;
+use rdzv_core::protocol::{Current, State};
 use rdzv_core::{Exclusion, Kv, Waiting};
 use serde_json::json;
 
@@ -101,12 +101,8 @@ pub async fn run(args: StatusArgs) -> Result<ExitCode, CliError> {
 pub async fn snapshot(target: &RunTarget) -> Result<Snapshot, CliError> {
     let kv = &*target.kv;
     let keys = &target.keys;
-    let state_key = keys.state();
-    let read = kv.get(&state_key).await.map_err(rdzv::RendezvousError::from)?;
-    let state = match &read.kv {
-        Some(found) => Some(State::read(kv, keys, found).await?),
-        None => None,
-    };
+    let read = Current::read(kv, keys).await?;
+    let state = read.state().cloned();
     let mut snap = Snapshot {
         run_id: target.address.run_id.clone(),
         status: state.as_ref().map_or("none", State::status).to_string(),

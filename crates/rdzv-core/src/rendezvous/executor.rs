@@ -18,6 +18,7 @@ use crate::params::RendezvousParams;
 use crate::retry::RetryPolicy;
 
 use super::changes::KnownRound;
+use super::current::{Current, read_unless_replaced};
 use super::deadline::{Deadline, Doing};
 use super::decide::{Candidate, Sizing};
 use super::forget::forget_old_rounds;
@@ -236,10 +237,7 @@ impl<'a> Attempt<'a> {
         let ctx = self.ctx;
         let kv = &*ctx.kv;
         Ok(match action {
-            Action::ReadState => {
-                let read = kv.get(&ctx.keys.state()).await?;
-                Input::State(Observed::read(kv, &ctx.keys, read.kv, Some(read.revision)).await?)
-            }
+            Action::ReadState => Input::State(Observed::current(Current::read(kv, &ctx.keys).await?)),
             Action::WatchState { from } => {
                 self.states = Some(kv.watch_from(&ctx.keys.state(), WatchScope::Key, from).await?);
                 Input::Ack
@@ -325,20 +323,27 @@ impl<'a> Attempt<'a> {
         let Some(states) = states.as_mut() else {
             return Err(RendezvousError::Internal("waiting without a watch of the state".into()));
         };
-        tokio::select! {
-            event = states.next() => {
-                let event = event?;
-                let revision = event.revision();
-                Ok(Input::State(match event.kind {
-                    EventKind::Put => Observed::read(&*ctx.kv, &ctx.keys, Some(event.kv), Some(revision)).await?,
-                    EventKind::Delete => Observed::absent(revision),
-                }))
+        loop {
+            tokio::select! {
+                event = states.next() => {
+                    let event = event?;
+                    let revision = event.revision();
+                    let observed = match event.kind {
+                        EventKind::Put => match read_unless_replaced(&*ctx.kv, &ctx.keys, &event.kv).await? {
+                            Some(state) => Observed::of(state, &event.kv, Some(revision)),
+                            // Replaced since: a later event of this watch brings what did.
+                            None => continue,
+                        },
+                        EventKind::Delete => Observed::absent(revision),
+                    };
+                    return Ok(Input::State(observed));
+                }
+                event = next_event(prefix) => {
+                    let event = event?;
+                    return Ok(Input::KeyEvent { kind: event.kind, created: event.kv.version == 1 });
+                }
+                _ = sleep_until(until) => return Ok(Input::Timer),
             }
-            event = next_event(prefix) => {
-                let event = event?;
-                Ok(Input::KeyEvent { kind: event.kind, created: event.kv.version == 1 })
-            }
-            _ = sleep_until(until) => Ok(Input::Timer),
         }
     }
 }

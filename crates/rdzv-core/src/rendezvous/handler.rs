@@ -18,6 +18,7 @@ use crate::session::{RefreshFailed, Session};
 
 use super::broken::RoundBroken;
 use super::changes::{KnownRound, RoundChanges};
+use super::current::Current;
 use super::deadline::Deadline;
 use super::decide::Sizing;
 use super::excluded::Exclusion;
@@ -765,11 +766,7 @@ impl RendezvousHandler {
 
     async fn state(&self) -> Result<Option<State>> {
         let ctx = &self.inner.ctx;
-        let read = ctx.kv.get(&ctx.keys.state()).await?;
-        match read.kv {
-            Some(found) => Ok(Some(State::read(&*ctx.kv, &ctx.keys, &found).await?)),
-            None => Ok(None),
-        }
+        Ok(Current::read(&*ctx.kv, &ctx.keys).await?.value.map(|(_, state)| state))
     }
 
     fn publish(&self, version: Option<u64>, broken: Option<RoundBroken>) {

@@ -18,6 +18,7 @@
 
 mod broken;
 mod changes;
+mod current;
 mod deadline;
 pub(crate) mod decide;
 mod excluded;
@@ -38,6 +39,7 @@ mod whole_segments;
 
 pub use broken::RoundBroken;
 pub use changes::RoundChanges;
+pub use current::Current;
 pub use excluded::Exclusion;
 pub use executor::free_port;
 pub use handler::{RendezvousHandler, RendezvousInfo};

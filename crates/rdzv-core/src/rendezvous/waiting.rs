@@ -5,6 +5,7 @@ use crate::error::RendezvousError;
 use crate::ext::KvExt;
 use crate::kv::{Kv, RangeOptions, RangeOrder};
 
+use super::current::Current;
 use super::keys::RunKeys;
 use std::collections::HashSet;
 
@@ -48,11 +49,7 @@ impl Waiting {
         max_workers: Option<usize>,
         segment_size: Option<usize>,
     ) -> Result<Waiting, RendezvousError> {
-        let read = kv.get(&keys.state()).await?;
-        let state = match read.kv {
-            Some(found) => Some(State::read(kv, keys, &found).await?),
-            None => None,
-        };
+        let state = Current::read(kv, keys).await?.value.map(|(_, state)| state);
         let Some(State::Final { version, participants, max_workers: recorded, .. }) = state else {
             return Ok(Waiting::default());
         };

@@ -10,6 +10,7 @@ use crate::kv::{
     CountedCreate, DeleteMode, DeleteOutcome, EventKind, KeyValue, LeaseId, PutMode, PutOutcome, Revision,
 };
 
+use super::super::current::Current;
 use super::super::decide::{Candidate, Sizing};
 use super::super::keys::RunKeys;
 use super::super::state::{LastRound, Participant, State};
@@ -40,22 +41,16 @@ impl Observed {
         }
     }
 
-    /// As [`Observed::from_kv`], reading the pieces of a member list the value names
-    /// ([`State::read`]).
-    pub async fn read(
-        kv: &dyn crate::Kv,
-        keys: &RunKeys,
-        found: Option<KeyValue>,
-        seen: Option<Revision>,
-    ) -> Result<Observed, RendezvousError> {
-        match found {
-            None => Ok(Observed::absent(seen.unwrap_or(0))),
-            Some(found) => Ok(Observed::of(State::read(kv, keys, &found).await?, &found, seen)),
+    /// The state key as [`Current::read`] read it.
+    pub fn current(current: Current) -> Observed {
+        match current.value {
+            None => Observed::absent(current.revision),
+            Some((found, state)) => Observed::of(state, &found, Some(current.revision)),
         }
     }
 
     /// `state`, read from `found`, seen at `seen` (default: its mod revision).
-    fn of(state: State, found: &KeyValue, seen: Option<Revision>) -> Observed {
+    pub fn of(state: State, found: &KeyValue, seen: Option<Revision>) -> Observed {
         Observed {
             state: Some(state),
             mod_revision: found.mod_revision,
