@@ -3,13 +3,12 @@
 # test with the real servers required. Stops at the first step that fails and names it.
 #
 # Most tests wait on real servers, timers and TTLs far more than they compute (the Rust tests
-# keep about a third of two cores busy, the Python tests two thirds), so two jobs run beside
-# the steps (docs/TESTING.md, "How long it takes"):
+# keep about a third of two cores busy, the Python tests two thirds), so jobs run beside the
+# steps (docs/TESTING.md, "How long it takes"):
 #   - the torch venvs are prepared (pip: disk more than CPU) while clippy builds;
+#   - the Python tests run beside the Rust tests and the doc tests;
 #   - the release wheel is built beside the tests at the lowest CPU priority (lowest_priority
 #     below), on the CPU they leave idle, so it takes almost none from them.
-# The tests themselves run one step after the other: side by side, the Python and the Rust
-# tests broke timing bounds of the Python suite (docs/TESTING.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -109,13 +108,14 @@ finish venvs
 # Before the wheel's build begins: wheel.sh stages the release binary inside crates/rdzv-py
 # while it builds, where this build would pick it up.
 step python-package bash scripts/test-python.sh --install
+begin python bash scripts/test-python.sh --tests
 begin wheel-build lowest_priority bash scripts/wheel.sh --out target/wheel-test
 # cargo-nextest runs each test in a process of its own, eight at once (.config/nextest.toml):
 # they wait on real servers and timers far more than they compute. It runs no doc tests;
 # cargo test does those.
 step tests cargo nextest run --workspace --build-jobs 2
 step doc-tests cargo test --workspace --doc -j2
-step python bash scripts/test-python.sh --tests
+finish python
 finish wheel-build
 step wheel bash scripts/test-wheel.sh --built target/wheel-test
 echo "==> all steps passed" >&2

@@ -52,6 +52,11 @@ class Output:
             time.sleep(0.05)
 
 
+def objects(text: str) -> list[dict]:
+    """The JSON objects of the complete lines of `text`."""
+    return [json.loads(line) for line in text.split("\n")[:-1]]
+
+
 def two_members(url: str) -> tuple[rdzv.Rendezvous, rdzv.Rendezvous]:
     a, b = rdzv.connect(url), rdzv.connect(url)
     t = threading.Thread(target=b.next_rendezvous)
@@ -111,9 +116,13 @@ def test_a_pipe_gets_each_snapshot_after_the_last(etcd: str, run_id: str) -> Non
         plain.until("the first snapshot", lambda t: "no round yet" in t)
         jsonl.until("the first snapshot", lambda t: t.count("\n") >= 1)
         a, b = two_members(url)
+        # Each change is made once both watchers showed the last: a watcher still reading
+        # when the next change comes shows the two as one snapshot (the 100 ms settle).
         plain.until("the round", lambda t: "round 1 is final" in t)
+        jsonl.until("the round", lambda t: '"state":"final"' in t)
         b.shutdown()
         plain.until("b lost", lambda t: "(rank" in t and "lost" in t)
+        jsonl.until("b lost", lambda t: any(s["state"] == "final" and len(s["joined"]) == 1 for s in objects(t)))
         a.set_closed()
         plain.until("the close", lambda t: "run closed" in t)
         got = jsonl.until("the close", lambda t: '"state":"closed"' in t)

@@ -7,7 +7,8 @@ With HOLD_FILE set, the workers keep reducing while any of them sees that file, 
 world.
 With AGENT_NAME set (in the agent's environment), each worker appends a line to
 OUT_DIR/starts.jsonl when it starts: which agent, its group rank and rank, the world size,
-the master address (one per world), its pid and the agent's restart count.
+the master address (one per world), its pid, the agent's restart count and when the worker
+started (`time.monotonic()`, before torch's import).
 
 With NOTICE_FILE set, each worker appends a line to NOTICE_FILE.<rank> for every SIGUSR1 it
 receives (the Slurm tests: a warning before the job's end, once per worker).
@@ -23,8 +24,12 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+# When the agent started this worker, before torch's import: that takes seconds on a loaded
+# machine, and the fencing test times how fast the agents re-form by it.
+STARTED = time.monotonic()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -48,6 +53,7 @@ if "AGENT_NAME" in os.environ:
         "previous_group_rank": os.environ.get("RDZV_PREVIOUS_GROUP_RANK"),
         "pid": os.getpid(),
         "restart": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+        "started": STARTED,
     }
     with open(os.path.join(os.environ["OUT_DIR"], "starts.jsonl"), "a") as f:
         f.write(json.dumps(start) + "\n")
