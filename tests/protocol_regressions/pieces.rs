@@ -3,6 +3,15 @@
 
 use super::*;
 
+use rdzv_core::protocol::{Current, RunKeys};
+
+/// Run `name`'s parameters with every member list in pieces: a member or two a piece.
+fn in_pieces(name: &str, min: usize, max: usize) -> RendezvousParams {
+    let mut p = params(&run_id(name), min, max);
+    p.members_inline_bytes = 8;
+    p
+}
+
 /// A member of round 1 told that a member died (not that the round ended) re-enters only
 /// after rounds 2 to 4 formed without it: it yields first, watching the state from its
 /// round's revision, and that history names round 2's member list, in pieces deleted with
@@ -12,9 +21,7 @@ use super::*;
 fn a_late_reentry_passes_over_rounds_whose_member_lists_are_gone() {
     paused(async {
         let kv = mem();
-        let mut p = params(&run_id("pieces-late"), 1, 3);
-        // Every list in pieces: a member or two a piece.
-        p.members_inline_bytes = 8;
+        let p = in_pieces("pieces-late", 1, 3);
         let ws = support::workers(&kv, &p, 3).await;
         let (other, late, dying) = (&ws[0].handler, &ws[1].handler, &ws[2]);
         let mut calls = Vec::new();
@@ -37,16 +44,9 @@ fn a_late_reentry_passes_over_rounds_whose_member_lists_are_gone() {
         }
         // Round 4's creator deletes round 2 (it keeps round 3) once round 4 is final.
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let round_2: Vec<String> = kv
-            .range(p.prefix.as_bytes(), Default::default())
-            .await
-            .unwrap()
-            .kvs
-            .iter()
-            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
-            .filter(|key| key.contains("/v_2/"))
-            .collect();
-        assert!(round_2.is_empty(), "round 2 is not deleted: {round_2:?}");
+        let round_2 = RunKeys::new(&p.prefix, &p.run_id).round(2);
+        let left = kv.range(round_2.as_bytes(), Default::default()).await.unwrap().kvs;
+        assert!(left.is_empty(), "round 2 is not deleted: {left:?}");
         let again = tokio::spawn({
             let late = late.clone();
             async move { late.next_rendezvous().await }
@@ -67,18 +67,16 @@ fn a_late_reentry_passes_over_rounds_whose_member_lists_are_gone() {
 fn a_state_whose_member_list_is_gone_reads_as_an_error() {
     paused(async {
         let kv = mem();
-        let mut p = params(&run_id("pieces-gone"), 2, 2);
-        p.members_inline_bytes = 8;
+        let p = in_pieces("pieces-gone", 2, 2);
         let ws = support::workers(&kv, &p, 2).await;
         let handlers: Vec<_> = ws.iter().map(|w| w.handler.clone()).collect();
         let infos: Vec<_> =
             support::rendezvous_all(&handlers).await.into_iter().map(Result::unwrap).collect();
         assert_agreement(&infos, 2, 2);
-        let keys = rdzv_core::protocol::RunKeys::new(&p.prefix, &p.run_id);
+        let keys = RunKeys::new(&p.prefix, &p.run_id);
         let pieces = format!("{}members/", keys.round(1));
         assert!(kv.delete_prefix(pieces.as_bytes()).await.unwrap().deleted > 0, "no pieces under {pieces}");
-        let read =
-            timeout(Duration::from_secs(1), rdzv_core::protocol::Current::read(&*kv, &keys)).await.unwrap();
+        let read = timeout(Duration::from_secs(1), Current::read(&*kv, &keys)).await.unwrap();
         assert!(
             matches!(&read, Err(RendezvousError::State { key, .. }) if key.starts_with(&pieces)),
             "{read:?}"

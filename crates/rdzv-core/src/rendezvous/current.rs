@@ -29,25 +29,22 @@ impl Current {
         self.value.as_ref().map(|(_, state)| state)
     }
 
+    /// The state, if a round exists, without the key it was read from.
+    pub fn into_state(self) -> Option<State> {
+        self.value.map(|(_, state)| state)
+    }
+
     /// Reads the state key and the state its value holds ([`State::read`]). A value that
     /// does not read (its member list gone) but was replaced by then is passed over: the key
     /// is read again. Fails with the value's error only if it is still the state.
     pub async fn read(kv: &dyn Kv, keys: &RunKeys) -> Result<Current, RendezvousError> {
-        let mut failed: Option<(Revision, RendezvousError)> = None;
         loop {
             let read = kv.get(&keys.state()).await?;
             let Some(found) = read.kv else {
                 return Ok(Current { value: None, revision: read.revision });
             };
-            if let Some((at, error)) = failed.take()
-                && at == found.mod_revision
-            {
-                return Err(error);
-            }
-            match State::read(kv, keys, &found).await {
-                Ok(state) => return Ok(Current { value: Some((found, state)), revision: read.revision }),
-                Err(error @ RendezvousError::State { .. }) => failed = Some((found.mod_revision, error)),
-                Err(error) => return Err(error),
+            if let Some(state) = read_unless_replaced(kv, keys, &found).await? {
+                return Ok(Current { value: Some((found, state)), revision: read.revision });
             }
         }
     }

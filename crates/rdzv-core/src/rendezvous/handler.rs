@@ -766,7 +766,7 @@ impl RendezvousHandler {
 
     async fn state(&self) -> Result<Option<State>> {
         let ctx = &self.inner.ctx;
-        Ok(Current::read(&*ctx.kv, &ctx.keys).await?.value.map(|(_, state)| state))
+        Ok(Current::read(&*ctx.kv, &ctx.keys).await?.into_state())
     }
 
     fn publish(&self, version: Option<u64>, broken: Option<RoundBroken>) {

@@ -49,7 +49,7 @@ impl Waiting {
         max_workers: Option<usize>,
         segment_size: Option<usize>,
     ) -> Result<Waiting, RendezvousError> {
-        let state = Current::read(kv, keys).await?.value.map(|(_, state)| state);
+        let state = Current::read(kv, keys).await?.into_state();
         let Some(State::Final { version, participants, max_workers: recorded, .. }) = state else {
             return Ok(Waiting::default());
         };

@@ -50,7 +50,7 @@ impl Observed {
     }
 
     /// `state`, read from `found`, seen at `seen` (default: its mod revision).
-    pub fn of(state: State, found: &KeyValue, seen: Option<Revision>) -> Observed {
+    pub(crate) fn of(state: State, found: &KeyValue, seen: Option<Revision>) -> Observed {
         Observed {
             state: Some(state),
             mod_revision: found.mod_revision,
