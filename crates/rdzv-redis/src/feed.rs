@@ -34,6 +34,7 @@ use redis::{Client, Value};
 
 use crate::config::RedisConfig;
 use crate::error::{corrupt, from_redis, lost, rolled_back};
+use crate::kept::{KEPT_ENTRIES, Kept};
 use crate::shared::HighWater;
 
 /// Longest blocking read; between two, the feed checks that the namespace is still ours.
@@ -128,7 +129,7 @@ const RECENT_BYTES: usize = 32 << 20;
 /// allocations' headers, its slot in the queue), counted against `RECENT_BYTES`.
 const ENTRY_OVERHEAD: usize = 192;
 
-fn footprint(entry: &Entry) -> usize {
+pub(crate) fn footprint(entry: &Entry) -> usize {
     entry.event.kv.key.len() + entry.event.kv.value.len() + ENTRY_OVERHEAD
 }
 
@@ -158,6 +159,8 @@ pub(crate) struct FeedState {
     holes: VecDeque<u64>,
     /// Every entry after this one is in `recent` or not broadcast yet.
     floor: EntryId,
+    /// The entries before `floor` of the keys watched one by one.
+    kept: Kept,
     /// The last entry sent (or, before the first batch, where the feed started reading).
     sent: EntryId,
     /// Batches sent, for the sweeps of `keys`.
@@ -194,10 +197,10 @@ pub(crate) enum Replay {
 
 impl FeedState {
     fn new(floor: EntryId, start: EntryId) -> FeedState {
-        FeedState::with_limit(floor, start, RECENT_ENTRIES)
+        FeedState::with_limits(floor, start, RECENT_ENTRIES, KEPT_ENTRIES)
     }
 
-    fn with_limit(floor: EntryId, start: EntryId, recent_limit: usize) -> FeedState {
+    fn with_limits(floor: EntryId, start: EntryId, recent_limit: usize, kept_per_key: usize) -> FeedState {
         let (tx, _) = tokio::sync::broadcast::channel(CAPACITY);
         FeedState {
             tx,
@@ -209,6 +212,7 @@ impl FeedState {
             seqs_of_key: Default::default(),
             holes: Default::default(),
             floor,
+            kept: Kept::new(kept_per_key),
             sent: start,
             batches: 0,
         }
@@ -229,6 +233,9 @@ impl FeedState {
                 }
             },
         };
+        if let Some(key) = key {
+            self.kept.watch(key, self.floor);
+        }
         let replay = match key {
             Some(key) => self.after_of_key(cursor, key),
             None => self.after(cursor, usize::MAX).map_or(Replay::Missing, Replay::All),
@@ -248,6 +255,8 @@ impl FeedState {
     /// Drops the channels of keys nobody watches any more.
     fn sweep(&mut self) {
         self.keys.retain(|_, tx| tx.receiver_count() > 0);
+        let keys = &self.keys;
+        self.kept.retain(|key| keys.contains_key(key));
     }
 
     /// Sends `item` to every watch.
@@ -271,7 +280,7 @@ impl FeedState {
     /// it when there is a hole among them, so that the watch finds the hole as before.
     fn after_of_key(&self, cursor: EntryId, key: &[u8]) -> Replay {
         if cursor < self.floor {
-            return Replay::Missing;
+            return self.kept_after(cursor, key);
         }
         let start = self.recent.partition_point(|e| e.id <= cursor);
         let (Some(first), Some(last)) = (self.recent.get(start), self.recent.back()) else {
@@ -289,6 +298,23 @@ impl FeedState {
             }
             None => Vec::new(),
         };
+        Replay::Key { entries, through: last.id }
+    }
+
+    /// For a cursor before the memory's first entry: `key`'s kept history and its entries
+    /// in memory, when the two reach back to the cursor and the memory has no hole (else
+    /// the watch reads the log, which tells a hole from compaction).
+    fn kept_after(&self, cursor: EntryId, key: &[u8]) -> Replay {
+        let contiguous = self.holes.is_empty()
+            && self.recent.front().is_some_and(|first| crate::watch::follows(self.floor, first.id));
+        let (Some(mut entries), Some(last), true) =
+            (self.kept.after(key, cursor), self.recent.back(), contiguous)
+        else {
+            return Replay::Missing;
+        };
+        if let Some(seqs) = self.seqs_of_key.get(key) {
+            entries.extend(seqs.iter().map(|&seq| self.recent[(seq - self.first_seq) as usize].clone()));
+        }
         Replay::Key { entries, through: last.id }
     }
 
@@ -337,6 +363,7 @@ impl FeedState {
         while self.recent.len() > self.recent_limit || self.recent_bytes > RECENT_BYTES {
             let Some(old) = self.recent.pop_front() else { break };
             self.recent_bytes -= footprint(&old);
+            let after_hole = !crate::watch::follows(self.floor, old.id);
             self.floor = old.id;
             let old_seq = self.first_seq;
             self.first_seq += 1;
@@ -350,6 +377,11 @@ impl FeedState {
             // that entry itself.
             while self.holes.front().is_some_and(|&hole| hole <= old_seq + 1) {
                 self.holes.pop_front();
+            }
+            if after_hole {
+                self.kept.restart(old.id);
+            } else {
+                self.kept.dropped(old);
             }
         }
     }
@@ -554,6 +586,12 @@ pub(crate) async fn subscribe(
 /// to `cursor`; read the log).
 pub(crate) fn recent_after(slot: &FeedSlot, cursor: EntryId, max: usize) -> Option<Vec<Arc<Entry>>> {
     lock(slot).as_ref().and_then(|f| f.after(cursor, max))
+}
+
+/// What a watch of `key` that fell behind the broadcast takes from the running feed's
+/// memory and its kept history ([`Replay::Missing`] when no feed runs).
+pub(crate) fn key_after(slot: &FeedSlot, cursor: EntryId, key: &[u8]) -> Replay {
+    lock(slot).as_ref().map_or(Replay::Missing, |f| f.after_of_key(cursor, key))
 }
 
 fn lock(slot: &FeedSlot) -> std::sync::MutexGuard<'_, Option<FeedState>> {
@@ -776,18 +814,41 @@ mod tests {
         ("key", of_key, Some(through))
     }
 
+    /// What a key's replay from before the memory must be, by looking through every entry
+    /// ever pushed (`None`: entries after the cursor are missing, so only the log can say).
+    fn replay_by_full_scan(
+        all: &[Arc<Entry>],
+        cursor: EntryId,
+        key: &[u8],
+    ) -> Option<(&'static str, Vec<Revision>, Option<EntryId>)> {
+        let mut through = cursor;
+        for entry in all.iter().filter(|e| e.id > cursor) {
+            if !crate::watch::follows(through, entry.id) {
+                return None;
+            }
+            through = entry.id;
+        }
+        let of_key = all.iter().filter(|e| e.id > cursor && e.event.kv.key == key).map(|e| e.id.0).collect();
+        Some(("key", of_key, Some(through)))
+    }
+
     proptest::proptest! {
         /// The index of a key's entries and of the holes answers as a scan of the memory
         /// would, while entries are trimmed away (a limit of a few entries), across holes
         /// (revisions the feed never saw) and for cursors before, inside and past the memory.
+        /// Before the memory, a watched key (`a`) answers from its kept history as a scan of
+        /// every entry would, and does whenever the history holds what was trimmed; a key
+        /// nobody watches reads the log.
         #[test]
         fn a_keys_replay_from_the_index_is_the_scans(
             batches in proptest::collection::vec(proptest::collection::vec((0u8..3, 0u8..3, 1i64..3), 1..4), 1..12),
             limit in 1usize..8,
+            kept_per_key in 1usize..4,
             cursors in proptest::collection::vec((0i64..40, 0u8..3), 1..8),
         ) {
-            let mut feed = FeedState::with_limit((0, u64::MAX), (0, u64::MAX), limit);
-            let mut revision = 0;
+            let mut feed = FeedState::with_limits((0, u64::MAX), (0, u64::MAX), limit, kept_per_key);
+            let _watch_of_a = feed.join((0, u64::MAX), Some(b"a"));
+            let (mut revision, mut all, mut holes) = (0, Vec::new(), false);
             for spec in batches {
                 let mut entries = Vec::new();
                 // (key, 0: a new revision, 1: another entry of the same one, 2: skip one
@@ -796,21 +857,30 @@ mod tests {
                     let key = ["a", "b", "c"][key as usize];
                     let id = match (how, entries.last().map(|e: &Arc<Entry>| e.id)) {
                         (1, Some((r, n))) => (r, n + 1),
-                        (2, _) => { revision += step + 1; (revision, 0) }
+                        (2, _) => { revision += step + 1; holes = true; (revision, 0) }
                         _ => { revision += 1; (revision, 0) }
                     };
                     let event = Arc::into_inner(entry(id.0, key)).expect("one owner").event;
                     entries.push(Arc::new(Entry { id, event }));
                 }
+                all.extend(entries.iter().cloned());
                 feed.push(entries);
                 for &(at, key) in &cursors {
                     let key = ["a", "b", "c"][key as usize].as_bytes();
                     for cursor in [(at, u64::MAX), (at, 0)] {
-                        proptest::prop_assert_eq!(
-                            replayed(&feed.after_of_key(cursor, key)),
-                            replay_by_scan(&feed, cursor, key),
-                            "cursor {:?}, key {:?}", cursor, key
-                        );
+                        let got = replayed(&feed.after_of_key(cursor, key));
+                        if cursor >= feed.floor {
+                            proptest::prop_assert_eq!(got, replay_by_scan(&feed, cursor, key), "cursor {:?}, key {:?}", cursor, key);
+                            continue;
+                        }
+                        let trimmed = all.iter().filter(|e| e.id > cursor && e.id <= feed.floor && e.event.kv.key == key).count();
+                        let must_answer = key == b"a" && !holes && trimmed <= kept_per_key && cursor >= (0, u64::MAX);
+                        match replay_by_full_scan(&all, cursor, key) {
+                            Some(scan) if got.0 == "key" => proptest::prop_assert_eq!(&got, &scan),
+                            _ => proptest::prop_assert_eq!(got.0, "missing", "cursor {:?}, key {:?}", cursor, key),
+                        }
+                        proptest::prop_assert!(!must_answer || got.0 == "key", "cursor {:?}: {:?}", cursor, got);
+                        proptest::prop_assert!(key == b"a" || got.0 == "missing", "{:?} is not watched", key);
                     }
                 }
             }

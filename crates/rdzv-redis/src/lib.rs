@@ -139,6 +139,7 @@ mod connect;
 mod error;
 mod factory;
 mod feed;
+mod kept;
 mod kv;
 mod limits;
 mod reaper;

@@ -1,7 +1,8 @@
 //! Watches: each one subscribes to its client's [feed](crate::feed), takes the history it
 //! asked for (and anything the feed went past while it lagged) from the feed's recent
-//! entries, or with `XRANGE` on the shared connection when those no longer reach back that
-//! far, and filters by key or prefix.
+//! entries (a watch of one key: from its key's [kept](crate::kept) history too), or with
+//! `XRANGE` on the shared connection when those no longer reach back that far, and filters
+//! by key or prefix.
 //!
 //! Gaps are detected, never skipped: every revision has at least one log entry and a
 //! revision's entries are appended by one script, so the entry after `<r>-<n>` must be
@@ -151,13 +152,24 @@ impl Watch {
     }
 
     /// Delivers what the watch missed: from the feed's memory while it reaches back to the
-    /// cursor, else from the log. A burst of more entries than the broadcast holds (one
+    /// cursor (a watch of one key also from its key's kept history, see `kept.rs`), else
+    /// from the log. A burst of more entries than the broadcast holds (one
     /// prefix delete of a round's keys, a thousand joins) leaves every busy watch of the
     /// client lagging at once; had each re-read the log, a thousand watches would send
     /// thousands of `XRANGE`s of the same entries (large round states among them) down the
     /// shared connection, and every request of the client, writes included, would queue
     /// behind them for seconds.
     async fn catch_up(&mut self) -> KvResult<()> {
+        if self.scope == WatchScope::Key
+            && let Replay::Key { entries, through } =
+                crate::feed::key_after(&self.shared.feed, self.cursor, &self.key)
+        {
+            for entry in entries {
+                self.deliver(entry.id, &entry.event).await?;
+            }
+            self.cursor = self.cursor.max(through);
+            return Ok(());
+        }
         loop {
             let Some(batch) = crate::feed::recent_after(&self.shared.feed, self.cursor, BATCH) else {
                 return self.read_log().await;
