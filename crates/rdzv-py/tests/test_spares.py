@@ -115,6 +115,12 @@ def run_status(etcd: str, run_id: str) -> dict:
     return json.loads(done.stdout)
 
 
+def waiting_nodes(etcd: str, run_id: str) -> list[str]:
+    """The node ids waiting for the next round, spares included."""
+    status = run_status(etcd, run_id)
+    return status["waiting"] + status["spares"]
+
+
 def starts(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "starts.jsonl").read_text().splitlines()]
 
@@ -216,6 +222,10 @@ def test_a_spare_cut_off_after_its_timeout_is_still_promoted(
         procs = {name: start(name, etcd) for name in ("a0", "a1")}
         wait_for(lambda: len(worlds(out, 2)) >= 1, "a world of 2", list(procs.values()))
         procs["spare"] = start("spare", link.endpoint_list)
+        # Its timeout runs from when it waits, not from when its process started: on a busy
+        # machine its launcher takes seconds to import torch and connect, and a partition
+        # begun before then fails its first connection instead of cutting off a waiting spare.
+        wait_for(lambda: bool(waiting_nodes(etcd, run_id)), "the spare waiting", list(procs.values()))
         time.sleep(timeout + 2)
         link.freeze()
         time.sleep(3 * ttl)
