@@ -291,14 +291,16 @@ impl FeedState {
         if !crate::watch::follows(cursor, first.id) || hole_after_start {
             return Replay::All(self.recent.range(start..).cloned().collect());
         }
-        let entries = match self.seqs_of_key.get(key) {
-            Some(seqs) => {
-                let from = seqs.partition_point(|&seq| seq < start_seq);
-                seqs.range(from..).map(|&seq| self.recent[(seq - self.first_seq) as usize].clone()).collect()
-            }
-            None => Vec::new(),
-        };
-        Replay::Key { entries, through: last.id }
+        Replay::Key { entries: self.recent_of_key(key, start_seq).collect(), through: last.id }
+    }
+
+    /// `key`'s entries in memory from position `start_seq` on, in order.
+    fn recent_of_key<'a>(&'a self, key: &[u8], start_seq: u64) -> impl Iterator<Item = Arc<Entry>> + 'a {
+        let seqs = self.seqs_of_key.get(key);
+        let from = seqs.map_or(0, |seqs| seqs.partition_point(|&seq| seq < start_seq));
+        seqs.into_iter()
+            .flat_map(move |seqs| seqs.range(from..))
+            .map(|&seq| self.recent[(seq - self.first_seq) as usize].clone())
     }
 
     /// For a cursor before the memory's first entry: `key`'s kept history and its entries
@@ -312,9 +314,7 @@ impl FeedState {
         else {
             return Replay::Missing;
         };
-        if let Some(seqs) = self.seqs_of_key.get(key) {
-            entries.extend(seqs.iter().map(|&seq| self.recent[(seq - self.first_seq) as usize].clone()));
-        }
+        entries.extend(self.recent_of_key(key, self.first_seq));
         Replay::Key { entries, through: last.id }
     }
 

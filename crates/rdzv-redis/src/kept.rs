@@ -20,7 +20,7 @@ use crate::feed::{Entry, EntryId, footprint};
 pub(crate) const KEPT_ENTRIES: usize = 16;
 
 /// Bytes kept for all keys together (entries counted as in the feed's memory).
-pub(crate) const KEPT_BYTES: usize = 16 << 20;
+const KEPT_BYTES: usize = 16 << 20;
 
 /// One watched key's entries that the feed's memory no longer holds.
 #[derive(Debug)]
