@@ -190,6 +190,11 @@ impl Watch {
 
     /// Reads the log from the cursor to its end with `XRANGE`, delivering as it goes.
     async fn read_log(&mut self) -> KvResult<()> {
+        let needed = self.cursor.0 + 1;
+        let oldest = crate::feed::compacted(&self.shared.feed);
+        if needed < oldest {
+            return Err(KvError::Compacted { requested: needed, oldest });
+        }
         loop {
             let ids = self.range().await?;
             let n = ids.len();

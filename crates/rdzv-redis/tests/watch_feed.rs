@@ -220,6 +220,52 @@ async fn a_key_watch_from_before_the_feeds_memory_replays_the_keys_history() {
     assert_eq!(log_reads, 0, "the late watch read the log:\n{stats}");
 }
 
+/// The feed itself fell behind the log's history (its process was too busy to read while
+/// the others wrote): its next read skips what was trimmed. The client's watches that need a
+/// trimmed revision end "compacted" without each reading the log to find that out: after
+/// such a skip at 65,536 workers, 65,536 `XRANGE`s of 128 entries (2 GB of replies) cost the
+/// client every session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_behind_a_gap_the_feed_skipped_end_compacted_without_reading_the_log() {
+    // A server of its own: the test counts the commands it served.
+    let server = RedisServer::start().expect("redis-server");
+    let mut config = server.config("skip");
+    config.history = 10;
+    let writer = connect(config.clone()).await;
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    config.endpoint.port = link.endpoints()[0].port();
+    let watcher = connect(config).await;
+    let read = put(&*writer, b"/state", b"0", PutOptions::OVERWRITE).await;
+    let mut watches = Vec::new();
+    for _ in 0..32 {
+        watches.push(within("watch", watcher.watch(b"/state", WatchScope::Key, read + 1)).await.unwrap());
+    }
+    let seen = put(&*writer, b"/state", b"1", PutOptions::OVERWRITE).await;
+    for events in watches.iter_mut() {
+        assert_eq!(next(events).await.unwrap().revision(), seen);
+    }
+    // The watcher's feed cannot read while the log moves on 100 revisions and is trimmed to 10.
+    link.freeze();
+    for i in 0..100 {
+        let key = if i == 50 { "/state".to_string() } else { format!("/joins/{i}") };
+        put(&*writer, key.as_bytes(), b"v", PutOptions::OVERWRITE).await;
+    }
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await.unwrap();
+    link.heal();
+    for events in watches.iter_mut() {
+        match next(events).await {
+            Err(KvError::Compacted { requested, oldest }) => {
+                assert!(requested > seen && oldest > requested, "{requested}, {oldest} after {seen}")
+            }
+            other => panic!("expected Compacted, got {other:?}"),
+        }
+    }
+    let (log_reads, stats) = log_reads(&mut conn).await;
+    assert_eq!(log_reads, 0, "the watches read the log to find the feed's gap:\n{stats}");
+}
+
 /// The `XRANGE`s the server served since its statistics were reset, and those statistics.
 async fn log_reads(conn: &mut redis::aio::MultiplexedConnection) -> (u64, String) {
     let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.unwrap();
