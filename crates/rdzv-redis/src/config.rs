@@ -58,7 +58,7 @@ pub struct RedisConfig {
     /// Namespace of the keys (`namespace=`, default `rdzv`): every key lives under the hash
     /// tag `{rdzv:<namespace>}`; clients in different namespaces never see each other.
     pub namespace: String,
-    /// Revisions of watch history kept (`history=`, default 100 000); older ones are
+    /// Revisions of watch history kept (`history=`, default 1 000 000); older ones are
     /// compacted away, once the log is over this by a sixteenth (so up to `history`/16
     /// more are kept in between).
     pub history: u64,
@@ -86,7 +86,7 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             namespace: DEFAULT_NAMESPACE.to_string(),
-            history: 100_000,
+            history: 1_000_000,
             history_bytes: DEFAULT_HISTORY_BYTES,
         }
     }

@@ -16,7 +16,7 @@
 //! `tls-auth-clients yes`; a server that wants one and gets none is reported as such),
 //! `connect_timeout` (default 5 s), `request_timeout` (every request, default 10 s),
 //! `namespace` (default `rdzv`; clients in different namespaces never see each other),
-//! `history` (revisions of watch history kept, default 100 000), `history_bytes` (bytes of
+//! `history` (revisions of watch history kept, default 1 000 000), `history_bytes` (bytes of
 //! watch history kept, default 64 MiB). Running Redis for rdzv in production (persistence,
 //! ACL rules, TLS, memory) is described in `docs/REDIS.md` in the repository.
 //!
