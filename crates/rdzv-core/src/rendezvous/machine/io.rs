@@ -15,8 +15,23 @@ use super::super::decide::{Candidate, Sizing};
 use super::super::keys::RunKeys;
 use super::super::state::{LastRound, Participant, State};
 
-/// How long a `frozen` state lives if confirmation stalls (the reference's 10 s).
+/// How long a `frozen` state lives if confirmation stalls (the reference's 10 s), for a
+/// round of fewer than [`MEMBERS_PER_FROZEN_SECOND`] members.
 pub(crate) const FROZEN_TTL: Duration = Duration::from_secs(10);
+
+/// Members for each second a larger round's `frozen` state lives beyond [`FROZEN_TTL`].
+/// Every member must see the `frozen` value and write its keep-alive key before the lease
+/// runs out, which takes time in proportion to the round: 98,304 members on one Redis took
+/// 6–7 s on 2 cores, two thirds of the 10 s; where the client fell behind, the lease ran out
+/// first, and every round after it, as large, did the same (rounds re-formed for minutes).
+/// That round's lease is 34 s, five times what it took; a round of fewer than 4,096 members
+/// still recovers from a stalled confirmation in 10 s.
+pub(crate) const MEMBERS_PER_FROZEN_SECOND: usize = 4096;
+
+/// How long the `frozen` state of a round of `members` lives if confirmation stalls.
+pub(crate) fn frozen_ttl(members: usize) -> Duration {
+    FROZEN_TTL + Duration::from_secs((members / MEMBERS_PER_FROZEN_SECOND) as u64)
+}
 
 /// The state key as seen at a revision.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -371,4 +386,19 @@ pub struct Call {
     /// Its node's index in the scheduler's order (the `node_index` option), written in its
     /// join and waiting keys.
     pub node_index: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frozen_lease_grows_by_a_second_per_4096_members_beyond_the_reference_10_s() {
+        let secs = |members| frozen_ttl(members).as_secs();
+        assert_eq!(secs(1), 10);
+        assert_eq!(secs(4095), 10);
+        assert_eq!(secs(4096), 11);
+        assert_eq!(secs(8192), 12);
+        assert_eq!(secs(98_304), 34);
+    }
 }

@@ -11,7 +11,7 @@ use crate::kv::{CountedCreate, DeleteMode, EventKind, LeaseId, PutMode, PutOutco
 use super::super::decide::{self, Candidate, FreezeAction, JoinRole, JoinedAction, Trigger};
 use super::super::state::{Participant, SegmentRuns, State};
 use super::phase::{Frozen, JoinStep, Joining, Phase, Reread};
-use super::{Action, Bind, FROZEN_TTL, Handled, Input, Machine, Observed};
+use super::{Action, Bind, Handled, Input, Machine, Observed, frozen_ttl};
 
 /// The tally of a round's join keys (see [`Action::CreateCounted`]).
 const TALLY_JOINS: &str = "joins";
@@ -316,11 +316,12 @@ impl Machine {
             }
             FreezeAction::Freeze(participants) => {
                 self.phase = stay(round, JoinStep::Freezing);
+                let ttl = frozen_ttl(participants.len());
                 Action::PutState {
                     key: self.keys.state(),
                     state: State::Frozen { version, participants: participants.into() },
                     mode: PutMode::Update(state_revision),
-                    bind: Bind::Fresh(FROZEN_TTL),
+                    bind: Bind::Fresh(ttl),
                 }
             }
         }

@@ -35,7 +35,7 @@ use super::decide::{self, Sizing};
 use super::keys::RunKeys;
 use super::state::{LastRound, Participant, SegmentRuns, State};
 
-pub(crate) use io::FROZEN_TTL;
+pub(crate) use io::frozen_ttl;
 pub use io::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Observed, RoundTimings};
 use phase::{ConfirmStep, JoinStep, Phase, PredecessorStep, Reread, Step};
 
