@@ -190,10 +190,8 @@ impl Watch {
 
     /// Reads the log from the cursor to its end with `XRANGE`, delivering as it goes.
     async fn read_log(&mut self) -> KvResult<()> {
-        let needed = self.cursor.0 + 1;
-        let oldest = crate::feed::compacted(&self.shared.feed);
-        if needed < oldest {
-            return Err(KvError::Compacted { requested: needed, oldest });
+        if let Some(compacted) = self.compacted_below(crate::feed::compacted(&self.shared.feed)) {
+            return Err(compacted);
         }
         loop {
             let ids = self.range().await?;
@@ -250,13 +248,11 @@ impl Watch {
 
     /// The error for a hole in the log between the cursor and entry `next`.
     async fn gap(&self, next: EntryId) -> KvError {
-        // The revision after the last one read (a revision's entries are read together in
-        // all but the rarest case of a batch boundary inside it).
-        let needed = self.cursor.0 + 1;
         let mut conn = self.shared.conn.clone();
-        match bounded(&self.log, self.log.oldest(&mut conn)).await {
-            Ok(oldest) if oldest > needed => KvError::Compacted { requested: needed, oldest },
-            Ok(_) => {
+        let oldest = bounded(&self.log, self.log.oldest(&mut conn)).await;
+        match oldest.map(|oldest| self.compacted_below(oldest)) {
+            Ok(Some(compacted)) => compacted,
+            Ok(None) => {
                 // Entries are missing below the kept history (a log the server was made to
                 // trim or lose): a fresh read and a watch from there is all a caller needs.
                 tracing::warn!(
@@ -270,6 +266,15 @@ impl Watch {
             }
             Err(e) => e,
         }
+    }
+
+    /// The error for this watch when the log starts at `oldest`, after the revision the watch
+    /// needs next (`None`: the log still holds it).
+    fn compacted_below(&self, oldest: Revision) -> Option<KvError> {
+        // The revision after the last one read (a revision's entries are read together in
+        // all but the rarest case of a batch boundary inside it).
+        let needed = self.cursor.0 + 1;
+        (oldest > needed).then_some(KvError::Compacted { requested: needed, oldest })
     }
 
     /// The end of this watch, retryable like a dropped stream: read again, watch again.
