@@ -64,6 +64,9 @@ pub struct EtcdServer {
     tls: Option<TlsMaterial>,
     auth: Option<(String, Secret)>,
     process: Option<Process>,
+    /// Where the log stood when the server was last spawned: each start appends to the same
+    /// log, and only what this start wrote says whether it failed.
+    log_start: u64,
     extra_args: Vec<String>,
     /// The member name, and the cluster it belongs to (`name=peer-url,…`).
     pub(crate) name: String,
@@ -192,6 +195,7 @@ impl EtcdServer {
             tls,
             auth: None,
             process: None,
+            log_start: 0,
             extra_args,
             name: "rdzv-test".to_string(),
             initial_cluster: None,
@@ -397,6 +401,7 @@ impl EtcdServer {
             .append(true)
             .open(self.log_path())
             .map_err(|e| HarnessError::new(format!("cannot open the etcd log: {e}")))?;
+        self.log_start = log.metadata().map_or(0, |m| m.len());
         let log_err =
             log.try_clone().map_err(|e| HarnessError::new(format!("cannot open the etcd log: {e}")))?;
         let mut command = Command::new("sh");
@@ -519,14 +524,22 @@ impl EtcdServer {
 
     /// Whether etcd logged a fatal error (it exits after one).
     fn log_says_it_gave_up(&self) -> bool {
-        std::fs::read_to_string(self.log_path()).is_ok_and(|text| text.contains(r#""level":"fatal""#))
+        self.log_of_this_start().contains(r#""level":"fatal""#)
     }
 
-    /// The last lines of the server's log, for error messages.
+    /// The last lines this start wrote to the server's log, for error messages.
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let text = self.log_of_this_start();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// What the server wrote to its log since it was last spawned (an earlier start that
+    /// gave up, on ports since chosen again, is not this one's failure).
+    fn log_of_this_start(&self) -> String {
+        let bytes = std::fs::read(self.log_path()).unwrap_or_default();
+        let start = usize::try_from(self.log_start).unwrap_or(usize::MAX).min(bytes.len());
+        String::from_utf8_lossy(&bytes[start..]).into_owned()
     }
 }
 
@@ -586,6 +599,7 @@ impl EtcdServer {
             tls: None,
             auth: None,
             process: None,
+            log_start: 0,
             extra_args: Vec::new(),
             name,
             initial_cluster: None,
@@ -695,21 +709,40 @@ mod tests {
         assert!(err.to_string().contains("install etcd-server"), "{err}");
     }
 
-    /// A port taken between choosing and binding it makes etcd give up at once, while its
-    /// watchdog lives on: the start fails saying so (and a cluster then starts again on new
-    /// ports), instead of waiting out the start-up deadline.
-    #[tokio::test]
-    async fn a_member_whose_port_is_taken_fails_at_once_saying_why() {
+    /// A one-member cluster whose peer port is held by the returned listener.
+    fn member_on_a_taken_peer_port() -> (std::net::TcpListener, EtcdServer) {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
         let peer = taken.local_addr().expect("its address").port();
         let free = free_port_list(2).expect("free ports");
         let mut member =
             EtcdServer::member("rdzv-test-0".into(), [free[0], peer, free[1]]).expect("a member");
         member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
+        (taken, member)
+    }
+
+    /// A port taken between choosing and binding it makes etcd give up at once, while its
+    /// watchdog lives on: the start fails saying so (and a cluster then starts again on new
+    /// ports), instead of waiting out the start-up deadline.
+    #[tokio::test]
+    async fn a_member_whose_port_is_taken_fails_at_once_saying_why() {
+        let (_taken, mut member) = member_on_a_taken_peer_port();
         member.spawn().expect("etcd spawned");
         let err = member.wait_ready().await.expect_err("its peer port is taken");
         assert!(err.to_string().contains("gave up during start-up"), "{err}");
         assert!(err.to_string().contains("address already in use"), "{err}");
+    }
+
+    /// A server whose start gave up on a taken port starts on the ports chosen next: each
+    /// start appends to the same log, and the earlier start's fatal line is not this one's.
+    #[tokio::test]
+    async fn a_start_again_on_other_ports_is_not_failed_by_the_last_one() {
+        let (_taken, mut member) = member_on_a_taken_peer_port();
+        member.spawn_and_wait().await.expect_err("its peer port is taken");
+        member.peer_port = free_port_list(1).expect("a free port")[0];
+        member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
+        let _ = std::fs::remove_dir_all(member.data_dir());
+        member.spawn_and_wait().await.expect("starts on a free peer port");
+        member.try_kv().await.expect("answers");
     }
 
     #[test]
