@@ -29,6 +29,15 @@ impl std::error::Error for HarnessError {}
 /// How long a server may take to answer `PING` after it was started.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 
+/// How many times a server's first start chooses new ports after one was taken.
+const START_ATTEMPTS: u32 = 3;
+
+/// What Redis logs when a port it was told to listen on is taken (then it exits).
+const PORT_TAKEN: &str = "Address already in use";
+
+/// What Redis logs once it listens on all its ports.
+const READY: &str = "Ready to accept connections";
+
 /// A `redis-server` process started by the test: no automatic persistence (`--save ""
 /// --appendonly no`; a test may still `SAVE` a snapshot and
 /// [restart from it](RedisServer::restart_from_snapshot)), a temporary directory, loopback
@@ -76,7 +85,7 @@ impl RedisServer {
     pub fn start_tls_with_client_auth() -> Result<RedisServer, HarnessError> {
         let mut server = Self::prepare(true)?;
         server.client_auth = true;
-        server.launch()?;
+        server.start_on_free_ports()?;
         Ok(server)
     }
 
@@ -86,14 +95,36 @@ impl RedisServer {
     pub fn start_with_args(args: &[&str]) -> Result<RedisServer, HarnessError> {
         let mut server = Self::prepare(false)?;
         server.extra_args = args.iter().map(|a| a.to_string()).collect();
-        server.launch()?;
+        server.start_on_free_ports()?;
         Ok(server)
     }
 
     fn start_inner(tls: bool) -> Result<RedisServer, HarnessError> {
         let mut server = Self::prepare(tls)?;
-        server.launch()?;
+        server.start_on_free_ports()?;
         Ok(server)
+    }
+
+    /// Launches the server, choosing its ports again when one was taken between choosing
+    /// and binding it (by a test running beside this one).
+    fn start_on_free_ports(&mut self) -> Result<(), HarnessError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.launch() {
+                Err(e) if attempts < START_ATTEMPTS && e.0.contains(PORT_TAKEN) => self.choose_ports()?,
+                done => return done,
+            }
+        }
+    }
+
+    fn choose_ports(&mut self) -> Result<(), HarnessError> {
+        let ports = free_ports(if self.tls.is_some() { 2 } else { 1 })?;
+        self.port = ports[0];
+        if let Some((tls_port, _)) = &mut self.tls {
+            *tls_port = ports[1];
+        }
+        Ok(())
     }
 
     fn prepare(tls: bool) -> Result<RedisServer, HarnessError> {
@@ -269,6 +300,8 @@ impl RedisServer {
 
     fn launch(&mut self) -> Result<(), HarnessError> {
         let log = self.dir.path().join("redis.log");
+        // Redis appends to its log: only what this launch writes tells how it went.
+        let log_start = std::fs::metadata(&log).map_or(0, |m| m.len());
         let mut args: Vec<String> = vec![
             "--port".into(),
             self.port.to_string(),
@@ -318,11 +351,21 @@ impl RedisServer {
         self.guard = Some(guard);
         let deadline = Instant::now() + READY_DEADLINE;
         while Instant::now() < deadline {
-            if ping(self.port) {
+            // A `PING` alone could be answered by another test's server on a port taken
+            // meanwhile; this server's own log says when it listens.
+            let logged = log_since(&log, log_start);
+            if logged.contains(READY) && ping(self.port) {
                 return Ok(());
             }
-            if !self.is_running() {
-                break;
+            // The guard shell outlives a server that gave up; its log says so at once.
+            if logged.contains(PORT_TAKEN) || !self.is_running() {
+                self.stop();
+                return Err(HarnessError(format!(
+                    "redis-server ({}) on 127.0.0.1:{} gave up during start-up; its log:\n{}",
+                    self.bin.display(),
+                    self.port,
+                    tail(&logged)
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -331,7 +374,7 @@ impl RedisServer {
             "redis-server ({}) did not answer PING on 127.0.0.1:{} within {READY_DEADLINE:?}; its log:\n{}",
             self.bin.display(),
             self.port,
-            tail(&log)
+            tail(&log_since(&log, log_start))
         )))
     }
 }
@@ -385,8 +428,49 @@ fn ping(port: u16) -> bool {
     s.read_exact(&mut buf).is_ok() && (&buf == b"+PONG\r\n" || buf.starts_with(b"-NOAUTH"))
 }
 
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"));
+/// What the log at `path` holds past its first `start` bytes.
+fn log_since(path: &Path, start: u64) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let start = usize::try_from(start).unwrap_or(usize::MAX).min(bytes.len());
+            String::from_utf8_lossy(&bytes[start..]).into_owned()
+        }
+        Err(e) => format!("(no log: {e})"),
+    }
+}
+
+fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken between choosing and binding it, here by another test's server: the
+    /// new server must not take that one's answers for its own, and starts on other ports.
+    #[test]
+    fn a_server_whose_port_is_taken_starts_on_another_not_sharing_the_first() {
+        let first = RedisServer::start().expect("redis-server");
+        let mut second = RedisServer::prepare(false).expect("prepared");
+        second.port = first.port();
+        second.start_on_free_ports().expect("starts on other ports");
+        assert_ne!(second.port(), first.port());
+        assert!(log_since(&second.dir.path().join("redis.log"), 0).contains(PORT_TAKEN));
+        assert!(ping(second.port()));
+    }
+
+    /// A server that gave up is reported at once, not after the start-up deadline.
+    #[test]
+    fn a_server_whose_port_is_taken_fails_at_once_saying_why() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let mut server = RedisServer::prepare(false).expect("prepared");
+        server.port = taken.local_addr().expect("its address").port();
+        let started = Instant::now();
+        let err = server.launch().expect_err("its port is taken");
+        assert!(started.elapsed() < READY_DEADLINE / 2, "took {:?}", started.elapsed());
+        assert!(err.0.contains("gave up during start-up"), "{err}");
+        assert!(err.0.contains(PORT_TAKEN), "{err}");
+    }
 }
