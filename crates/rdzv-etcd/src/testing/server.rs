@@ -502,12 +502,21 @@ impl EtcdServer {
         }
         let attempt = async {
             let client = Client::connect([self.client_url()], Some(options)).await?;
-            client.maintenance_client().status().await
+            client.maintenance_client().status().await?;
+            client.cluster_client().member_list().await
         };
-        match tokio::time::timeout(Duration::from_secs(2), attempt).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("status request timed out".to_string()),
+        let members = match tokio::time::timeout(Duration::from_secs(2), attempt).await {
+            Ok(Ok(members)) => members,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("status request timed out".to_string()),
+        };
+        // Another test's server may have taken the client port between choosing and binding
+        // it: that one answers too, but in a cluster without this server's peer address.
+        let peer = self.peer_url();
+        if members.members().iter().any(|m| m.peer_urls().contains(&peer)) {
+            Ok(())
+        } else {
+            Err(format!("the server answering there is not this one (no member at {peer})"))
         }
     }
 
@@ -729,6 +738,19 @@ mod tests {
         member.spawn().expect("etcd spawned");
         let err = member.wait_ready().await.expect_err("its peer port is taken");
         assert!(err.to_string().contains("gave up during start-up"), "{err}");
+        assert!(err.to_string().contains("address already in use"), "{err}");
+    }
+
+    /// A client port taken by another test's server: that server answers there, but the
+    /// start is not taken for ready; it fails saying why (and is started again elsewhere).
+    #[tokio::test]
+    async fn a_member_whose_client_port_another_server_has_is_not_ready() {
+        let other = EtcdServer::start().await.expect("the other server");
+        let free = free_port_list(2).expect("free ports");
+        let mut member = EtcdServer::member("rdzv-test-0".into(), [other.client_port, free[0], free[1]])
+            .expect("a member");
+        member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
+        let err = member.spawn_and_wait().await.expect_err("its client port is the other's");
         assert!(err.to_string().contains("address already in use"), "{err}");
     }
 
