@@ -14,12 +14,16 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 import rdzv
-from slurm_cluster import SlurmCluster
+from slurm_cluster import SlurmCluster, consecutive_free_ports
+
+# How many times a server is started on newly chosen ports when one was taken between
+# choosing and binding it (by another worker's server or an outgoing connection).
+START_ATTEMPTS = 3
 
 
 def free_port() -> int:
@@ -35,12 +39,41 @@ def _binary(name: str) -> str:
     return path
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+def _start_on_free_ports(
+    count: int, command: Callable[[list[int]], list[str]], ready: Callable[[list[int]], tuple[str, str]], log: Path
+) -> tuple[subprocess.Popen, list[int]]:
+    """Runs `command(ports)` on `count` consecutive free ports outside the ephemeral range,
+    logging to `log`, and waits until it answers at `ready(ports)` (a URL, and what the log
+    says once this server listens: another server may answer on a port taken meanwhile).
+    Starts again on other ports when one was taken."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        ports = consecutive_free_ports(count)
+        log.unlink(missing_ok=True)
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(command(ports), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url, listening = ready(ports)
+            _wait_ready(url, listening, proc, log)
+            return proc, ports
+        except RuntimeError as e:
+            _stop(proc)
+            if "address already in use" not in str(e).lower() or attempt == START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _wait_ready(url: str, listening: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + 30
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        text = log.read_text(errors="replace")
+        if "address already in use" in text.lower():
+            raise RuntimeError(f"a port of the server was taken: {text[-2000:]}")
+        if listening not in text:
+            time.sleep(0.1)
+            continue
         try:
             store = rdzv.open_store(url)
             store.set_timeout(2)
@@ -71,21 +104,30 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # a commit waits for no disk.
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     data = tempfile.mkdtemp(prefix="rdzv-py-etcd-", dir=shm)
-    client, peer, metrics = free_port(), free_port(), free_port()
-    c, p = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
-    log = d / "log"
-    cmd = [
-        binary, "--name", "n0", "--data-dir", data,
-        "--listen-client-urls", c, "--advertise-client-urls", c,
-        "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
-        "--initial-cluster", f"n0={p}", "--initial-cluster-state", "new",
-        "--listen-metrics-urls", f"http://127.0.0.1:{metrics}", "--log-level", "warn",
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+    def command(ports: list[int]) -> list[str]:
+        client, peer, metrics = ports
+        c, p = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+        shutil.rmtree(data, ignore_errors=True)  # a start that gave up may have begun it
+        return [
+            binary, "--name", "n0", "--data-dir", data,
+            "--listen-client-urls", c, "--advertise-client-urls", c,
+            "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+            "--initial-cluster", f"n0={p}", "--initial-cluster-state", "new",
+            "--listen-metrics-urls", f"http://127.0.0.1:{metrics}", "--log-level", "info",
+        ]  # fmt: skip
+
+    def ready(ports: list[int]) -> tuple[str, str]:
+        # etcd logs the address each client listener serves on, once it does.
+        return f"etcd://127.0.0.1:{ports[0]}/ready", f'"address":"127.0.0.1:{ports[0]}"'
+
     try:
-        _wait_ready(f"etcd://127.0.0.1:{client}/ready", proc, log)
-        yield f"127.0.0.1:{client}"
+        proc, ports = _start_on_free_ports(3, command, ready, d / "log")
+    except BaseException:
+        shutil.rmtree(data, ignore_errors=True)
+        raise
+    try:
+        yield f"127.0.0.1:{ports[0]}"
     finally:
         _stop(proc)
         shutil.rmtree(data, ignore_errors=True)
@@ -96,16 +138,19 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`host:port` of a fresh redis-server."""
     binary = _binary("redis-server")
     d = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    log = d / "log"
-    cmd = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-        "--appendonly", "no", "--dir", str(d), "--logfile", str(log),
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def command(ports: list[int]) -> list[str]:
+        return [
+            binary, "--port", str(ports[0]), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(d),
+        ]  # fmt: skip
+
+    def ready(ports: list[int]) -> tuple[str, str]:
+        return f"redis://127.0.0.1:{ports[0]}/ready", "Ready to accept connections"
+
+    proc, ports = _start_on_free_ports(1, command, ready, d / "log")
     try:
-        _wait_ready(f"redis://127.0.0.1:{port}/ready", proc, log)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{ports[0]}"
     finally:
         _stop(proc)
 
