@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,7 +416,7 @@ def _free_run(length: int, low: int, high: int, held: list[socket.socket]) -> li
         start = low + (offset + step) % span
         run: list[socket.socket] = []
         for port in range(start, start + length):
-            s = _bind(port)
+            s = None if _claimed(port) else _bind(port)
             if s is None:
                 break
             run.append(s)
@@ -423,6 +424,18 @@ def _free_run(length: int, low: int, high: int, held: list[socket.socket]) -> li
         if len(run) == length:
             return list(range(start, start + length))
     raise RuntimeError(f"no {length} consecutive free ports in {low}..{high} for the Slurm daemons")
+
+
+def _claimed(port: int) -> bool:
+    """Whether a live process claimed `port` for a test server of the Rust tests, which may
+    be down for an outage test and will start again on it (rdzv-core's testing/ports.rs)."""
+    try:
+        pid = int((Path(tempfile.gettempdir()) / "rdzv-test-ports" / str(port)).read_text().strip())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True  # being written: its process is alive
+    return Path(f"/proc/{pid}").exists()
 
 
 def _bind(port: int) -> socket.socket | None:

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use rdzv_core::Kv;
 
-use super::server::{START_ATTEMPTS, free_port_list, port_was_taken};
+use super::server::{START_ATTEMPTS, claim_ports, port_was_taken};
 use super::{EtcdServer, HarnessError};
 use crate::config::EtcdOptions;
 use crate::kv::EtcdKv;
@@ -37,10 +37,13 @@ impl EtcdCluster {
     }
 
     async fn start_on_free_ports(size: usize) -> Result<EtcdCluster, HarnessError> {
-        let ports = free_port_list(3 * size)?;
+        let mut claims = claim_ports(3 * size)?.into_iter();
         let mut members = Vec::with_capacity(size);
-        for (i, chunk) in ports.chunks(3).enumerate() {
-            members.push(EtcdServer::member(format!("rdzv-test-{i}"), [chunk[0], chunk[1], chunk[2]])?);
+        for i in 0..size {
+            let own: Vec<_> = claims.by_ref().take(3).collect();
+            let mut member = EtcdServer::member(format!("rdzv-test-{i}"), [0, 1, 2].map(|j| own[j].port()))?;
+            member.claims = own;
+            members.push(member);
         }
         let spec =
             members.iter().map(|m| format!("{}={}", m.name, m.peer_url())).collect::<Vec<_>>().join(",");

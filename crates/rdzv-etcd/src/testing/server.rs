@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 use rdzv_core::Kv;
+use rdzv_core::testing::ports::PortClaim;
 use rdzv_core::url::{Endpoint, Secret};
 use tempfile::TempDir;
 
@@ -64,6 +65,8 @@ pub struct EtcdServer {
     tls: Option<TlsMaterial>,
     auth: Option<(String, Secret)>,
     process: Option<Process>,
+    /// Its ports, claimed so that no other test server chooses them, also while it is down.
+    pub(crate) claims: Vec<PortClaim>,
     /// Where the log stood when the server was last spawned: each start appends to the same
     /// log, and only what this start wrote says whether it failed.
     log_start: u64,
@@ -195,6 +198,7 @@ impl EtcdServer {
             tls,
             auth: None,
             process: None,
+            claims: Vec::new(),
             log_start: 0,
             extra_args,
             name: "rdzv-test".to_string(),
@@ -204,7 +208,9 @@ impl EtcdServer {
         // A free port can be taken between choosing and binding it; choose again then.
         loop {
             attempts += 1;
-            [server.client_port, server.peer_port, server.metrics_port] = free_ports()?;
+            server.claims = claim_ports(3)?;
+            [server.client_port, server.peer_port, server.metrics_port] =
+                [0, 1, 2].map(|i| server.claims[i].port());
             let _ = std::fs::remove_dir_all(server.data_dir());
             match server.spawn_and_wait().await {
                 Ok(()) => break,
@@ -608,6 +614,7 @@ impl EtcdServer {
             tls: None,
             auth: None,
             process: None,
+            claims: Vec::new(),
             log_start: 0,
             extra_args: Vec::new(),
             name,
@@ -667,16 +674,10 @@ fn is_executable(path: &Path) -> bool {
     path.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
-/// Three distinct free loopback ports.
-fn free_ports() -> Result<[u16; 3], HarnessError> {
-    let ports = free_port_list(3)?;
-    Ok([ports[0], ports[1], ports[2]])
-}
-
-/// `n` distinct free loopback ports outside the ephemeral range, so that a server
-/// restarted on them cannot find one taken by an outgoing connection.
-pub(crate) fn free_port_list(n: usize) -> Result<Vec<u16>, HarnessError> {
-    rdzv_core::testing::ports::free_loopback_ports(n)
+/// `n` distinct free loopback ports outside the ephemeral range, claimed for a server
+/// (`rdzv_core::testing::ports`), so that a server restarted on them finds them free.
+pub(crate) fn claim_ports(n: usize) -> Result<Vec<PortClaim>, HarnessError> {
+    rdzv_core::testing::ports::claim_loopback_ports(n)
         .map_err(|e| HarnessError::new(format!("cannot find free loopback ports: {e}")))
 }
 
@@ -706,6 +707,10 @@ fn encode(text: &str, keep: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    fn free_port_list(n: usize) -> Vec<u16> {
+        rdzv_core::testing::ports::free_loopback_ports(n).expect("free ports")
+    }
+
     #[test]
     fn a_missing_binary_fails_and_says_how_to_install_it() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -722,7 +727,7 @@ mod tests {
     fn member_on_a_taken_peer_port() -> (std::net::TcpListener, EtcdServer) {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
         let peer = taken.local_addr().expect("its address").port();
-        let free = free_port_list(2).expect("free ports");
+        let free = free_port_list(2);
         let mut member =
             EtcdServer::member("rdzv-test-0".into(), [free[0], peer, free[1]]).expect("a member");
         member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
@@ -746,7 +751,7 @@ mod tests {
     #[tokio::test]
     async fn a_member_whose_client_port_another_server_has_is_not_ready() {
         let other = EtcdServer::start().await.expect("the other server");
-        let free = free_port_list(2).expect("free ports");
+        let free = free_port_list(2);
         let mut member = EtcdServer::member("rdzv-test-0".into(), [other.client_port, free[0], free[1]])
             .expect("a member");
         member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
@@ -760,7 +765,7 @@ mod tests {
     async fn a_start_again_on_other_ports_is_not_failed_by_the_last_one() {
         let (_taken, mut member) = member_on_a_taken_peer_port();
         member.spawn_and_wait().await.expect_err("its peer port is taken");
-        member.peer_port = free_port_list(1).expect("a free port")[0];
+        member.peer_port = free_port_list(1)[0];
         member.initial_cluster = Some(format!("rdzv-test-0={}", member.peer_url()));
         let _ = std::fs::remove_dir_all(member.data_dir());
         member.spawn_and_wait().await.expect("starts on a free peer port");

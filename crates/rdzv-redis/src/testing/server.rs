@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdzv_core::Kv;
+use rdzv_core::testing::ports::PortClaim;
 
 use crate::config::RedisConfig;
 use crate::kv::RedisKv;
@@ -54,6 +55,8 @@ pub struct RedisServer {
     client_auth: bool,
     extra_args: Vec<String>,
     guard: Option<Child>,
+    /// Its ports, claimed so that no other test server chooses them, also while it is down.
+    claims: Vec<PortClaim>,
 }
 
 impl std::fmt::Debug for RedisServer {
@@ -119,10 +122,10 @@ impl RedisServer {
     }
 
     fn choose_ports(&mut self) -> Result<(), HarnessError> {
-        let ports = free_ports(if self.tls.is_some() { 2 } else { 1 })?;
-        self.port = ports[0];
+        self.claims = claim_ports(if self.tls.is_some() { 2 } else { 1 })?;
+        self.port = self.claims[0].port();
         if let Some((tls_port, _)) = &mut self.tls {
-            *tls_port = ports[1];
+            *tls_port = self.claims[1].port();
         }
         Ok(())
     }
@@ -133,16 +136,17 @@ impl RedisServer {
             .prefix("rdzv-redis-")
             .tempdir()
             .map_err(|e| HarnessError(format!("cannot create a temporary directory: {e}")))?;
-        let ports = free_ports(if tls { 2 } else { 1 })?;
-        let tls = if tls { Some((ports[1], TlsFiles::generate(dir.path())?)) } else { None };
+        let claims = claim_ports(if tls { 2 } else { 1 })?;
+        let tls = if tls { Some((claims[1].port(), TlsFiles::generate(dir.path())?)) } else { None };
         Ok(RedisServer {
             bin,
             dir,
-            port: ports[0],
+            port: claims[0].port(),
             tls,
             client_auth: false,
             extra_args: Vec::new(),
             guard: None,
+            claims,
         })
     }
 
@@ -408,9 +412,10 @@ fn find_binary() -> Result<PathBuf, HarnessError> {
 }
 
 /// `n` distinct free loopback ports outside the ephemeral range, so that a server restarted
-/// on them cannot find one taken by an outgoing connection.
-fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
-    rdzv_core::testing::ports::free_loopback_ports(n)
+/// on them cannot find one taken by an outgoing connection, claimed so that no other test
+/// server chooses them (`rdzv_core::testing::ports`).
+fn claim_ports(n: usize) -> Result<Vec<PortClaim>, HarnessError> {
+    rdzv_core::testing::ports::claim_loopback_ports(n)
         .map_err(|e| HarnessError(format!("cannot find free loopback ports: {e}")))
 }
 
