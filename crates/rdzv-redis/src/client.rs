@@ -156,14 +156,30 @@ impl Shared {
         }
         let timeout = self.config.request_timeout;
         let deadline = tokio::time::Instant::now() + timeout;
-        let once = || async move {
-            match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
+        let unreachable = std::sync::Mutex::new(None);
+        let once = || async {
+            let result = match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
                 Ok(r) => r,
                 Err(_) => Err(KvError::Timeout { backend: NAME, operation: op.to_string(), after: timeout }),
+            };
+            let mut last = unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match &result {
+                Err(e @ KvError::Unavailable { .. }) => *last = Some(e.duplicate()),
+                Err(KvError::Timeout { .. }) => {}
+                _ => *last = None,
             }
+            drop(last);
+            result
         };
         let repeatable = |e: &KvError| retry == Retry::Idempotent && e.is_retryable();
-        let value = RetryPolicy::CLIENT.run(Some(deadline), repeatable, once).await?;
+        let value = RetryPolicy::CLIENT.run(Some(deadline), repeatable, once).await.map_err(|e| match e {
+            // The deadline cut short a try after earlier ones found the server unreachable (a
+            // slow try under load): that, with the endpoint, is what went wrong.
+            KvError::Timeout { .. } => {
+                unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take().unwrap_or(e)
+            }
+            e => e,
+        })?;
         Reply::parse(value, op, &self.context())
     }
 

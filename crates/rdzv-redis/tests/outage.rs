@@ -133,6 +133,32 @@ async fn a_handler_is_made_right_after_every_connection_was_reset() {
     }
 }
 
+/// A request retried while the server cannot be reached says so, and where, also when its
+/// deadline cuts the last try short (a slow try, under load; here a link frozen meanwhile)
+/// instead of a bare timeout that names no server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_last_try_the_deadline_cut_says_the_server_is_unreachable() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    let proxy = link.endpoints()[0];
+    let mut config = server.config("cut-short");
+    config.endpoint.port = proxy.port();
+    config.request_timeout = Duration::from_secs(2);
+    let kv = connect(config).await;
+    put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+
+    server.stop();
+    let freeze_later = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        link.freeze();
+    };
+    let (answer, ()) = tokio::join!(within("a get", kv.get(b"k")), freeze_later);
+    let e = answer.unwrap_err();
+    assert!(matches!(e, KvError::Unavailable { .. }), "{e}");
+    assert!(e.to_string().contains(&proxy.to_string()), "{e}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restart_is_unavailable_then_reported_as_lost_data() {
     let mut server = RedisServer::start().expect("redis-server");
