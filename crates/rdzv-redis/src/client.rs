@@ -160,7 +160,11 @@ impl Shared {
         let once = || async {
             let result = match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
                 Ok(r) => r,
-                Err(_) => Err(KvError::Timeout { backend: NAME, operation: op.to_string(), after: timeout }),
+                Err(_) => Err(KvError::Timeout {
+                    backend: NAME,
+                    operation: format!("{op} at {}", self.endpoint),
+                    after: timeout,
+                }),
             };
             let mut last = unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match &result {

@@ -14,7 +14,11 @@ pub(crate) const NAME: &str = "redis";
 /// (script errors included) `Backend` with the source. `bound` is the timeout that applied.
 pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound: Duration) -> KvError {
     if err.is_timeout() {
-        return KvError::Timeout { backend: NAME, operation: operation.to_string(), after: bound };
+        return KvError::Timeout {
+            backend: NAME,
+            operation: format!("{operation} at {endpoint}"),
+            after: bound,
+        };
     }
     if err.code() == Some("OOM") {
         return KvError::Backend {

@@ -76,7 +76,11 @@ pub(crate) async fn start(
 async fn bounded<T>(log: &Log, f: impl std::future::Future<Output = KvResult<T>>) -> KvResult<T> {
     let after = log.config.request_timeout;
     tokio::time::timeout(after, f).await.unwrap_or_else(|_| {
-        Err(KvError::Timeout { backend: NAME, operation: "watch: reading the log".into(), after })
+        Err(KvError::Timeout {
+            backend: NAME,
+            operation: format!("watch: reading the log at {}", log.endpoint),
+            after,
+        })
     })
 }
 

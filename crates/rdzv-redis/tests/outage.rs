@@ -139,12 +139,8 @@ async fn a_handler_is_made_right_after_every_connection_was_reset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_last_try_the_deadline_cut_says_the_server_is_unreachable() {
     let mut server = RedisServer::start().expect("redis-server");
-    let link =
-        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    let (link, config) = through_a_link(&server, "cut-short", Duration::from_secs(2));
     let proxy = link.endpoints()[0];
-    let mut config = server.config("cut-short");
-    config.endpoint.port = proxy.port();
-    config.request_timeout = Duration::from_secs(2);
     let kv = connect(config).await;
     put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
 
@@ -156,6 +152,35 @@ async fn a_request_whose_last_try_the_deadline_cut_says_the_server_is_unreachabl
     let (answer, ()) = tokio::join!(within("a get", kv.get(b"k")), freeze_later);
     let e = answer.unwrap_err();
     assert!(matches!(e, KvError::Unavailable { .. }), "{e}");
+    assert!(e.to_string().contains(&proxy.to_string()), "{e}");
+}
+
+/// `server`'s settings in `namespace` with `request_timeout`, reached through a fault link
+/// of its own (returned with them).
+fn through_a_link(
+    server: &RedisServer,
+    namespace: &str,
+    request_timeout: Duration,
+) -> (rdzv_netfault::Link, RedisConfig) {
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    let mut config = server.config(namespace);
+    config.endpoint.port = link.endpoints()[0].port();
+    config.request_timeout = request_timeout;
+    (link, config)
+}
+
+/// A server that does not answer in time (a partition: nothing refused, nothing answered)
+/// is named in the timeout, as etcd's are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_names_the_server() {
+    let server = RedisServer::start().expect("redis-server");
+    let (link, config) = through_a_link(&server, "timeout", Duration::from_secs(1));
+    let proxy = link.endpoints()[0];
+    let kv = connect(config).await;
+    link.freeze();
+    let e = within("a get", kv.get(b"k")).await.unwrap_err();
+    assert!(matches!(e, KvError::Timeout { .. }), "{e}");
     assert!(e.to_string().contains(&proxy.to_string()), "{e}");
 }
 
