@@ -98,10 +98,15 @@ fn choose_from(
             continue;
         }
         let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) else { continue };
-        match claim.then(|| try_claim(port)) {
-            Some(None) => continue,
-            claimed => held.push((listener, port, claimed.flatten())),
-        }
+        let claimed = match claim {
+            false => None,
+            // Another process claimed it since `is_claimed` looked.
+            true => match try_claim(port) {
+                Some(claimed) => Some(claimed),
+                None => continue,
+            },
+        };
+        held.push((listener, port, claimed));
     }
     if held.len() < n {
         return Err(io::Error::other(format!(
