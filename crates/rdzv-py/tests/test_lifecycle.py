@@ -61,7 +61,8 @@ def agent(
             f"--nnodes={nnodes}", "--nproc-per-node=1",
             "--rdzv-backend=rdzv", f"--rdzv-endpoint=etcd://{etcd}", f"--rdzv-id={run_id}",
             f"--rdzv-conf=last_call_timeout=2,keep_alive_ttl={TTL},join_timeout=90", "--local-addr=127.0.0.1",
-            "--monitor-interval=0.5", f"--max-restarts={max_restarts}", SCRIPT,
+            "--monitor-interval=0.5", f"--max-restarts={max_restarts}", f"--log-dir={tmp_path / 'torchelastic'}",
+            SCRIPT,
         ]  # fmt: skip
     else:
         cmd = [

@@ -74,7 +74,8 @@ def agent(
             + "".join(f",health_check{'' if k == 'check' else '_' + k}={v}" for k, v in (health or {}).items())
             + (f",segment={segment}" if segment else "")
             + (f",segment_size={segment_size}" if segment_size else ""),
-            "--local-addr=127.0.0.1", "--monitor-interval=0.5", "--max-restarts=3", script,
+            "--local-addr=127.0.0.1", "--monitor-interval=0.5", "--max-restarts=3",
+            f"--log-dir={log.parent / 'torchelastic'}", script,
         ]  # fmt: skip
     else:
         url = (

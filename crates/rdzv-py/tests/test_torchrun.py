@@ -32,7 +32,7 @@ def torchrun(
         f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
         "--rdzv-backend=rdzv", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
         f"--rdzv-conf={conf}", "--local-addr=127.0.0.1",
-        "--monitor-interval=0.5", "--max-restarts=3", TRAIN,
+        "--monitor-interval=0.5", "--max-restarts=3", f"--log-dir={log.parent / 'torchelastic'}", TRAIN,
     ]  # fmt: skip
     with open(log, "wb") as f:
         return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
