@@ -624,9 +624,14 @@ mod tests {
     }
 
     /// `--kill-one`: the survivors are told within the TTL (the cut member's lease ends by
-    /// the server's clock), and the next round, with the spare in its place, forms after that.
+    /// the server's clock) and the time the news takes to reach them, and the next round, with
+    /// the spare in its place, forms after that.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kill_one_times_the_survivors_and_the_next_round() {
+        // A refresh of the cut member's lease that was already through at the cut keeps the
+        // lease a whole TTL from then; its end then reaches the survivors through a watch and
+        // their tasks, 6 ms late once in CI on two busy cores.
+        const DELIVERY: Duration = Duration::from_millis(500);
         let target =
             RunTarget::connect("mem://bench-kill/b?keep_alive_ttl=2s").await.expect("a mem:// backend");
         let roster =
@@ -636,7 +641,7 @@ mod tests {
         assert_eq!(stats.len(), 1);
         let Failure { told: [first, last], formed, ttl } = failure;
         assert_eq!(ttl, Duration::from_secs(2));
-        assert!(first <= last && last <= ttl, "{failure:?}");
+        assert!(first <= last && last <= ttl + DELIVERY, "{failure:?}");
         assert!(formed >= last && formed < ttl + Duration::from_secs(2), "{failure:?}");
     }
 
