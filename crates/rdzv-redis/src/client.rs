@@ -8,7 +8,7 @@ use redis::{Client, Script, Value};
 use std::sync::Arc;
 
 use crate::config::RedisConfig;
-use crate::error::{NAME, from_redis};
+use crate::error::from_redis;
 use crate::feed::{FeedGate, FeedSlot, Log};
 use crate::reply::{Context, Reply};
 use crate::shared::HighWater;
@@ -160,11 +160,7 @@ impl Shared {
         let once = || async {
             let result = match tokio::time::timeout_at(deadline, self.invoke_on(conn, op, args)).await {
                 Ok(r) => r,
-                Err(_) => Err(KvError::Timeout {
-                    backend: NAME,
-                    operation: format!("{op} at {}", self.endpoint),
-                    after: timeout,
-                }),
+                Err(_) => Err(crate::error::timeout(op, &self.endpoint, timeout)),
             };
             let mut last = unreachable.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match &result {

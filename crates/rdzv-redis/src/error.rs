@@ -11,14 +11,15 @@ pub(crate) const NAME: &str = "redis";
 /// A client-library error as a [`KvError`]: unreachable / dropped connections are
 /// `Unavailable` (with the endpoint, never the password), a server that says it cannot serve
 /// now (loading, busy with a script, no primary) `Busy`, timeouts `Timeout`, the rest
+/// `operation` at `endpoint` did not complete within `after` (named as etcd's timeouts are).
+pub(crate) fn timeout(operation: &str, endpoint: &str, after: Duration) -> KvError {
+    KvError::Timeout { backend: NAME, operation: format!("{operation} at {endpoint}"), after }
+}
+
 /// (script errors included) `Backend` with the source. `bound` is the timeout that applied.
 pub(crate) fn from_redis(err: RedisError, endpoint: &str, operation: &str, bound: Duration) -> KvError {
     if err.is_timeout() {
-        return KvError::Timeout {
-            backend: NAME,
-            operation: format!("{operation} at {endpoint}"),
-            after: bound,
-        };
+        return timeout(operation, endpoint, bound);
     }
     if err.code() == Some("OOM") {
         return KvError::Backend {

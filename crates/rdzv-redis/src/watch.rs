@@ -75,13 +75,9 @@ pub(crate) async fn start(
 
 async fn bounded<T>(log: &Log, f: impl std::future::Future<Output = KvResult<T>>) -> KvResult<T> {
     let after = log.config.request_timeout;
-    tokio::time::timeout(after, f).await.unwrap_or_else(|_| {
-        Err(KvError::Timeout {
-            backend: NAME,
-            operation: format!("watch: reading the log at {}", log.endpoint),
-            after,
-        })
-    })
+    tokio::time::timeout(after, f)
+        .await
+        .unwrap_or_else(|_| Err(crate::error::timeout("watch: reading the log", &log.endpoint, after)))
 }
 
 impl Watch {

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use rdzv_core::kv::{PutOptions, PutOutcome, RangeOptions, WatchScope};
-use rdzv_core::url::{Endpoint, Secret};
+use rdzv_core::url::Secret;
 use rdzv_core::{Kv, KvError};
 use rdzv_redis::testing::RedisServer;
 use rdzv_redis::{RedisConfig, RedisKv};
 
-use support::{WAIT, connect, next, put, raw, within};
+use support::{WAIT, connect, next, put, raw, via_link, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connecting_to_nothing_is_unavailable_in_time() {
@@ -66,10 +66,7 @@ async fn watch_resumes_after_its_connection_is_killed() {
 
 /// A client of `server` (namespace `namespace`) whose connections go through a `Link`.
 async fn through_link(server: &RedisServer, namespace: &str) -> (rdzv_netfault::Link, Arc<dyn Kv>) {
-    let link =
-        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
-    let mut config = server.config(namespace);
-    config.endpoint = Endpoint { host: "127.0.0.1".into(), port: link.endpoints()[0].port() };
+    let (link, config) = via_link(server, server.config(namespace));
     (link, connect(config).await)
 }
 
@@ -139,7 +136,9 @@ async fn a_handler_is_made_right_after_every_connection_was_reset() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_whose_last_try_the_deadline_cut_says_the_server_is_unreachable() {
     let mut server = RedisServer::start().expect("redis-server");
-    let (link, config) = through_a_link(&server, "cut-short", Duration::from_secs(2));
+    let mut config = server.config("cut-short");
+    config.request_timeout = Duration::from_secs(2);
+    let (link, config) = via_link(&server, config);
     let proxy = link.endpoints()[0];
     let kv = connect(config).await;
     put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
@@ -155,27 +154,14 @@ async fn a_request_whose_last_try_the_deadline_cut_says_the_server_is_unreachabl
     assert!(e.to_string().contains(&proxy.to_string()), "{e}");
 }
 
-/// `server`'s settings in `namespace` with `request_timeout`, reached through a fault link
-/// of its own (returned with them).
-fn through_a_link(
-    server: &RedisServer,
-    namespace: &str,
-    request_timeout: Duration,
-) -> (rdzv_netfault::Link, RedisConfig) {
-    let link =
-        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
-    let mut config = server.config(namespace);
-    config.endpoint.port = link.endpoints()[0].port();
-    config.request_timeout = request_timeout;
-    (link, config)
-}
-
 /// A server that does not answer in time (a partition: nothing refused, nothing answered)
 /// is named in the timeout, as etcd's are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timeout_names_the_server() {
     let server = RedisServer::start().expect("redis-server");
-    let (link, config) = through_a_link(&server, "timeout", Duration::from_secs(1));
+    let mut config = server.config("timeout");
+    config.request_timeout = Duration::from_secs(1);
+    let (link, config) = via_link(&server, config);
     let proxy = link.endpoints()[0];
     let kv = connect(config).await;
     link.freeze();

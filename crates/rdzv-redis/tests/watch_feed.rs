@@ -13,7 +13,7 @@ use rdzv_core::KvError;
 use rdzv_core::kv::{PutOptions, PutOutcome, RangeOptions, WatchScope};
 use rdzv_redis::testing::{RedisServer, shared};
 
-use support::{WAIT, connect, next, put, raw, within};
+use support::{WAIT, connect, next, put, raw, via_link, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_is_trimmed_to_its_bound_and_detected_exactly() {
@@ -232,9 +232,7 @@ async fn watches_behind_a_gap_the_feed_skipped_end_compacted_without_reading_the
     let mut config = server.config("skip");
     config.history = 10;
     let writer = connect(config.clone()).await;
-    let link =
-        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
-    config.endpoint.port = link.endpoints()[0].port();
+    let (link, config) = via_link(&server, config);
     let watcher = connect(config).await;
     let read = put(&*writer, b"/state", b"0", PutOptions::OVERWRITE).await;
     let mut watches = Vec::new();

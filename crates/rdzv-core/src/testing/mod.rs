@@ -49,6 +49,7 @@
 
 pub mod compaction;
 pub mod leases;
+pub mod logs;
 pub mod ports;
 pub mod preconditions;
 pub mod reads;

@@ -40,9 +40,8 @@ impl EtcdCluster {
         let mut claims = claim_ports(3 * size)?.into_iter();
         let mut members = Vec::with_capacity(size);
         for i in 0..size {
-            let own: Vec<_> = claims.by_ref().take(3).collect();
-            let mut member = EtcdServer::member(format!("rdzv-test-{i}"), [0, 1, 2].map(|j| own[j].port()))?;
-            member.claims = own;
+            let mut member = EtcdServer::member(format!("rdzv-test-{i}"), [0; 3])?;
+            member.use_ports(claims.by_ref().take(3).collect());
             members.push(member);
         }
         let spec =

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 use rdzv_core::Kv;
+use rdzv_core::testing::logs::read_since;
 use rdzv_core::testing::ports::PortClaim;
 use rdzv_core::url::{Endpoint, Secret};
 use tempfile::TempDir;
@@ -66,7 +67,7 @@ pub struct EtcdServer {
     auth: Option<(String, Secret)>,
     process: Option<Process>,
     /// Its ports, claimed so that no other test server chooses them, also while it is down.
-    pub(crate) claims: Vec<PortClaim>,
+    claims: Vec<PortClaim>,
     /// Where the log stood when the server was last spawned: each start appends to the same
     /// log, and only what this start wrote says whether it failed.
     log_start: u64,
@@ -208,9 +209,7 @@ impl EtcdServer {
         // A free port can be taken between choosing and binding it; choose again then.
         loop {
             attempts += 1;
-            server.claims = claim_ports(3)?;
-            [server.client_port, server.peer_port, server.metrics_port] =
-                [0, 1, 2].map(|i| server.claims[i].port());
+            server.use_ports(claim_ports(3)?);
             let _ = std::fs::remove_dir_all(server.data_dir());
             match server.spawn_and_wait().await {
                 Ok(()) => break,
@@ -552,9 +551,7 @@ impl EtcdServer {
     /// What the server wrote to its log since it was last spawned (an earlier start that
     /// gave up, on ports since chosen again, is not this one's failure).
     fn log_of_this_start(&self) -> String {
-        let bytes = std::fs::read(self.log_path()).unwrap_or_default();
-        let start = usize::try_from(self.log_start).unwrap_or(usize::MAX).min(bytes.len());
-        String::from_utf8_lossy(&bytes[start..]).into_owned()
+        read_since(&self.log_path(), self.log_start).unwrap_or_default()
     }
 }
 
@@ -620,6 +617,12 @@ impl EtcdServer {
             name,
             initial_cluster: None,
         })
+    }
+
+    /// Takes the three `claims` as its client, peer and metrics ports, in that order.
+    pub(crate) fn use_ports(&mut self, claims: Vec<PortClaim>) {
+        [self.client_port, self.peer_port, self.metrics_port] = [0, 1, 2].map(|i| claims[i].port());
+        self.claims = claims;
     }
 
     /// The peer URL.

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdzv_core::Kv;
+use rdzv_core::testing::logs::read_since;
 use rdzv_core::testing::ports::PortClaim;
 
 use crate::config::RedisConfig;
@@ -136,18 +137,19 @@ impl RedisServer {
             .prefix("rdzv-redis-")
             .tempdir()
             .map_err(|e| HarnessError(format!("cannot create a temporary directory: {e}")))?;
-        let claims = claim_ports(if tls { 2 } else { 1 })?;
-        let tls = if tls { Some((claims[1].port(), TlsFiles::generate(dir.path())?)) } else { None };
-        Ok(RedisServer {
+        let tls = if tls { Some((0, TlsFiles::generate(dir.path())?)) } else { None };
+        let mut server = RedisServer {
             bin,
             dir,
-            port: claims[0].port(),
+            port: 0,
             tls,
             client_auth: false,
             extra_args: Vec::new(),
             guard: None,
-            claims,
-        })
+            claims: Vec::new(),
+        };
+        server.choose_ports()?;
+        Ok(server)
     }
 
     /// The plain-TCP port.
@@ -435,13 +437,7 @@ fn ping(port: u16) -> bool {
 
 /// What the log at `path` holds past its first `start` bytes.
 fn log_since(path: &Path, start: u64) -> String {
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let start = usize::try_from(start).unwrap_or(usize::MAX).min(bytes.len());
-            String::from_utf8_lossy(&bytes[start..]).into_owned()
-        }
-        Err(e) => format!("(no log: {e})"),
-    }
+    read_since(path, start).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
 fn tail(text: &str) -> String {

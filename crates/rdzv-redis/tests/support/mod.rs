@@ -23,6 +23,15 @@ pub async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     client.get_multiplexed_async_connection().await.unwrap()
 }
 
+/// `config` (settings for `server`) with its connections going through a fault link to
+/// `server` of their own, and the link.
+pub fn via_link(server: &RedisServer, mut config: RedisConfig) -> (rdzv_netfault::Link, RedisConfig) {
+    let link =
+        rdzv_netfault::Link::start([std::net::SocketAddr::from(([127, 0, 0, 1], server.port()))]).unwrap();
+    config.endpoint.port = link.endpoints()[0].port();
+    (link, config)
+}
+
 pub async fn connect(config: RedisConfig) -> Arc<dyn Kv> {
     Arc::new(within("connecting", RedisKv::connect(config)).await.expect("connect"))
 }
