@@ -189,6 +189,33 @@ fn parameter_defaults() {
     assert_eq!(p.local_addr, None);
 }
 
+/// A run's default session TTL grows with `max_workers` (bounding the refreshes the server
+/// serves), never past half an explicit `run_ttl`; one that is given is kept as given.
+#[test]
+fn the_default_keep_alive_ttl_grows_with_the_run() {
+    let ttl = |query: &str| {
+        let p = parse(&format!("etcd://h/r?{query}")).params().expect("valid");
+        (p.keep_alive_ttl.as_secs(), p.validate().is_ok())
+    };
+    assert_eq!(ttl("min_workers=1&max_workers=4095"), (10, true));
+    assert_eq!(ttl("min_workers=1&max_workers=4096"), (11, true));
+    assert_eq!(ttl("min_workers=8192"), (12, true), "max_workers defaults to min_workers");
+    assert_eq!(ttl("min_workers=1&max_workers=98304"), (34, true));
+    assert_eq!(ttl("min_workers=1&max_workers=98304&keep_alive_ttl=10s"), (10, true));
+    assert_eq!(ttl("min_workers=1&max_workers=98304&run_ttl=40s"), (20, true), "half the run_ttl");
+    assert_eq!(ttl("min_workers=1&max_workers=98304&run_ttl=1m"), (30, true));
+    let p = rdzv_core::RendezvousParams::new("r", 1, 98_304).expect("valid sizes");
+    assert_eq!(p.keep_alive_ttl, Duration::from_secs(34), "the same default without a URL");
+    // Below twice the base, the run_ttl is refused as before, naming the base it must double.
+    match params_err("etcd://h/r?min_workers=1&max_workers=98304&run_ttl=15s") {
+        ConfigError::InvalidValue { option, reason, .. } => {
+            assert_eq!(option, "run_ttl");
+            assert!(reason.contains("twice keep_alive_ttl (10s)"), "{reason}");
+        }
+        other => panic!("expected InvalidValue for run_ttl, got {other:?}"),
+    }
+}
+
 #[test]
 fn durations() {
     for (text, expected) in [

@@ -6,8 +6,9 @@
 pub(crate) mod rules;
 
 pub use rules::{
-    DEFAULT_MEMBERS_INLINE_BYTES, DEFAULT_PREFIX, HealthParams, MAX_DURATION, OPTIONS, RankOrder,
-    canonical_option_name, is_rendezvous_option, option_names, parse_duration,
+    BASE_KEEP_ALIVE_TTL, DEFAULT_MEMBERS_INLINE_BYTES, DEFAULT_PREFIX, HealthParams, MAX_DURATION, OPTIONS,
+    RankOrder, WORKERS_PER_KEEP_ALIVE_SECOND, canonical_option_name, default_keep_alive_ttl,
+    is_rendezvous_option, option_names, parse_duration,
 };
 
 // `RendezvousParams` has its one public path at the crate root.

@@ -35,7 +35,9 @@ pub struct RendezvousParams {
     pub last_call_timeout: Duration,
     /// Key prefix under which all runs live.
     pub prefix: String,
-    /// How long a silent worker stays a member (its session lease TTL).
+    /// How long a silent worker stays a member (its session lease TTL). Default:
+    /// [`default_keep_alive_ttl`] of `max_workers` (10 s up to 4,095 workers), set when the
+    /// parameters are made.
     pub keep_alive_ttl: Duration,
     /// How long a run's data outlives its last live worker.
     pub run_ttl: Duration,
@@ -78,6 +80,40 @@ pub struct RendezvousParams {
 /// The default [`RendezvousParams::members_inline_bytes`]: 512 KiB, a third of etcd's
 /// default request limit (about 8,000 members of the default node ids).
 pub const DEFAULT_MEMBERS_INLINE_BYTES: usize = 512 * 1024;
+
+/// The default [`RendezvousParams::keep_alive_ttl`] of the smallest runs: the reference's 10 s.
+pub const BASE_KEEP_ALIVE_TTL: Duration = Duration::from_secs(10);
+
+/// Workers of `max_workers` for each second the default `keep_alive_ttl` grows beyond
+/// [`BASE_KEEP_ALIVE_TTL`]. A session is refreshed every third of its TTL, so a run's
+/// sessions cost the server `3 × workers / TTL` refreshes a second for as long as it lasts;
+/// at a fixed TTL that load grows with the run, and so does a round's length, so the
+/// refreshes one round costs grow with the square of its size. On one etcd (2 cores), a
+/// round of 98,304 took 15-17 times one of 8,192 at 10 s, and 11.4-11.5 times at the TTLs
+/// of this rule (34 s and 12 s; BENCHMARKS.md).
+pub const WORKERS_PER_KEEP_ALIVE_SECOND: usize = 4096;
+
+/// The `keep_alive_ttl` a worker of a run of up to `max_workers` gets when none is given:
+/// [`BASE_KEEP_ALIVE_TTL`], plus 1 s per [`WORKERS_PER_KEEP_ALIVE_SECOND`] workers (10 s up
+/// to 4,095, 12 s at 8,192, 34 s at 98,304), but never more than half of `run_ttl` where
+/// that is above the base, so that the default never breaks the rule `run_ttl ≥ 2 ×
+/// keep_alive_ttl` by itself. The price of the longer TTL: a silent member is noticed that
+/// much later.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdzv_core::params::default_keep_alive_ttl;
+///
+/// let two_hours = Duration::from_secs(7200);
+/// assert_eq!(default_keep_alive_ttl(64, two_hours), Duration::from_secs(10));
+/// assert_eq!(default_keep_alive_ttl(98_304, two_hours), Duration::from_secs(34));
+/// assert_eq!(default_keep_alive_ttl(98_304, Duration::from_secs(40)), Duration::from_secs(20));
+/// ```
+pub fn default_keep_alive_ttl(max_workers: usize, run_ttl: Duration) -> Duration {
+    let grown =
+        BASE_KEEP_ALIVE_TTL + Duration::from_secs((max_workers / WORKERS_PER_KEEP_ALIVE_SECOND) as u64);
+    grown.min((run_ttl / 2).max(BASE_KEEP_ALIVE_TTL))
+}
 
 /// A node's health gate (the `health_check*` options): what to check, how long a check may
 /// run, how often it runs, and how many consecutive failures drain a member.
@@ -181,18 +217,20 @@ impl RankOrder {
 
 impl RendezvousParams {
     /// Parameters for `run_id` with `min ..= max` workers and every other value at its
-    /// default; fails if `run_id` breaks the rule of [`validate_id`], `min` is 0 or
+    /// default (`keep_alive_ttl` that of [`default_keep_alive_ttl`] for `max`); fails if `run_id` breaks the rule of [`validate_id`], `min` is 0 or
     /// `min > max`.
     pub fn new(
         run_id: impl Into<String>,
         min_workers: usize,
         max_workers: usize,
     ) -> Result<Self, ConfigError> {
+        let defaults = RendezvousParams::defaults();
         let params = RendezvousParams {
             run_id: run_id.into(),
             min_workers,
             max_workers,
-            ..RendezvousParams::defaults()
+            keep_alive_ttl: default_keep_alive_ttl(max_workers, defaults.run_ttl),
+            ..defaults
         };
         params.validate()?;
         Ok(params)
@@ -207,7 +245,7 @@ impl RendezvousParams {
             timeout: Duration::from_secs(600),
             last_call_timeout: Duration::from_secs(30),
             prefix: DEFAULT_PREFIX.to_string(),
-            keep_alive_ttl: Duration::from_secs(10),
+            keep_alive_ttl: BASE_KEEP_ALIVE_TTL,
             run_ttl: Duration::from_secs(2 * 3600),
             node_id: None,
             local_addr: None,
@@ -610,6 +648,9 @@ impl RendezvousParams {
             if let Some(v) = given.get(name) {
                 *target = parse_duration(name, v)?;
             }
+        }
+        if !given.contains_key("keep_alive_ttl") {
+            params.keep_alive_ttl = default_keep_alive_ttl(max_workers, params.run_ttl);
         }
         if let Some(v) = given.get("prefix") {
             params.prefix = v.to_string();
