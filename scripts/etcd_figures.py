@@ -43,9 +43,11 @@ killone: `rdzv bench URL --workers N --rounds 1 --kill-one --format json` (N in-
   survivors were told (first and last) and when the next round, the spare in its place, formed.
 
 ceiling: `rdzv bench URL --workers N --rounds 1 --format json` for each N in turn, each on a
-  fresh etcd with its default limits, until one fails (or all complete). Records for each N
-  whether it completed, the round's time, the error of a failure, and the server's cost per
-  1000 workers: CPU seconds, committed proposals and the database size.
+  fresh etcd with its default limits, until one fails (or all complete). Before each N it waits
+  until the 1-minute load average is under --quiet-load (the previous size's own tail; at most
+  --quiet-wait seconds, then it goes on and the record says so). Records for each N whether it
+  completed, the round's time, the error of a failure, the load averages before it, and the
+  server's cost per 1000 workers: CPU seconds, committed proposals and the database size.
 
 segments: `rdzv bench URL --workers N --rounds 1 --format json` on one client, without segments,
   with `--segments L` (worker i labelled `s<i mod L>`: the labels arrive interleaved), and with
@@ -191,15 +193,29 @@ def killone(a):
         etcd.stop()
 
 
+def wait_until_quiet(bound, longest):
+    """Waits until the 1-minute load average is under `bound`, at most `longest` seconds; the
+    load averages (1, 5, 15 min) then, and whether the machine was quiet."""
+    deadline = time.monotonic() + longest
+    while os.getloadavg()[0] >= bound and time.monotonic() < deadline:
+        time.sleep(5)
+    return " ".join(open("/proc/loadavg").read().split()[:3]), os.getloadavg()[0] < bound
+
+
 def ceiling(a):
     raise_open_files(16384)
     with open(a.out, "a") as out:
         for n in [int(x) for x in a.sizes.split(",")]:
+            load, quiet = wait_until_quiet(a.quiet_load, a.quiet_wait)
             etcd = Etcd()
             try:
                 r = bench_once(etcd, a, n, "", [])
             finally:
                 etcd.stop()
+            r.update({"load_before": load, "quiet": quiet})
+            if not quiet:
+                print(f"ceiling N={n}: started at load {load} after waiting {a.quiet_wait:.0f} s for "
+                      f"{a.quiet_load}: not for the record", flush=True)
             print(f"ceiling N={n}: " + (f"round {r['seconds']:.2f}s, " if "seconds" in r else f"FAILED ({r['failed'][:300]}), ")
                   + f"etcd CPU {show(r['server_cpu_s_per_1000'])} s, {show(r['proposals_per_1000'])} proposals per 1000 workers, "
                   f"DB {show(r['db_bytes'])} bytes", flush=True)
@@ -517,6 +533,9 @@ def main():
     g = sub.add_parser("ceiling", help="the largest N of in-process workers that completes on one etcd")
     g.add_argument("--sizes", default="8192,16384,24576,32768,40960,49152")
     g.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    g.add_argument("--quiet-load", type=float, default=0.9,
+                   help="start each size once the 1-minute load average is under this")
+    g.add_argument("--quiet-wait", type=float, default=600, help="the longest wait for it, seconds")
     sg = sub.add_parser("segments", help="in-process workers on etcd with and without segment labels")
     sg.add_argument("--sizes", default="1024,8192")
     sg.add_argument("--labels", type=int, default=64)

@@ -476,7 +476,8 @@ def ceiling_rows(data):
     rows = [[f"the ceiling: the largest round of in-process workers on one etcd with its default limits{why}",
              str(largest) if largest else "–", "–", "written down"]]
     for r in done:
-        rows.append([f"a round of {r['workers']} in-process workers on one etcd (one run): the round; peak memory "
+        load = f", load {r['load_before'].split()[0]} before" if r.get("load_before") else ""
+        rows.append([f"a round of {r['workers']} in-process workers on one etcd (one run{load}): the round; peak memory "
                      "(VmHWM); the bench's writes and reads per worker per round",
                      f"{fmt_s(r['seconds'])}; {r['peak_memory_kib'] / 1024:.0f} MiB; "
                      f"{fmt_n(r['writes_per_worker_round'])} writes, {fmt_n(r['reads_per_worker_round'])} reads"
