@@ -17,7 +17,8 @@
 # 1,024 and 8,192 workers' rounds back to back on etcd and Redis, interleaved (scripts/bench_rounds.sh); KILL_WORKERS (default 4096) and KILL_TTL (default 10, the default keep_alive_ttl; at 3 s,
 # 4,096 sessions on one client lose their leases on this machine) for a member
 # cut off among in-process workers; CEILING_SIZES (default 8192,16384,32768,49152,65536,98304) for the largest
-# round on one etcd;
+# round on one etcd; RATIO_RUNS (default 4) for the medians of rounds of 8,192 and 98,304 on one etcd
+# (about 4 minutes a run of each);
 # DETECT_TTLS (default 2,5,10); PROMOTE_TTLS (default 3,10); C10D_SIZES (default 16,32,64) and
 # C10D_RUNS (default 1: each c10d run at 64 waits out its 120 s timeout) for the comparison with PyTorch's c10d rendezvous; RDZV_JOIN_BIN (a worker command for the multi-process runs,
 # called as `$RDZV_JOIN_BIN <url>`; default: the join_once example).
@@ -143,6 +144,10 @@ if [ -x "$cli" ]; then
     echo "== the ceiling: the largest round of in-process workers on one etcd with its default limits"
     python3 scripts/etcd_figures.py ceiling --rdzv "$cli" --sizes "${CEILING_SIZES:-8192,16384,32768,49152,65536,98304}" \
         --out "$results/ceiling.jsonl" || echo "bench: the ceiling runs failed"
+
+    echo "== the ratio: rounds of 8,192 and 98,304 in turn, each on a fresh etcd and a quiet machine"
+    python3 scripts/etcd_figures.py ratio --rdzv "$cli" --runs "${RATIO_RUNS:-4}" \
+        --out "$results/ratio.jsonl" || echo "bench: the ratio runs failed"
 
     echo "== failure detection: survivors told of a SIGKILLed member, against the keep-alive TTL"
     python3 scripts/etcd_figures.py detect --rdzv "$cli" --workers 8 --ttls "${DETECT_TTLS:-2,5,10}" --runs 3 \

@@ -8,6 +8,7 @@ usage:
   etcd_figures.py drain   --rdzv BIN --workers 3 --intervals 1,5 --runs 5 --out FILE
   etcd_figures.py killone --rdzv BIN --workers 4096 --ttl 3 --runs 3 --out FILE
   etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768,40960,49152 --out FILE
+  etcd_figures.py ratio   --rdzv BIN --small 8192 --large 98304 --runs 4 --out FILE
   etcd_figures.py segments --rdzv BIN --sizes 1024,8192 --labels 64 --runs 3 --out FILE
 
 clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
@@ -48,6 +49,11 @@ ceiling: `rdzv bench URL --workers N --rounds 1 --format json` for each N in tur
   --quiet-wait seconds, then it goes on and the record says so). Records for each N whether it
   completed, the round's time, the error of a failure, the load averages before it, and the
   server's cost per 1000 workers: CPU seconds, committed proposals and the database size.
+
+ratio: the ceiling's bench of --small and of --large workers in turn, --runs times each, each
+  on a fresh etcd and started once the machine is quiet (as the ceiling's sizes). Records each
+  run as the ceiling does, with its `run`; plot.py gives the ratio of the medians (issue 43:
+  t(98,304) <= 12 x t(8,192)), since single runs here spread by +-20 %.
 
 segments: `rdzv bench URL --workers N --rounds 1 --format json` on one client, without segments,
   with `--segments L` (worker i labelled `s<i mod L>`: the labels arrive interleaved), and with
@@ -202,20 +208,40 @@ def wait_until_quiet(bound, longest):
     return " ".join(open("/proc/loadavg").read().split()[:3]), os.getloadavg()[0] < bound
 
 
+def quiet_bench(a, n):
+    """One ceiling-style bench of `n` workers on a fresh etcd, started once the machine is quiet."""
+    load, quiet = wait_until_quiet(a.quiet_load, a.quiet_wait)
+    etcd = Etcd()
+    try:
+        r = bench_once(etcd, a, n, "", [])
+    finally:
+        etcd.stop()
+    r.update({"load_before": load, "quiet": quiet})
+    if not quiet:
+        print(f"N={n}: started at load {load} after waiting {a.quiet_wait:.0f} s for "
+              f"{a.quiet_load}: not for the record", flush=True)
+    return r
+
+
+def ratio(a):
+    raise_open_files(16384)
+    with open(a.out, "a") as out:
+        for run in range(a.runs):
+            for n in (a.small, a.large):
+                r = quiet_bench(a, n)
+                r["run"] = run
+                print(f"ratio N={n} run {run} (load {r['load_before']}): "
+                      + (f"round {r['seconds']:.2f}s" if "seconds" in r else f"FAILED ({r['failed'][:300]})"),
+                      flush=True)
+                out.write(json.dumps(r) + "\n")
+                out.flush()
+
+
 def ceiling(a):
     raise_open_files(16384)
     with open(a.out, "a") as out:
         for n in [int(x) for x in a.sizes.split(",")]:
-            load, quiet = wait_until_quiet(a.quiet_load, a.quiet_wait)
-            etcd = Etcd()
-            try:
-                r = bench_once(etcd, a, n, "", [])
-            finally:
-                etcd.stop()
-            r.update({"load_before": load, "quiet": quiet})
-            if not quiet:
-                print(f"ceiling N={n}: started at load {load} after waiting {a.quiet_wait:.0f} s for "
-                      f"{a.quiet_load}: not for the record", flush=True)
+            r = quiet_bench(a, n)
             print(f"ceiling N={n}: " + (f"round {r['seconds']:.2f}s, " if "seconds" in r else f"FAILED ({r['failed'][:300]}), ")
                   + f"etcd CPU {show(r['server_cpu_s_per_1000'])} s, {show(r['proposals_per_1000'])} proposals per 1000 workers, "
                   f"DB {show(r['db_bytes'])} bytes", flush=True)
@@ -536,17 +562,25 @@ def main():
     g.add_argument("--quiet-load", type=float, default=0.9,
                    help="start each size once the 1-minute load average is under this")
     g.add_argument("--quiet-wait", type=float, default=600, help="the longest wait for it, seconds")
+    r = sub.add_parser("ratio", help="the round time of --large over that of --small, medians of quiet runs")
+    r.add_argument("--small", type=int, default=8192)
+    r.add_argument("--large", type=int, default=98304)
+    r.add_argument("--runs", type=int, default=4)
+    r.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    r.add_argument("--quiet-load", type=float, default=0.9,
+                   help="start each run once the 1-minute load average is under this")
+    r.add_argument("--quiet-wait", type=float, default=600, help="the longest wait for it, seconds")
     sg = sub.add_parser("segments", help="in-process workers on etcd with and without segment labels")
     sg.add_argument("--sizes", default="1024,8192")
     sg.add_argument("--labels", type=int, default=64)
     sg.add_argument("--runs", type=int, default=3)
     sg.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
-    for p in (c, d, s, dr, k, g, sg):
+    for p in (c, d, s, dr, k, g, r, sg):
         p.add_argument("--rdzv", required=True, help="the rdzv binary")
         p.add_argument("--out", required=True)
     a = ap.parse_args()
     {"clients": clients, "detect": detect, "promote": promote, "drain": drain, "killone": killone,
-     "ceiling": ceiling, "segments": segments}[a.what](a)
+     "ceiling": ceiling, "ratio": ratio, "segments": segments}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ usage: plot.py RESULTS_DIR OUT_MD PLOT_DIR
 RESULTS_DIR holds cas_contention.jsonl, rendezvous_latency.jsonl, store_ops.jsonl,
 cost.jsonl, multiproc.jsonl, multiproc_cli.jsonl, machine.json and, when they were run,
 multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl, promote.jsonl,
-drain.jsonl, rounds.jsonl, killone.jsonl, ceiling.jsonl and c10d.jsonl;
+drain.jsonl, rounds.jsonl, killone.jsonl, ceiling.jsonl, ratio.jsonl and c10d.jsonl;
 notes.md (optional), what the figures of the current run show, is pasted in verbatim before
 "Regenerate". A missing file leaves its rows or section out.
 
@@ -294,7 +294,7 @@ class Results:
         self.rounds, self.killone = load(res, "rounds.jsonl"), load(res, "killone.jsonl")
         self.ceiling, self.promote = load(res, "ceiling.jsonl"), load(res, "promote.jsonl")
         self.drain, self.segments = load(res, "drain.jsonl"), load(res, "segments.jsonl")
-        self.c10d = load(res, "c10d.jsonl")
+        self.c10d, self.ratio = load(res, "c10d.jsonl"), load(res, "ratio.jsonl")
         self.cas, self.store = load(res, "cas_contention.jsonl"), load(res, "store_ops.jsonl")
 
     def cost_of(self, backend, n):
@@ -486,7 +486,29 @@ def ceiling_rows(data):
         rows.append([f"the etcd server's cost of a round of {r['workers']} (per 1000 workers): CPU s, proposals; "
                      "database size", f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
                      f"{r['db_bytes'] / MIB / MIB:.1f} MiB" if r.get("db_bytes") else "–", "–", "–"])
-    return rows + ceiling_ratio_rows(done)
+    return rows + ceiling_ratio_rows(done) + median_ratio_rows(data.ratio)
+
+
+def median_ratio_rows(ratio):
+    """The round time of the large size over that of the small one, from the medians of the quiet
+    runs of `etcd_figures.py ratio` (issue 43: t(98,304) ≤ 12 × t(8,192))."""
+    good = [r for r in ratio if r.get("quiet") and "seconds" in r]
+    sizes = sorted({r["workers"] for r in good})
+    if len(sizes) != 2:
+        return []
+    small, large = ([r["seconds"] for r in good if r["workers"] == n] for n in sizes)
+    pairs = {}
+    for r in good:
+        pairs.setdefault(r["run"], {})[r["workers"]] = r["seconds"]
+    each = sorted(p[sizes[1]] / p[sizes[0]] for p in pairs.values() if len(p) == 2)
+    left = len(ratio) - len(good)
+    return [[f"etcd: round time at {sizes[1]} / at {sizes[0]} in-process workers, medians of quiet runs "
+             f"(`etcd_figures.py ratio`: the sizes in turn, each on a fresh etcd, started at a 1-minute load "
+             f"under 0.9{f'; {left} runs left out, not quiet or failed' if left else ''})",
+             f"{statistics.median(large) / statistics.median(small):.2f} ({fmt_s(statistics.median(large))} over "
+             f"{len(large)} runs, {fmt_s(min(large))}–{fmt_s(max(large))}; {fmt_s(statistics.median(small))} over "
+             f"{len(small)}); run by run {each[0]:.2f}–{each[-1]:.2f}" if each else "–",
+             "–", f"≤ {sizes[1] / sizes[0]:g} (linear)"]]
 
 
 def ceiling_ratio_rows(done):
@@ -1256,7 +1278,7 @@ def regenerate_section(md):
     """## Regenerate: the commands, and what scripts/bench.sh runs."""
     md.append("## Regenerate")
     md.append("")
-    md.append("```sh\nscripts/bench.sh            # everything: ~20–25 minutes on 2 cores once built (plus the release build)\n"
+    md.append("```sh\nscripts/bench.sh            # everything: ~40–45 minutes on 2 cores once built (plus the release build)\n"
               "RDZV_BENCH_URL='etcd://my-etcd:2379/bench' cargo bench --bench rendezvous_latency   # your own server\n```")
     md.append("")
     md.append("`scripts/bench.sh` builds the benches (release), starts its own etcd and Redis, runs "

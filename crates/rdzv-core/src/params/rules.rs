@@ -89,7 +89,7 @@ pub const BASE_KEEP_ALIVE_TTL: Duration = Duration::from_secs(10);
 /// sessions cost the server `3 × workers / TTL` refreshes a second for as long as it lasts;
 /// at a fixed TTL that load grows with the run, and so does a round's length, so the
 /// refreshes one round costs grow with the square of its size. On one etcd (2 cores), a
-/// round of 98,304 took 15.3 times one of 8,192 at 10 s, and 11.4 times at the TTLs of
+/// round of 98,304 took 15.3 times one of 8,192 at 10 s, and 12.4 times at the TTLs of
 /// this rule (34 s and 12 s; medians of quiet runs, BENCHMARKS.md).
 pub const WORKERS_PER_KEEP_ALIVE_SECOND: usize = 4096;
 
