@@ -199,13 +199,19 @@ def killone(a):
         etcd.stop()
 
 
+def loadavg():
+    """The load averages over 1, 5 and 15 minutes, as /proc/loadavg gives them."""
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
 def wait_until_quiet(bound, longest):
     """Waits until the 1-minute load average is under `bound`, at most `longest` seconds; the
     load averages (1, 5, 15 min) then, and whether the machine was quiet."""
     deadline = time.monotonic() + longest
     while os.getloadavg()[0] >= bound and time.monotonic() < deadline:
         time.sleep(5)
-    return " ".join(open("/proc/loadavg").read().split()[:3]), os.getloadavg()[0] < bound
+    load = loadavg()
+    return load, float(load.split()[0]) < bound
 
 
 def quiet_bench(a, n):
@@ -510,7 +516,7 @@ def per_value(a, name, values, once, describe):
                 for run in range(a.runs):
                     r = once(etcd, a, value, run)
                     r["etcd_version"] = etcd.version()
-                    r["load"] = " ".join(open("/proc/loadavg").read().split()[:3])
+                    r["load"] = loadavg()
                     r["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
                     print(f"{a.what} N={a.workers} {name}={value}s run {run}: "
                           + (describe(r) if "failed" not in r else f"FAILED: {r['failed']}"), flush=True)
@@ -558,18 +564,15 @@ def main():
     k.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
     g = sub.add_parser("ceiling", help="the largest N of in-process workers that completes on one etcd")
     g.add_argument("--sizes", default="8192,16384,24576,32768,40960,49152")
-    g.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
-    g.add_argument("--quiet-load", type=float, default=0.9,
-                   help="start each size once the 1-minute load average is under this")
-    g.add_argument("--quiet-wait", type=float, default=600, help="the longest wait for it, seconds")
     r = sub.add_parser("ratio", help="the round time of --large over that of --small, medians of quiet runs")
     r.add_argument("--small", type=int, default=8192)
     r.add_argument("--large", type=int, default=98304)
     r.add_argument("--runs", type=int, default=4)
-    r.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
-    r.add_argument("--quiet-load", type=float, default=0.9,
-                   help="start each run once the 1-minute load average is under this")
-    r.add_argument("--quiet-wait", type=float, default=600, help="the longest wait for it, seconds")
+    for p in (g, r):
+        p.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+        p.add_argument("--quiet-load", type=float, default=0.9,
+                       help="start each bench once the 1-minute load average is under this")
+        p.add_argument("--quiet-wait", type=float, default=600, help="the longest wait for it, seconds")
     sg = sub.add_parser("segments", help="in-process workers on etcd with and without segment labels")
     sg.add_argument("--sizes", default="1024,8192")
     sg.add_argument("--labels", type=int, default=64)

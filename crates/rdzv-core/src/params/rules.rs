@@ -217,8 +217,8 @@ impl RankOrder {
 
 impl RendezvousParams {
     /// Parameters for `run_id` with `min ..= max` workers and every other value at its
-    /// default (`keep_alive_ttl` that of [`default_keep_alive_ttl`] for `max`); fails if `run_id` breaks the rule of [`validate_id`], `min` is 0 or
-    /// `min > max`.
+    /// default (`keep_alive_ttl` that of [`default_keep_alive_ttl`] for `max`); fails if
+    /// `run_id` breaks the rule of [`validate_id`], `min` is 0 or `min > max`.
     pub fn new(
         run_id: impl Into<String>,
         min_workers: usize,
