@@ -271,7 +271,6 @@ impl Entry {
         self.ttl / 3
     }
 
-    /// Tells every session still holding the lease that it is lost (a clean close is not).
     /// Tells the sessions still holding the lease that a refresh of it failed.
     fn refresh_failed(&self, lease: LeaseId, what: &str) {
         for holder in self.holders.iter().filter(|h| !h.is_gone()) {
@@ -281,6 +280,7 @@ impl Entry {
         }
     }
 
+    /// Tells every session still holding the lease that it is lost (a clean close is not).
     fn lose(&self, lease: LeaseId, why: &str) {
         tracing::warn!(lease, "session lease {why}: lost");
         for holder in &self.holders {
@@ -553,5 +553,40 @@ mod tests {
         let after = started.elapsed();
         assert!(after >= TTL && after < TTL + Duration::from_secs(1), "lost after {after:?}, TTL {TTL:?}");
         assert!(stub.refreshes().len() > 3, "retried before giving up: {:?}", stub.refreshes());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_held_again_with_a_shorter_ttl_is_refreshed_on_the_shorter_period() {
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
+        let long = Session::start(kv.clone(), Duration::from_secs(30)).await.unwrap();
+        let short = Session::attach(kv.clone(), long.lease(), Duration::from_secs(3));
+        // Due at 1 s (a third of 3 s), not at 10 s (a third of 30 s); the next at 2 s.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let refreshed: Vec<LeaseId> = stub.refreshes().iter().flat_map(|r| r.leases()).collect();
+        assert_eq!(refreshed, [long.lease()], "refreshed once, on the shorter period");
+        assert!(!long.is_lost() && !short.is_lost());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_granted_apart_are_each_refreshed_once_a_period_and_a_closed_one_never() {
+        let stub = Arc::new(Stub::default());
+        let kv: Arc<dyn Kv> = stub.clone();
+        let first = Session::start(kv.clone(), TTL).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let second = Session::start(kv.clone(), TTL).await.unwrap();
+        let closed = Session::start(kv.clone(), TTL).await.unwrap();
+        let closed_lease = closed.lease();
+        closed.close().await.unwrap();
+        // Periods of 3 s: the first is due at 3, 6 and 9 s, the second at 5 and 8 s.
+        tokio::time::sleep(Duration::from_millis(7_500)).await;
+        let calls: Vec<Vec<LeaseId>> = stub.refreshes().iter().map(|r| r.leases()).collect();
+        let (a, b) = (first.lease(), second.lease());
+        assert_eq!(calls, [vec![a], vec![b], vec![a], vec![b], vec![a]], "in the order they came due");
+        assert!(
+            !calls.iter().flatten().any(|&l| l == closed_lease),
+            "a closed session's lease is not refreshed"
+        );
+        assert!(!first.is_lost() && !second.is_lost());
     }
 }
