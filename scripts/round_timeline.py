@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Where a round's time goes: one `rdzv bench` on a fresh local etcd, sampled as it runs.
+
+Usage:
+  round_timeline.py --rdzv BIN --workers 98304 [--runs 3] [--query '&keep_alive_ttl=600s'] --out FILE
+
+Each run waits until the 1-minute load average is under --quiet-load (at most --quiet-wait
+seconds), starts etcd (scripts/multiproc.py's `Etcd`, data on tmpfs) and `rdzv bench
+'etcd://…' --workers N --rounds 1 --format json`, and samples every 0.1 s the CPU time of the
+bench, of its `rdzv-keepalive` thread (the sessions' refreshes) and of etcd, and every 0.5 s
+etcd's counters (leases granted, revoked and renewed, ranges, transactions). The round is the
+stretch from the first read after every session was granted to the first revoke (the bench
+shuts its workers down right after the round), to 0.5 s. Printed and recorded per run: the
+round's time as the bench measured it, the CPU each side spent in the round per worker, the
+operations per worker, and the seconds in which the client alone worked (a 0.1 s sample with
+the client above two thirds of the machine's cores and etcd under a fifth).
+
+Results: one JSON line per run (summary and samples), appended to FILE.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+# Importing the sibling scripts would otherwise leave a scripts/__pycache__ in the work tree.
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from etcd_figures import wait_until_quiet  # noqa: E402
+from multiproc import CLK_TCK, Etcd, cpu_seconds  # noqa: E402
+
+COUNTERS = {
+    "etcd_debugging_lease_granted_total": "grants",
+    "etcd_debugging_lease_revoked_total": "revokes",
+    "etcd_debugging_lease_renewed_total": "renews",
+    "etcd_mvcc_range_total": "ranges",
+    "etcd_mvcc_txn_total": "txns",
+}
+
+
+def counters(metrics_port):
+    """etcd's counters of COUNTERS (labelled series summed), by short name."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    found = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in COUNTERS:
+            found[COUNTERS[name]] = found.get(COUNTERS[name], 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def thread_cpu(pid, name):
+    """CPU seconds of the threads of `pid` called `name`, or None."""
+    total = 0.0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    if f.read().strip() != name:
+                        continue
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+            except (OSError, IndexError, ValueError):
+                continue
+    except OSError:
+        return None
+    return total
+
+
+def sample(a, etcd):
+    """One bench of `a.workers` on `etcd`: its report and the samples taken as it ran."""
+    url = f"etcd://{etcd.hosts}/timeline-{os.getpid()}-{time.time_ns()}?timeout={a.timeout:.0f}s{a.query}"
+    etcd_pid, metrics_port = etcd.pids()[0], etcd.members[0][2]
+    started = time.monotonic()
+    bench = subprocess.Popen([a.rdzv, "bench", url, "--workers", str(a.workers), "--rounds", "1", "--format", "json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    samples, tick = [], 0
+    while bench.poll() is None:
+        row = {"t": round(time.monotonic() - started, 2), "client": cpu_seconds(bench.pid),
+               "keepalive": thread_cpu(bench.pid, "rdzv-keepalive"), "etcd": cpu_seconds(etcd_pid)}
+        if tick % 5 == 0:
+            try:
+                row.update(counters(metrics_port))
+            except OSError:
+                pass
+        samples.append(row)
+        tick += 1
+        time.sleep(0.1)
+    out, err = bench.communicate()
+    if bench.returncode != 0:
+        return {"failed": f"exit {bench.returncode}: {err.strip()[-400:]}"}, samples
+    return json.loads(out.strip().splitlines()[-1]), samples
+
+
+def summary(n, report, samples):
+    """The round's window in `samples` and what each side did in it (see the module)."""
+    counted = [s for s in samples if "ranges" in s and s["client"] is not None and s["etcd"] is not None]
+    start = end = None
+    for before, after in zip(counted, counted[1:]):
+        if start is None and before.get("grants", 0) >= n and after["ranges"] > before["ranges"]:
+            start = before
+        elif start is not None and after.get("revokes", 0) > before.get("revokes", 0):
+            end = after
+            break
+    if start is None or end is None:
+        return {"failed": "no round found in the samples"}
+    cores = os.cpu_count() or 1
+    alone, previous = 0.0, None
+    for s in samples:
+        if previous and start["t"] < s["t"] <= end["t"] and None not in (s["client"], previous["client"], s["etcd"], previous["etcd"]):
+            dt = s["t"] - previous["t"]
+            if (s["client"] - previous["client"]) / dt > cores * 2 / 3 and (s["etcd"] - previous["etcd"]) / dt < cores / 5:
+                alone += dt
+        previous = s
+    per_worker = lambda key, scale=1.0: round((end[key] - start[key]) * scale / n, 2)
+    return {
+        "seconds": report["latency_ms"]["max"] / 1000.0,
+        "window_seconds": round(end["t"] - start["t"], 2),
+        "client_cpu_us_per_worker": per_worker("client", 1e6),
+        "keepalive_cpu_us_per_worker": (per_worker("keepalive", 1e6)
+                                        if None not in (start["keepalive"], end["keepalive"]) else None),
+        "etcd_cpu_us_per_worker": per_worker("etcd", 1e6),
+        "client_alone_seconds": round(alone, 2),
+        **{f"{k}_per_worker": per_worker(k) for k in ("ranges", "txns", "renews")},
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rdzv", required=True, help="the rdzv binary (a release build)")
+    p.add_argument("--workers", type=int, default=8192)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--query", default="", help="appended to the URL's query, e.g. '&keep_alive_ttl=600s'")
+    p.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
+    p.add_argument("--quiet-load", type=float, default=0.9)
+    p.add_argument("--quiet-wait", type=float, default=600)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    for run in range(a.runs):
+        load, quiet = wait_until_quiet(a.quiet_load, a.quiet_wait)
+        etcd = Etcd()
+        try:
+            report, samples = sample(a, etcd)
+        finally:
+            etcd.stop()
+        result = report if "failed" in report else summary(a.workers, report, samples)
+        record = {"workers": a.workers, "run": run, "query": a.query, "load_before": load, "quiet": quiet,
+                  "etcd_version": etcd.version(), **result, "samples": samples}
+        with open(a.out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(json.dumps({k: v for k, v in record.items() if k != "samples"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
