@@ -222,7 +222,7 @@ def quiet_bench(a, n):
         r = bench_once(etcd, a, n, "", [])
     finally:
         etcd.stop()
-    r.update({"load_before": load, "quiet": quiet})
+    r.update({"load_before": load, "quiet": quiet, "quiet_load": a.quiet_load})
     if not quiet:
         print(f"N={n}: started at load {load} after waiting {a.quiet_wait:.0f} s for "
               f"{a.quiet_load}: not for the record", flush=True)

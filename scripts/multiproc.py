@@ -40,10 +40,10 @@ def free_port():
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid):
-    """utime + stime of a process, in seconds (Linux), or None."""
+def cpu_seconds(pid, tid=None):
+    """utime + stime of a process (or of its thread `tid`), in seconds (Linux), or None."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat") as f:
             # The command name (field 2) may hold spaces: count from its closing parenthesis.
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK

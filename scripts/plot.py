@@ -502,9 +502,11 @@ def median_ratio_rows(ratio):
         pairs.setdefault(r["run"], {})[r["workers"]] = r["seconds"]
     each = sorted(p[sizes[1]] / p[sizes[0]] for p in pairs.values() if len(p) == 2)
     left = len(ratio) - len(good)
+    # Records older than the `quiet_load` field were all made with the default bound.
+    bound = max(r.get("quiet_load", 0.9) for r in good)
     return [[f"etcd: round time at {sizes[1]} / at {sizes[0]} in-process workers, medians of quiet runs "
              f"(`etcd_figures.py ratio`: the sizes in turn, each on a fresh etcd, started at a 1-minute load "
-             f"under 0.9{f'; {left} runs left out, not quiet or failed' if left else ''})",
+             f"under {bound:g}{f'; {left} runs left out, not quiet or failed' if left else ''})",
              f"{statistics.median(large) / statistics.median(small):.2f} ({fmt_s(statistics.median(large))} over "
              f"{len(large)} runs, {fmt_s(min(large))}–{fmt_s(max(large))}; {fmt_s(statistics.median(small))} over "
              f"{len(small)}); run by run {each[0]:.2f}–{each[-1]:.2f}" if each else "–",

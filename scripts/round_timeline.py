@@ -6,14 +6,16 @@ Usage:
 
 Each run waits until the 1-minute load average is under --quiet-load (at most --quiet-wait
 seconds), starts etcd (scripts/multiproc.py's `Etcd`, data on tmpfs) and `rdzv bench
-'etcd://…' --workers N --rounds 1 --format json`, and samples every 0.1 s the CPU time of the
-bench, of its `rdzv-keepalive` thread (the sessions' refreshes) and of etcd, and every 0.5 s
-etcd's counters (leases granted, revoked and renewed, ranges, transactions). The round is the
-stretch from the first read after every session was granted to the first revoke (the bench
-shuts its workers down right after the round), to 0.5 s. Printed and recorded per run: the
-round's time as the bench measured it, the CPU each side spent in the round per worker, the
-operations per worker, and the seconds in which the client alone worked (a 0.1 s sample with
-the client above two thirds of the machine's cores and etcd under a fifth).
+'etcd://…' --workers N --rounds 1 --format json`, and samples every 0.1 s the CPU time of
+the bench, of its `rdzv-keepalive` thread (the sessions' refreshes) and of etcd, and every
+0.5 s etcd's counters (leases granted, revoked and renewed, ranges, transactions). The round
+is the stretch from the first read after every session was granted to the first revoke (the
+bench shuts its workers down right after the round), to 0.5 s; a round much shorter than a
+second (a few thousand workers here) may fall between two readings and is then reported as
+not found. Printed and recorded per run: the round's time as the bench measured it, the CPU
+each side spent in the round per worker, the operations per worker, and the seconds in which
+the client alone worked (a 0.1 s sample with the client above two thirds of the machine's
+cores and etcd under a fifth).
 
 Results: one JSON line per run (summary and samples), appended to FILE.
 """
@@ -23,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -30,7 +33,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from etcd_figures import wait_until_quiet  # noqa: E402
-from multiproc import CLK_TCK, Etcd, cpu_seconds  # noqa: E402
+from multiproc import Etcd, cpu_seconds, metric  # noqa: E402
 
 COUNTERS = {
     "etcd_debugging_lease_granted_total": "grants",
@@ -42,33 +45,28 @@ COUNTERS = {
 
 
 def counters(metrics_port):
-    """etcd's counters of COUNTERS (labelled series summed), by short name."""
+    """etcd's counters of COUNTERS, by short name (those it has)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         text = r.read().decode()
-    found = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in COUNTERS:
-            found[COUNTERS[name]] = found.get(COUNTERS[name], 0.0) + float(line.rsplit(" ", 1)[1])
-    return found
+    found = {short: metric(text, name) for name, short in COUNTERS.items()}
+    return {short: value for short, value in found.items() if value is not None}
 
 
 def thread_cpu(pid, name):
     """CPU seconds of the threads of `pid` called `name`, or None."""
     total = 0.0
     try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                    if f.read().strip() != name:
-                        continue
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-            except (OSError, IndexError, ValueError):
-                continue
+        tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+        except OSError:
+            continue
+        total += cpu_seconds(pid, tid) or 0.0
     return total
 
 
@@ -77,8 +75,11 @@ def sample(a, etcd):
     url = f"etcd://{etcd.hosts}/timeline-{os.getpid()}-{time.time_ns()}?timeout={a.timeout:.0f}s{a.query}"
     etcd_pid, metrics_port = etcd.pids()[0], etcd.members[0][2]
     started = time.monotonic()
+    # Its log goes to a file: a pipe read only at the end would stall a bench that logs more
+    # than the pipe holds.
+    log = tempfile.TemporaryFile(mode="w+")
     bench = subprocess.Popen([a.rdzv, "bench", url, "--workers", str(a.workers), "--rounds", "1", "--format", "json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=log, text=True)
     samples, tick = [], 0
     while bench.poll() is None:
         row = {"t": round(time.monotonic() - started, 2), "client": cpu_seconds(bench.pid),
@@ -91,7 +92,10 @@ def sample(a, etcd):
         samples.append(row)
         tick += 1
         time.sleep(0.1)
-    out, err = bench.communicate()
+    out = bench.stdout.read()
+    log.seek(0)
+    err = log.read()
+    log.close()
     if bench.returncode != 0:
         return {"failed": f"exit {bench.returncode}: {err.strip()[-400:]}"}, samples
     return json.loads(out.strip().splitlines()[-1]), samples
