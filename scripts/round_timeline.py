@@ -7,15 +7,16 @@ Usage:
 Each run waits until the 1-minute load average is under --quiet-load (at most --quiet-wait
 seconds), starts etcd (scripts/multiproc.py's `Etcd`, data on tmpfs) and `rdzv bench
 'etcd://…' --workers N --rounds 1 --format json`, and samples every 0.1 s the CPU time of
-the bench, of its `rdzv-keepalive` thread (the sessions' refreshes) and of etcd, and every
-0.5 s etcd's counters (leases granted, revoked and renewed, ranges, transactions). The round
-is the stretch from the first read after every session was granted to the first revoke (the
-bench shuts its workers down right after the round), to 0.5 s; a round much shorter than a
-second (a few thousand workers here) may fall between two readings and is then reported as
-not found. Printed and recorded per run: the round's time as the bench measured it, the CPU
-each side spent in the round per worker, the operations per worker, and the seconds in which
-the client alone worked (a 0.1 s sample with the client above two thirds of the machine's
-cores and etcd under a fifth).
+the bench, of its `rdzv-keepalive` thread (the sessions' refreshes) and of etcd, with both
+processes' minor page faults and resident memory, and every 0.5 s etcd's counters (leases
+granted, revoked and renewed, ranges, transactions). The round is the stretch from the first
+read after every session was granted to the first revoke (the bench shuts its workers down
+right after the round), to 0.5 s; a round much shorter than a second (a few thousand workers
+here) may fall between two readings and is then reported as not found. Printed and recorded
+per run: the round's time as the bench measured it, the CPU each side spent in the round per
+worker, the operations per worker, each side's page faults per worker and resident MiB at
+the round's start and end, and the seconds in which the client alone worked (a 0.1 s sample
+with the client above two thirds of the machine's cores and etcd under a fifth).
 
 Results: one JSON line per run (summary and samples), appended to FILE.
 """
@@ -70,6 +71,16 @@ def thread_cpu(pid, name):
     return total
 
 
+def faults_and_rss(pid):
+    """(minor page faults so far, resident MiB) of a process (Linux), or (None, None)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[7]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+
 def sample(a, etcd):
     """One bench of `a.workers` on `etcd`: its report and the samples taken as it ran."""
     url = f"etcd://{etcd.hosts}/timeline-{os.getpid()}-{time.time_ns()}?timeout={a.timeout:.0f}s{a.query}"
@@ -84,6 +95,8 @@ def sample(a, etcd):
     while bench.poll() is None:
         row = {"t": round(time.monotonic() - started, 2), "client": cpu_seconds(bench.pid),
                "keepalive": thread_cpu(bench.pid, "rdzv-keepalive"), "etcd": cpu_seconds(etcd_pid)}
+        row["client_faults"], row["client_rss_mib"] = faults_and_rss(bench.pid)
+        row["etcd_faults"], row["etcd_rss_mib"] = faults_and_rss(etcd_pid)
         if tick % 5 == 0:
             try:
                 row.update(counters(metrics_port))
@@ -130,6 +143,10 @@ def summary(n, report, samples):
                                         if None not in (start["keepalive"], end["keepalive"]) else None),
         "etcd_cpu_us_per_worker": per_worker("etcd", 1e6),
         "client_alone_seconds": round(alone, 2),
+        "client_faults_per_worker": per_worker("client_faults"),
+        "etcd_faults_per_worker": per_worker("etcd_faults"),
+        "client_rss_mib": [round(start["client_rss_mib"]), round(end["client_rss_mib"])],
+        "etcd_rss_mib": [round(start["etcd_rss_mib"]), round(end["etcd_rss_mib"])],
         **{f"{k}_per_worker": per_worker(k) for k in ("ranges", "txns", "renews")},
     }
 
