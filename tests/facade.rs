@@ -85,3 +85,14 @@ async fn every_builtin_scheme_is_registered() {
         assert!(schemes.iter().any(|x| x == s), "{s} missing from {schemes:?}");
     }
 }
+
+/// Every worker of a round is in this call at once (98,304 tasks in a large in-process
+/// round), so its state is paid that many times: running a health gate's checks takes about
+/// 5 KiB more, which a call without a gate must not carry (it did: 8.6 KiB a call).
+#[tokio::test]
+async fn a_call_without_a_health_gate_carries_none_of_its_state() {
+    let worker = rdzv::connect("mem://facade/footprint?min_workers=3").await.unwrap();
+    let call = worker.next_rendezvous();
+    let size = std::mem::size_of_val(&call);
+    assert!(size <= 5 * 1024, "a call waiting for its round holds {size} bytes");
+}
