@@ -26,7 +26,9 @@ def test_rdzv_run_two_nodes_two_workers_all_reduce(etcd: str, run_id: str, tmp_p
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, OUT_DIR=str(out), TARGET_WORLD="4", GLOO_SOCKET_IFNAME="lo")
-    url = f"etcd://{etcd}/{run_id}?min_workers=2&keep_alive_ttl=3s&last_call_timeout=2s&timeout=90s"
+    # The default session TTL: nothing here fails, and with 3 s a CI run that saturated both
+    # cores stalled an agent's refreshes that long, lost its session and restarted the round.
+    url = f"etcd://{etcd}/{run_id}?min_workers=2&last_call_timeout=2s&timeout=90s"
     cmd = [rdzv_binary(), "run", url, "--nproc-per-node", "2", "--local-addr", "127.0.0.1", "--", sys.executable, TRAIN]
     logs = [tmp_path / f"node{i}.log" for i in range(2)]
     procs = []
