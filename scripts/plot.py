@@ -497,10 +497,16 @@ def median_ratio_rows(ratio):
     if len(sizes) != 2:
         return []
     small, large = ([r["seconds"] for r in good if r["workers"] == n] for n in sizes)
-    pairs = {}
+    # Each run writes the small size, then the large one: a pair is a small record and the large
+    # one right after it (run numbers repeat when several invocations append to one file).
+    each, held = [], None
     for r in good:
-        pairs.setdefault(r["run"], {})[r["workers"]] = r["seconds"]
-    each = sorted(p[sizes[1]] / p[sizes[0]] for p in pairs.values() if len(p) == 2)
+        if r["workers"] == sizes[0]:
+            held = r["seconds"]
+        elif held is not None:
+            each.append(r["seconds"] / held)
+            held = None
+    each.sort()
     left = len(ratio) - len(good)
     # Records older than the `quiet_load` field were all made with the default bound.
     bound = max(r.get("quiet_load", 0.9) for r in good)
