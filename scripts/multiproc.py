@@ -40,14 +40,23 @@ def free_port():
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_seconds(pid, tid=None):
-    """utime + stime of a process (or of its thread `tid`), in seconds (Linux), or None."""
+def proc_stat(pid, tid=None):
+    """The fields of /proc/PID/stat (or of its thread `tid`) from field 3, the state, on
+    (field N is at index N - 3), or None (Linux)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat" if tid is not None else f"/proc/{pid}/stat") as f:
             # The command name (field 2) may hold spaces: count from its closing parenthesis.
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def cpu_seconds(pid, tid=None):
+    """utime + stime of a process (or of its thread `tid`), in seconds (Linux), or None."""
+    fields = proc_stat(pid, tid)
+    try:
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
+    except (TypeError, IndexError, ValueError):
         return None
 
 

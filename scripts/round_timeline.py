@@ -34,7 +34,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from etcd_figures import wait_until_quiet  # noqa: E402
-from multiproc import Etcd, cpu_seconds, metric  # noqa: E402
+from multiproc import Etcd, cpu_seconds, metric, proc_stat  # noqa: E402
 
 COUNTERS = {
     "etcd_debugging_lease_granted_total": "grants",
@@ -71,13 +71,15 @@ def thread_cpu(pid, name):
     return total
 
 
+PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def faults_and_rss(pid):
     """(minor page faults so far, resident MiB) of a process (Linux), or (None, None)."""
+    fields = proc_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[7]), int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, IndexError, ValueError):
+        return int(fields[7]), int(fields[21]) * PAGE_MIB
+    except (TypeError, IndexError, ValueError):
         return None, None
 
 
