@@ -27,6 +27,9 @@
 //!
 //! Each watch's events wait in its own unbounded queue until read, as in the Go client: a
 //! reader that falls behind costs memory but never stalls the other watches of the client.
+//! The queue is `futures`' channel, which allocates per event: tokio's allocates 32 slots
+//! (about 3 KiB here) when it is made, for watches that mostly carry a few events (98,304
+//! in-process workers hold one or two each; `tests/footprint.rs`).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::pin::Pin;
@@ -36,6 +39,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use etcd_client::{WatchOptions, WatchResponse, WatchResponseStream};
+use futures::channel::mpsc as queue;
 use futures::{Stream, StreamExt};
 use rdzv_core::kv::{Event, EventKind, KeyValue, Revision, WatchStream};
 use rdzv_core::retry::RetryPolicy;
@@ -70,7 +74,7 @@ pub(crate) async fn open(target: Target, start: Revision) -> KvResult<WatchStrea
     static TOKENS: AtomicU64 = AtomicU64::new(1);
     let token = TOKENS.fetch_add(1, Ordering::Relaxed);
     let commands = target.shared.watches.sender(&target.shared);
-    let (events, received) = mpsc::unbounded_channel();
+    let (events, received) = queue::unbounded();
     let (reply, replied) = oneshot::channel();
     // Built first, so that giving up below (timeout, cancelled caller) cancels the watch.
     let subscription = Subscription {
@@ -176,7 +180,7 @@ struct Request {
     key: Vec<u8>,
     range_end: Option<Vec<u8>>,
     start: Revision,
-    events: mpsc::UnboundedSender<Batch>,
+    events: queue::UnboundedSender<Batch>,
     reply: oneshot::Sender<KvResult<()>>,
     request_timeout: Duration,
 }
@@ -185,7 +189,7 @@ struct Request {
 struct Member {
     /// The next revision it is to receive (it has everything before).
     next: Revision,
-    events: mpsc::UnboundedSender<Batch>,
+    events: queue::UnboundedSender<Batch>,
     /// Waiting for the group's first `created` answer.
     reply: Option<oneshot::Sender<KvResult<()>>>,
 }
@@ -198,7 +202,7 @@ impl Member {
                 let _ = reply.send(Err(error));
             }
             None => {
-                let _ = self.events.send(Err(error));
+                let _ = self.events.unbounded_send(Err(error));
             }
         }
     }
@@ -208,7 +212,7 @@ impl Member {
         let fresh: Vec<Event> = batch.iter().filter(|e| e.revision() >= self.next).cloned().collect();
         let Some(last) = fresh.last() else { return true };
         self.next = last.revision() + 1;
-        self.events.send(Ok(fresh)).is_ok()
+        self.events.unbounded_send(Ok(fresh)).is_ok()
     }
 }
 
@@ -763,7 +767,7 @@ async fn sleep_until(at: Option<Instant>) {
 /// The consumer's side of one watch; dropping it cancels the watch on the shared stream.
 struct Subscription {
     token: u64,
-    events: mpsc::UnboundedReceiver<Batch>,
+    events: queue::UnboundedReceiver<Batch>,
     /// Events of the last batch not yet handed out.
     pending: VecDeque<Event>,
     commands: mpsc::UnboundedSender<Command>,
@@ -784,7 +788,7 @@ impl Stream for Subscription {
             if this.done {
                 return Poll::Ready(None);
             }
-            match this.events.poll_recv(cx) {
+            match this.events.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(batch))) => this.pending.extend(batch),
                 Poll::Ready(Some(Err(error))) => {

@@ -5,13 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use futures::channel::mpsc::UnboundedSender;
 use rdzv_core::kv::{
     CountedCreate, DeleteMode, DeleteOutcome, DeletePrefixResponse, Event, EventKind, KeyValue, LeaseId,
     PutMode, PutOptions, PutOutcome, RangeOptions, RangeOrder, RangeResponse, Revision, WatchScope,
     prefix_end,
 };
 use rdzv_core::{KvError, KvResult};
-use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 /// The longest lease TTL (as etcd's): about 285 years.
@@ -276,7 +276,7 @@ impl State {
         self.watchers.retain(|filter, watchers| {
             for event in events.iter().filter(|e| filter.matches(&e.kv.key)) {
                 // A failed send: the stream was dropped; forget the watcher.
-                watchers.retain(|_, tx| tx.send(Ok(event.clone())).is_ok());
+                watchers.retain(|_, tx| tx.unbounded_send(Ok(event.clone())).is_ok());
             }
             !watchers.is_empty()
         });
@@ -351,7 +351,7 @@ impl State {
         let filter = Filter { key: key.to_vec(), scope };
         // The receiver is alive: it is in the caller's hands.
         let replay = |event: &Event| {
-            let _ = tx.send(Ok(event.clone()));
+            let _ = tx.unbounded_send(Ok(event.clone()));
         };
         match scope {
             WatchScope::Key => {
@@ -447,7 +447,7 @@ mod tests {
         scope: WatchScope,
         start: Revision,
     ) -> Vec<(Vec<u8>, Revision)> {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut rx) = futures::channel::mpsc::unbounded();
         let (filter, id) = state.watch(key, scope, start, tx).expect("a retained revision");
         state.unwatch(&filter, id);
         let mut events = Vec::new();
