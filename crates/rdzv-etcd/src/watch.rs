@@ -80,7 +80,7 @@ pub(crate) async fn open(target: Target, start: Revision) -> KvResult<WatchStrea
     let subscription = Subscription {
         token,
         events: received,
-        pending: VecDeque::new(),
+        pending: Vec::new().into_iter(),
         commands: commands.clone(),
         done: false,
         shared: target.shared.clone(),
@@ -768,8 +768,9 @@ async fn sleep_until(at: Option<Instant>) {
 struct Subscription {
     token: u64,
     events: queue::UnboundedReceiver<Batch>,
-    /// Events of the last batch not yet handed out.
-    pending: VecDeque<Event>,
+    /// Events of the last batch not yet handed out, in the batch's own buffer, which is freed
+    /// with its last event: a watch waiting for its next event holds none.
+    pending: std::vec::IntoIter<Event>,
     commands: mpsc::UnboundedSender<Command>,
     done: bool,
     /// The client lives as long as its watches.
@@ -782,7 +783,10 @@ impl Stream for Subscription {
     fn poll_next(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         loop {
-            if let Some(event) = this.pending.pop_front() {
+            if let Some(event) = this.pending.next() {
+                if this.pending.len() == 0 {
+                    this.pending = Vec::new().into_iter();
+                }
                 return Poll::Ready(Some(Ok(event)));
             }
             if this.done {
@@ -790,7 +794,7 @@ impl Stream for Subscription {
             }
             match this.events.poll_next_unpin(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Ok(batch))) => this.pending.extend(batch),
+                Poll::Ready(Some(Ok(batch))) => this.pending = batch.into_iter(),
                 Poll::Ready(Some(Err(error))) => {
                     this.done = true;
                     return Poll::Ready(Some(Err(error)));

@@ -163,12 +163,13 @@ pub async fn watch_survives_many_events_without_gaps(kv: Arc<dyn Kv>, ns: Vec<u8
     expect_no_event(&mut events, QUIET, "an event after the last write").await;
 }
 
-/// The heap each of `watches` more open watches of `key` holds, in bytes, as `held` counts
-/// it (the bytes the test binary has allocated and not freed, e.g. from a counting global
-/// allocator; nothing else may allocate meanwhile). The key is written and one watch of it
-/// opened first, so that what all its watches share (a backend's one watch of the key on its
-/// server, its table of watchers) is not counted. A round of 98,304 in-process workers holds
-/// one or two watches of one key each (backends' `tests/footprint.rs`).
+/// The heap each of `watches` more open watches of `key` holds once it has handed out an
+/// event, in bytes, as `held` counts it (the bytes the test binary has allocated and not
+/// freed, e.g. from a counting global allocator; nothing else may allocate meanwhile). The
+/// key is written and one watch of it opened first, so that what all its watches share (a
+/// backend's one watch of the key on its server, its table of watchers) is not counted. A
+/// round of 98,304 in-process workers holds one or two watches of one key each (backends'
+/// `tests/footprint.rs`).
 pub async fn heap_per_watch(kv: &dyn Kv, key: &[u8], watches: usize, held: impl Fn() -> isize) -> isize {
     let start = put(kv, key, b"v").await + 1;
     let first = watch(kv, key, WatchScope::Key, start).await;
@@ -176,6 +177,10 @@ pub async fn heap_per_watch(kv: &dyn Kv, key: &[u8], watches: usize, held: impl 
     let before = held();
     for _ in 0..watches {
         open.push(watch(kv, key, WatchScope::Key, start).await);
+    }
+    put(kv, key, b"w").await;
+    for events in &mut open {
+        next_event(events, "the write after the watch opened").await;
     }
     let per_watch = (held() - before) / watches.max(1) as isize;
     drop((first, open));
