@@ -235,8 +235,12 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().expect("true runs");
         let dead = child.id();
         child.wait().expect("true ends");
-        let port = free_loopback_ports(1).expect("a free port")[0];
-        let file = claims_dir().join(port.to_string());
+        // Claimed first, so that no test process beside this one chooses the port while the
+        // claim is made over to the dead process (one free but unclaimed failed this test once
+        // in a full run, likely so).
+        let claim = claim_loopback_ports(1).expect("a free port").remove(0);
+        let (port, file) = (claim.port, claim.file.clone());
+        std::mem::forget(claim);
         std::fs::write(&file, dead.to_string()).expect("a claim written");
         assert!(!is_claimed(port));
         let claim = try_claim(port).expect("taken over");
