@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     keeper: tokio::sync::OnceCell<ConnectionManager>,
     /// The runtime this client was made in, where its connection's tasks run.
     runtime: tokio::runtime::Id,
+    /// How the watches read the log, made once for all of them (see [`Shared::log`]).
+    log: std::sync::OnceLock<Arc<Log>>,
 }
 
 impl Shared {
@@ -67,6 +69,7 @@ impl Shared {
             high: Default::default(),
             keeper: tokio::sync::OnceCell::new(),
             runtime: tokio::runtime::Handle::current().id(),
+            log: std::sync::OnceLock::new(),
         };
         let mut reply = shared.call("init", &[], Retry::Idempotent).await?;
         let epoch = reply.bytes()?;
@@ -74,19 +77,25 @@ impl Shared {
         Ok(shared)
     }
 
-    /// How this client reads its namespace's event log (for a watch).
-    pub fn log(&self) -> Log {
-        Log {
-            client: self.client.clone(),
-            config: self.config.clone(),
-            endpoint: self.endpoint.clone(),
-            epoch: self.epoch.clone(),
-            epoch_key: format!("{}epoch", self.base),
-            compacted_key: format!("{}compacted", self.base),
-            log_key: self.log_key(),
-            rev_key: self.rev_key(),
-            high: self.high.clone(),
-        }
+    /// How this client reads its namespace's event log (for a watch). One for all the
+    /// client's watches: it holds the client's configuration and keys, about a kilobyte in a
+    /// dozen allocations, and 98,304 in-process workers each hold a watch or two.
+    pub fn log(&self) -> Arc<Log> {
+        self.log
+            .get_or_init(|| {
+                Arc::new(Log {
+                    client: self.client.clone(),
+                    config: self.config.clone(),
+                    endpoint: self.endpoint.clone(),
+                    epoch: self.epoch.clone(),
+                    epoch_key: format!("{}epoch", self.base),
+                    compacted_key: format!("{}compacted", self.base),
+                    log_key: self.log_key(),
+                    rev_key: self.rev_key(),
+                    high: self.high.clone(),
+                })
+            })
+            .clone()
     }
 
     /// Redis key of the revision counter (routes every call to the namespace's slot).

@@ -9,16 +9,19 @@
 //! `<r>-<n+1>` or `<r+1>-0`. Anything else means history was compacted (the `compacted`
 //! key says up to where) or lost.
 
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::channel::{mpsc, oneshot};
+use futures::{SinkExt, Stream, StreamExt};
 use rdzv_core::kv::{Event, Revision, WatchScope, WatchStream};
 use rdzv_core::retry::RetryPolicy;
 use rdzv_core::{KvError, KvResult};
 use redis::streams::StreamRangeReply;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
 
 use crate::client::Shared;
 use crate::error::NAME;
@@ -29,7 +32,7 @@ const BUFFER: usize = 256;
 
 struct Watch {
     shared: Arc<Shared>,
-    log: Log,
+    log: Arc<Log>,
     key: Vec<u8>,
     scope: WatchScope,
     /// The last entry read (delivered or filtered out).
@@ -57,20 +60,37 @@ pub(crate) async fn start(
     if first < oldest {
         return Err(KvError::Compacted { requested: first, oldest });
     }
+    // `futures`' channel allocates per event; tokio's allocates 32 slots when it is made
+    // (about 4 KiB here), for watches that mostly carry a few events. The consumer holds
+    // `gone`'s receiver: dropping the stream ends the task even while it waits on the feed.
     let (tx, rx) = mpsc::channel(BUFFER);
+    let (mut gone, consumer) = oneshot::channel::<Infallible>();
     let mut watch = Watch { shared: shared.clone(), log, key, scope, cursor, tx };
     tokio::spawn(async move {
-        let tx = watch.tx.clone();
         tokio::select! {
-            _ = tx.closed() => {}
+            _ = gone.cancellation() => {}
             result = watch.run(joined) => {
                 if let Err(e) = result {
-                    let _ = tx.send(Err(e)).await;
+                    let _ = watch.tx.send(Err(e)).await;
                 }
             }
         }
     });
-    Ok(futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) }).boxed())
+    Ok(Box::pin(Events { events: rx, _alive: consumer }))
+}
+
+/// A watch's stream: the events its task sends, and what ends the task when it is dropped.
+struct Events {
+    events: mpsc::Receiver<KvResult<Event>>,
+    _alive: oneshot::Receiver<Infallible>,
+}
+
+impl Stream for Events {
+    type Item = KvResult<Event>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.events.poll_next_unpin(cx)
+    }
 }
 
 async fn bounded<T>(log: &Log, f: impl std::future::Future<Output = KvResult<T>>) -> KvResult<T> {
@@ -81,7 +101,9 @@ async fn bounded<T>(log: &Log, f: impl std::future::Future<Output = KvResult<T>>
 }
 
 impl Watch {
-    /// Catches up, then follows the feed; returns only on an error (or a gone consumer).
+    /// Catches up, then follows the feed; returns only on an error (or a gone consumer). The
+    /// rare paths (`catch_up`, `gap`: reads of the log, with retries) are boxed where they are
+    /// called, so that their state is not part of every watch's task.
     async fn run(&mut self, joined: Joined) -> KvResult<()> {
         let mut feed = joined.rx;
         match joined.replay {
@@ -89,7 +111,7 @@ impl Watch {
             Replay::All(recent) => {
                 for entry in recent {
                     if !follows(self.cursor, entry.id) {
-                        return Err(self.gap(entry.id).await);
+                        return Err(Box::pin(self.gap(entry.id)).await);
                     }
                     self.deliver(entry.id, &entry.event).await?;
                 }
@@ -102,7 +124,7 @@ impl Watch {
                 }
                 self.cursor = self.cursor.max(through);
             }
-            Replay::Missing => self.catch_up().await?,
+            Replay::Missing => Box::pin(self.catch_up()).await?,
         }
         loop {
             match feed.recv().await {
@@ -134,15 +156,15 @@ impl Watch {
                         } else {
                             // The feed is ahead of us (we started late or it skipped a hole):
                             // the log itself says which.
-                            self.catch_up().await?;
+                            Box::pin(self.catch_up()).await?;
                             if self.cursor < entry.id {
-                                return Err(self.gap(entry.id).await);
+                                return Err(Box::pin(self.gap(entry.id)).await);
                             }
                         }
                     }
                 }
                 Ok(FeedItem::Failed(e)) => return Err(e.duplicate()),
-                Err(RecvError::Lagged(_)) => self.catch_up().await?,
+                Err(RecvError::Lagged(_)) => Box::pin(self.catch_up()).await?,
                 Err(RecvError::Closed) => {
                     tracing::debug!(namespace = %self.log.config.namespace, "redis watch feed ended; watch again");
                     return Err(self.ended());
