@@ -2,7 +2,7 @@
 """Where a round's time goes: one `rdzv bench` on a fresh local etcd, sampled as it runs.
 
 Usage:
-  round_timeline.py --rdzv BIN --workers 98304 [--runs 3] [--query '&keep_alive_ttl=600s'] --out FILE
+  round_timeline.py --rdzv BIN --workers 98304 [--runs 3] [--query '&keep_alive_ttl=600s'] [--gctrace] --out FILE
 
 Each run waits until the 1-minute load average is under --quiet-load (at most --quiet-wait
 seconds), starts etcd (scripts/multiproc.py's `Etcd`, data on tmpfs) and `rdzv bench
@@ -16,7 +16,10 @@ here) may fall between two readings and is then reported as not found. Printed a
 per run: the round's time as the bench measured it, the CPU each side spent in the round per
 worker, the operations per worker, each side's page faults per worker and resident MiB at
 the round's start and end, and the seconds in which the client alone worked (a 0.1 s sample
-with the client above two thirds of the machine's cores and etcd under a fifth).
+with the client above two thirds of the machine's cores and etcd under a fifth). With
+--gctrace, etcd runs with GODEBUG=gctrace=1 and each run also records its garbage collections
+inside the round: how many, their CPU by Go's count (idle-time marking included), and the
+live heap after each.
 
 Results: one JSON line per run (summary and samples), appended to FILE.
 """
@@ -24,6 +27,7 @@ Results: one JSON line per run (summary and samples), appended to FILE.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -112,8 +116,8 @@ def sample(a, etcd):
     err = log.read()
     log.close()
     if bench.returncode != 0:
-        return {"failed": f"exit {bench.returncode}: {err.strip()[-400:]}"}, samples
-    return json.loads(out.strip().splitlines()[-1]), samples
+        return {"failed": f"exit {bench.returncode}: {err.strip()[-400:]}"}, samples, started
+    return json.loads(out.strip().splitlines()[-1]), samples, started
 
 
 def summary(n, report, samples):
@@ -140,6 +144,7 @@ def summary(n, report, samples):
     return {
         "seconds": report["latency_ms"]["max"] / 1000.0,
         "window_seconds": round(end["t"] - start["t"], 2),
+        "window": [start["t"], end["t"]],
         "client_cpu_us_per_worker": per_worker("client", 1e6),
         "keepalive_cpu_us_per_worker": (per_worker("keepalive", 1e6)
                                         if None not in (start["keepalive"], end["keepalive"]) else None),
@@ -162,21 +167,51 @@ def main():
     p.add_argument("--timeout", type=float, default=300, help="the rendezvous timeout, seconds")
     p.add_argument("--quiet-load", type=float, default=0.9)
     p.add_argument("--quiet-wait", type=float, default=600)
+    p.add_argument("--gctrace", action="store_true",
+                   help="run etcd with GODEBUG=gctrace=1 and record its garbage collections in the round")
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    if a.gctrace:
+        os.environ["GODEBUG"] = "gctrace=1"
     for run in range(a.runs):
         load, quiet = wait_until_quiet(a.quiet_load, a.quiet_wait)
         etcd = Etcd()
         try:
-            report, samples = sample(a, etcd)
+            report, samples, started = sample(a, etcd)
+            etcd_started = process_started(etcd.pids()[0])
+            with open(os.path.join(etcd.dir, "etcd-0.log")) as f:
+                etcd_log = f.read()
         finally:
             etcd.stop()
         result = report if "failed" in report else summary(a.workers, report, samples)
+        if a.gctrace and "failed" not in result:
+            result["gc"] = collections_in_round(etcd_log, result["window"], started - etcd_started)
         record = {"workers": a.workers, "run": run, "query": a.query, "load_before": load, "quiet": quiet,
                   "etcd_version": etcd.version(), **result, "samples": samples}
         with open(a.out, "a") as f:
             f.write(json.dumps(record) + "\n")
         print(json.dumps({k: v for k, v in record.items() if k != "samples"}), flush=True)
+
+
+def process_started(pid):
+    """When process `pid` started, on `time.monotonic()`'s clock (both count from boot here)."""
+    with open(f"/proc/{pid}/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def collections_in_round(log, window, offset):
+    """etcd's garbage collections (its `gctrace` lines, timed from its start) inside the
+    round's `window` (seconds after the bench started, which is `offset` after etcd did): how
+    many, the CPU they took by Go's own count, and the heap after each (MB)."""
+    start, end = window
+    inside = []
+    for m in re.finditer(r"gc \d+ @([\d.]+)s \d+%: [^,]*, ([\d.+/]+) ms cpu, \d+->\d+->(\d+) MB", log):
+        at = float(m.group(1)) - offset
+        if start <= at <= end:
+            inside.append((sum(float(x) for x in re.split(r"[+/]", m.group(2))), int(m.group(3))))
+    return {"collections": len(inside), "cpu_seconds": round(sum(c for c, _ in inside) / 1000, 2),
+            "live_heap_mb": [heap for _, heap in inside]}
 
 
 if __name__ == "__main__":
