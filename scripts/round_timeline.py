@@ -195,9 +195,7 @@ def main():
 
 def process_started(pid):
     """When process `pid` started, on `time.monotonic()`'s clock (both count from boot here)."""
-    with open(f"/proc/{pid}/stat") as f:
-        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return int(proc_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def collections_in_round(log, window, offset):

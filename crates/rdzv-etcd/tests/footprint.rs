@@ -50,11 +50,6 @@ const SHARED_WATCH_BYTES: usize = 512;
 async fn a_watch_of_a_shared_key_holds_little() {
     let server = EtcdServer::start().await.unwrap();
     let kv = server.try_kv().await.unwrap();
-    let per_watch = heap_per_watch(&kv, b"state", 1000, held).await;
+    let per_watch = heap_per_watch(&kv, b"state", 1000, || HEAP.current_usage()).await;
     assert!(per_watch <= SHARED_WATCH_BYTES as isize, "an open watch holds {per_watch} bytes");
-}
-
-/// The bytes this test binary has allocated and not freed.
-fn held() -> isize {
-    HEAP.current_usage() as isize
 }

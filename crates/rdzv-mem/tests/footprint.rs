@@ -16,11 +16,6 @@ const WATCH_BYTES: usize = 512;
 
 #[tokio::test]
 async fn a_watch_holds_little() {
-    let per_watch = heap_per_watch(&MemKv::new(), b"state", 1000, held).await;
+    let per_watch = heap_per_watch(&MemKv::new(), b"state", 1000, || HEAP.current_usage()).await;
     assert!(per_watch <= WATCH_BYTES as isize, "an open watch holds {per_watch} bytes");
-}
-
-/// The bytes this test binary has allocated and not freed.
-fn held() -> isize {
-    HEAP.current_usage() as isize
 }

@@ -19,11 +19,6 @@ const WATCH_BYTES: usize = 2048;
 async fn a_watch_holds_little() {
     let server = RedisServer::start().unwrap();
     let kv = server.kv().await;
-    let per_watch = heap_per_watch(&*kv, b"state", 1000, held).await;
+    let per_watch = heap_per_watch(&*kv, b"state", 1000, || HEAP.current_usage()).await;
     assert!(per_watch <= WATCH_BYTES as isize, "an open watch holds {per_watch} bytes");
-}
-
-/// The bytes this test binary has allocated and not freed.
-fn held() -> isize {
-    HEAP.current_usage() as isize
 }

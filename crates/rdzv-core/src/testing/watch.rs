@@ -170,7 +170,7 @@ pub async fn watch_survives_many_events_without_gaps(kv: Arc<dyn Kv>, ns: Vec<u8
 /// backend's one watch of the key on its server, its table of watchers) is not counted. A
 /// round of 98,304 in-process workers holds one or two watches of one key each (backends'
 /// `tests/footprint.rs`).
-pub async fn heap_per_watch(kv: &dyn Kv, key: &[u8], watches: usize, held: impl Fn() -> isize) -> isize {
+pub async fn heap_per_watch(kv: &dyn Kv, key: &[u8], watches: usize, held: impl Fn() -> usize) -> isize {
     let start = put(kv, key, b"v").await + 1;
     let first = watch(kv, key, WatchScope::Key, start).await;
     let mut open = Vec::with_capacity(watches);
@@ -182,7 +182,7 @@ pub async fn heap_per_watch(kv: &dyn Kv, key: &[u8], watches: usize, held: impl 
     for events in &mut open {
         next_event(events, "the write after the watch opened").await;
     }
-    let per_watch = (held() - before) / watches.max(1) as isize;
+    let per_watch = (held() as isize - before as isize) / watches.max(1) as isize;
     drop((first, open));
     per_watch
 }
