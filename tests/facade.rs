@@ -88,11 +88,14 @@ async fn every_builtin_scheme_is_registered() {
 
 /// Every worker of a round is in this call at once (98,304 tasks in a large in-process
 /// round), so its state is paid that many times: running a health gate's checks takes about
-/// 5 KiB more, which a call without a gate must not carry (it did: 8.6 KiB a call).
+/// 5 KiB more, which a call without a gate must not carry (it did: 8.6 KiB a call); nor the
+/// rarely taken paths (a member list's pieces, the run lease, withdrawing after a failure),
+/// which held it at 3,608 bytes. 2,280 bytes measured: with tokio's task around it, it fits
+/// an allocation of 2.5 KiB instead of 3.75.
 #[tokio::test]
 async fn a_call_without_a_health_gate_carries_none_of_its_state() {
     let worker = rdzv::connect("mem://facade/footprint?min_workers=3").await.unwrap();
     let call = worker.next_rendezvous();
     let size = std::mem::size_of_val(&call);
-    assert!(size <= 5 * 1024, "a call waiting for its round holds {size} bytes");
+    assert!(size <= 2400, "a call waiting for its round holds {size} bytes");
 }

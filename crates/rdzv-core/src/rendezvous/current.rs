@@ -43,7 +43,8 @@ impl Current {
             let Some(found) = read.kv else {
                 return Ok(Current { value: None, revision: read.revision });
             };
-            if let Some(state) = read_unless_replaced(kv, keys, &found).await? {
+            // Boxed, as where a watch's event is read (executor.rs): it is rarely more than a parse.
+            if let Some(state) = Box::pin(read_unless_replaced(kv, keys, &found)).await? {
                 return Ok(Current { value: Some((found, state)), revision: read.revision });
             }
         }

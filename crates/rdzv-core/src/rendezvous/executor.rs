@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::time::Instant;
 
 use crate::error::RendezvousError;
@@ -25,7 +26,7 @@ use super::forget::forget_old_rounds;
 use super::keys::RunKeys;
 use super::machine::{Action, Bind, Call, Completed, Input, Leaving, Leftovers, Machine, Observed};
 use super::run_lease::{RunLease, put_with_run_lease};
-use super::state::{Joiner, LastRound, Participant};
+use super::state::{Joiner, LastRound, Participant, State};
 
 /// What is shared by every call of one handler.
 #[derive(Debug)]
@@ -150,7 +151,12 @@ impl<'a> Attempt<'a> {
     /// in a `rdzv_phase` tracing span (phase, run id, node, round once known) whose last
     /// event says what came of it: the next phase, the completed round, or the error.
     pub(crate) async fn run(&mut self, deadline: &mut Deadline) -> Result<Completed> {
-        let mut backoff = RetryPolicy::PROTOCOL.pauses();
+        // Made at the first pause: most calls never pause, and inline the schedule would
+        // add its 120 bytes to every call's future.
+        let mut pauses = None;
+        let mut backoff = std::iter::from_fn(move || {
+            pauses.get_or_insert_with(|| Box::new(RetryPolicy::PROTOCOL.pauses())).next()
+        });
         let mut phase = self.machine.phase_name();
         let (mut span, mut has_version) = self.phase_span();
         let mut action = span.in_scope(|| self.machine.start());
@@ -222,11 +228,13 @@ impl<'a> Attempt<'a> {
     }
 
     /// Carries out one action; every outcome, failures included, is the machine's input.
-    async fn perform(&mut self, action: Action, backoff: &mut impl Iterator<Item = Duration>) -> Input {
-        match self.try_perform(action, backoff).await {
-            Ok(input) => input,
-            Err(error) => Input::Failed(error),
-        }
+    /// Not an `async fn`: that would keep a second copy of `action` in every call's future.
+    fn perform<'s>(
+        &'s mut self,
+        action: Action,
+        backoff: &'s mut impl Iterator<Item = Duration>,
+    ) -> impl Future<Output = Input> + 's {
+        self.try_perform(action, backoff).map(|performed| performed.unwrap_or_else(Input::Failed))
     }
 
     async fn try_perform(
@@ -256,16 +264,9 @@ impl<'a> Attempt<'a> {
             Action::Put { key, value, mode, bind } => {
                 put(ctx, self.session, &key, &value, mode, bind).await?
             }
+            // Boxed: one writer per round takes it, and inline it would size every call's future.
             Action::PutState { key, state, mode, bind } => {
-                let inline = ctx.params.members_inline_bytes;
-                let (value, pieces) = state.value_to_write(kv, &ctx.keys, inline, &ctx.run_lease).await?;
-                let input = put(ctx, self.session, &key, &value, mode, bind).await?;
-                if let (Input::Put(PutOutcome::Conflict { .. }, _), Some(pieces)) = (&input, pieces) {
-                    // Another value won: nobody will read these. Best effort: what remains
-                    // goes with the round.
-                    let _ = kv.delete_prefix(&pieces).await;
-                }
-                input
+                Box::pin(put_state(ctx, self.session, &key, &state, mode, bind)).await?
             }
             Action::CreateCounted { key, value, tally, tally_lease } => Input::Counted(
                 kv.create_counted(&key, &value, Some(self.session), &tally, tally_lease).await?,
@@ -329,7 +330,9 @@ impl<'a> Attempt<'a> {
                     let event = event?;
                     let revision = event.revision();
                     let observed = match event.kind {
-                        EventKind::Put => match read_unless_replaced(&*ctx.kv, &ctx.keys, &event.kv).await? {
+                        // Boxed (freed at once unless a member list is read): inline, it
+                        // would size the future of every call waiting here.
+                        EventKind::Put => match Box::pin(read_unless_replaced(&*ctx.kv, &ctx.keys, &event.kv)).await? {
                             Some(state) => Observed::of(state, &event.kv, Some(revision)),
                             // Replaced since: a later event of this watch brings what did.
                             None => continue,
@@ -364,13 +367,36 @@ async fn put(
             let options = PutOptions { mode, lease: Some(session) };
             (kv.put(key, value, options).await?, Some(session))
         }
-        Bind::RunLease => put_with_run_lease(&ctx.run_lease, kv, key, value, mode).await?,
+        // Boxed: a few writes per round take it, and inline it would size every call's future.
+        Bind::RunLease => Box::pin(put_with_run_lease(&ctx.run_lease, kv, key, value, mode)).await?,
         Bind::Fresh(ttl) => {
             let lease = kv.lease_grant(ttl).await?;
             (kv.put(key, value, PutOptions { mode, lease: Some(lease) }).await?, Some(lease))
         }
     };
     Ok(Input::Put(outcome, lease))
+}
+
+/// Writes `state` under `key` as [`put`] does, its member list first where the list is long
+/// (`State::value_to_write`); the pieces written for a value that lost are deleted again.
+async fn put_state(
+    ctx: &Context,
+    session: LeaseId,
+    key: &[u8],
+    state: &State,
+    mode: PutMode,
+    bind: Bind,
+) -> Result<Input> {
+    let kv = &*ctx.kv;
+    let inline = ctx.params.members_inline_bytes;
+    let (value, pieces) = state.value_to_write(kv, &ctx.keys, inline, &ctx.run_lease).await?;
+    let input = put(ctx, session, key, &value, mode, bind).await?;
+    if let (Input::Put(PutOutcome::Conflict { .. }, _), Some(pieces)) = (&input, pieces) {
+        // Another value won: nobody will read these. Best effort: what remains goes with the
+        // round.
+        let _ = kv.delete_prefix(&pieces).await;
+    }
+    Ok(input)
 }
 
 /// Deletes what a failed call left: each key that is still bound to the call's session (a

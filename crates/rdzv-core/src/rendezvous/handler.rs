@@ -204,7 +204,7 @@ impl RendezvousHandler {
         let shut_down = inner.shut_down.clone();
         let mut worker = self.lock_worker().await?;
         let previous = self.leave_running_round(&mut worker);
-        let (round, waited_behind) = self.form_round(&mut worker, previous, started).await?;
+        let (round, waited_behind) = self.form_round(&mut worker, previous.as_ref(), started).await?;
         if shut_down.is_cancelled() {
             return Err(RendezvousError::Shutdown);
         }
@@ -231,14 +231,14 @@ impl RendezvousHandler {
     async fn form_round(
         &self,
         worker: &mut Worker,
-        previous: Option<Completed>,
+        previous: Option<&Completed>,
         started: Instant,
     ) -> Result<(Completed, Option<KnownRound>)> {
         let ctx = &self.inner.ctx;
         let shut_down = self.inner.shut_down.clone();
         let mut deadline = Deadline::new(started, ctx.params.timeout);
-        let leaving = previous.as_ref().map(|round| round.version);
-        let mut leave = previous.as_ref();
+        let leaving = previous.map(|round| round.version);
+        let mut leave = previous;
         let mut phase = "starting a session";
         loop {
             let history = worker.history();
@@ -274,7 +274,8 @@ impl RendezvousHandler {
                     deadline.session_lost(Instant::now());
                 }
                 Err(e) => {
-                    if !clean(attempt.take_leftovers(), &*ctx.kv).await {
+                    // Boxed: inline, this rare path would size the future of every call.
+                    if !Box::pin(clean(attempt.take_leftovers(), &*ctx.kv)).await {
                         // Something of this call may remain (a `setup` every other worker
                         // waits on): give up the session, so that it goes within its TTL.
                         tracing::debug!("could not withdraw this call's keys; abandoning the session");

@@ -368,7 +368,8 @@ impl State {
             Parsed::Whole(state) => Ok(state),
             Parsed::InPieces(template, at) => {
                 let version = template.version().unwrap_or_default();
-                let list = super::pieces::read(kv, keys, version, &at).await?;
+                // Boxed: inline, this rare read would size the future of every waiting call.
+                let list = Box::pin(super::pieces::read(kv, keys, version, &at)).await?;
                 Ok(template.with_participants(list))
             }
         }
@@ -426,8 +427,9 @@ impl State {
         if whole.len() <= inline_bytes {
             return Ok((whole, None));
         }
+        // Boxed, as the read in `State::read`: one writer per round takes this path.
         let (pieces, fresh) =
-            super::pieces::write(kv, keys, version, participants, inline_bytes, run_lease).await?;
+            Box::pin(super::pieces::write(kv, keys, version, participants, inline_bytes, run_lease)).await?;
         let wire = InPiecesWire { status, version, pieces: &pieces, confirmed, max_workers };
         let written = fresh.then(|| keys.members_pieces(version, &pieces.id));
         Ok((serde_json::to_vec(&wire).unwrap_or_default(), written))
