@@ -355,9 +355,17 @@ impl EtcdKv {
         }
     }
 
-    async fn txn(&self, operation: &str, lease: Option<LeaseId>, txn: Txn) -> KvResult<TxnResponse> {
+    /// Sends the transaction `build` makes, building it only once a slot is ours (again for
+    /// each try): a request waiting for a slot holds its inputs, not etcd's request with its
+    /// copies of every key (in a round of 98,304 in-process workers, every write waits at once).
+    async fn txn(
+        &self,
+        operation: &str,
+        lease: Option<LeaseId>,
+        build: impl Fn() -> Txn,
+    ) -> KvResult<TxnResponse> {
         self.call(operation, lease, |c| {
-            let (mut kv, txn) = (c.kv.clone(), txn.clone());
+            let (mut kv, txn) = (c.kv.clone(), build());
             async move { kv.txn(txn).await }
         })
         .await
@@ -491,7 +499,7 @@ impl Kv for EtcdKv {
             };
             ops.push(TxnOp::get(start, Some(values)));
         }
-        let response = self.txn("range", None, Txn::new().and_then(ops)).await?;
+        let response = self.txn("range", None, || Txn::new().and_then(ops.clone())).await?;
         let rev = revision(response.header())?;
         let mut responses = response.op_responses();
         let mut keys: Vec<KeyValue> = match responses.get_mut(0) {
@@ -520,28 +528,30 @@ impl Kv for EtcdKv {
     async fn put(&self, key: &[u8], value: &[u8], options: PutOptions) -> KvResult<PutOutcome> {
         let key = self.key(key)?;
         self.check_value(value)?;
-        let mut put_options = etcd_client::PutOptions::new();
-        if let Some(lease) = options.lease {
-            put_options = put_options.with_lease(lease);
-        }
-        let write = TxnOp::put(key.clone(), value, Some(put_options));
-        // Read back after the write for the key's create revision (keys only: no value).
-        let read_back = || TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only()));
-        let current = || TxnOp::get(key.clone(), None);
-        let txn = match options.mode {
-            PutMode::Overwrite => Txn::new().and_then(vec![write, read_back()]),
-            PutMode::Create => Txn::new()
-                .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then(vec![write])
-                .or_else(vec![current()]),
-            PutMode::Update(expected) => Txn::new()
-                .when(vec![
-                    Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
-                    // "Exists" too, so that Update(0) never creates.
-                    Compare::version(key.clone(), CompareOp::Greater, 0),
-                ])
-                .and_then(vec![write, read_back()])
-                .or_else(vec![current()]),
+        let txn = || {
+            let mut put_options = etcd_client::PutOptions::new();
+            if let Some(lease) = options.lease {
+                put_options = put_options.with_lease(lease);
+            }
+            let write = TxnOp::put(key.clone(), value, Some(put_options));
+            // Read back after the write for the key's create revision (keys only: no value).
+            let read_back = || TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only()));
+            let current = || TxnOp::get(key.clone(), None);
+            match options.mode {
+                PutMode::Overwrite => Txn::new().and_then(vec![write, read_back()]),
+                PutMode::Create => Txn::new()
+                    .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then(vec![write])
+                    .or_else(vec![current()]),
+                PutMode::Update(expected) => Txn::new()
+                    .when(vec![
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                        // "Exists" too, so that Update(0) never creates.
+                        Compare::version(key.clone(), CompareOp::Greater, 0),
+                    ])
+                    .and_then(vec![write, read_back()])
+                    .or_else(vec![current()]),
+            }
         };
         let response = self.txn("put", options.lease, txn).await?;
         let rev = revision(response.header())?;
@@ -577,13 +587,15 @@ impl Kv for EtcdKv {
                 None => options,
             }
         };
-        let txn = Txn::new()
-            .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then(vec![
-                TxnOp::put(key.clone(), value, Some(bound(lease))),
-                TxnOp::put(tally, Vec::new(), Some(bound(tally_lease).with_prev_key())),
-            ])
-            .or_else(vec![TxnOp::get(key.clone(), None)]);
+        let txn = || {
+            Txn::new()
+                .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then(vec![
+                    TxnOp::put(key.clone(), value, Some(bound(lease))),
+                    TxnOp::put(tally.clone(), Vec::new(), Some(bound(tally_lease).with_prev_key())),
+                ])
+                .or_else(vec![TxnOp::get(key.clone(), None)])
+        };
         let response = match self.txn("create_counted", lease.or(tally_lease), txn).await {
             // etcd does not say which lease is missing: ask about the tally's.
             Err(KvError::LeaseNotFound(_))
@@ -627,13 +639,15 @@ impl Kv for EtcdKv {
                 }
             }
             DeleteMode::IfRevision(expected) => {
-                let txn = Txn::new()
-                    .when(vec![
-                        Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
-                        Compare::version(key.clone(), CompareOp::Greater, 0),
-                    ])
-                    .and_then(vec![TxnOp::delete(key.clone(), None)])
-                    .or_else(vec![TxnOp::get(key, None)]);
+                let txn = || {
+                    Txn::new()
+                        .when(vec![
+                            Compare::mod_revision(key.clone(), CompareOp::Equal, expected),
+                            Compare::version(key.clone(), CompareOp::Greater, 0),
+                        ])
+                        .and_then(vec![TxnOp::delete(key.clone(), None)])
+                        .or_else(vec![TxnOp::get(key.clone(), None)])
+                };
                 let response = self.txn("delete", None, txn).await?;
                 let rev = revision(response.header())?;
                 let mut responses = response.op_responses();

@@ -38,6 +38,57 @@ async fn a_request_waiting_for_a_slot_holds_little() {
     }
 }
 
+/// The most a write waiting for a slot may hold on the heap, the task that runs it
+/// included, in bytes (1,097 measured, a worker's join: its task, its future, its keys).
+/// With etcd's request built before the wait, each held every key three times over, 1,661.
+const WAITING_WRITE_HEAP_BYTES: usize = 1280;
+
+/// Every slot taken by writes the paused server does not answer, then `N` more writes: what
+/// each of those holds while it waits is what 98,304 workers hold at once when they join.
+#[tokio::test]
+async fn a_write_waiting_for_a_slot_holds_little_on_the_heap() {
+    // The requests one client has in flight at most (`REQUESTS_IN_FLIGHT`, client.rs).
+    const SLOTS: usize = 256;
+    const N: usize = 1000;
+    let server = EtcdServer::start().await.unwrap();
+    let kv = server.try_kv().await.unwrap();
+    kv.put(b"warm", b"v", PutOptions { mode: PutMode::Overwrite, lease: None }).await.unwrap();
+    server.pause().unwrap();
+    let write = |i: usize| {
+        let kv = kv.clone();
+        tokio::spawn(async move {
+            let key = format!("rdzv/v_1/join/node-{i:06}");
+            kv.create_counted(
+                key.as_bytes(),
+                br#"{"node":"node","addr":"10.0.0.1"}"#,
+                None,
+                b"rdzv/v_1/tally",
+                None,
+            )
+            .await
+        })
+    };
+    let in_flight: Vec<_> = (0..SLOTS).map(write).collect();
+    settle().await;
+    let before = HEAP.current_usage();
+    let waiting: Vec<_> = (SLOTS..SLOTS + N).map(write).collect();
+    settle().await;
+    let per_write = (HEAP.current_usage() as isize - before as isize) / N as isize;
+    server.resume().unwrap();
+    for task in in_flight.into_iter().chain(waiting) {
+        task.abort();
+    }
+    assert!(
+        per_write <= WAITING_WRITE_HEAP_BYTES as isize,
+        "a write waiting for a slot holds {per_write} bytes"
+    );
+}
+
+/// Lets every spawned task run until it waits.
+async fn settle() {
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+}
+
 /// The most an open watch of a key that other watches of the client share may hold on the
 /// heap once it has handed out an event, in bytes (354 measured). With tokio's channel as
 /// each one's queue of events, which allocates 32 slots at once, a watch held 3.5 KiB before
