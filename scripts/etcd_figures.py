@@ -81,7 +81,7 @@ import time
 # Importing multiproc.py would otherwise leave a scripts/__pycache__ in the work tree.
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from multiproc import Etcd, show  # noqa: E402
+from multiproc import Etcd, proc_stat, show  # noqa: E402
 
 
 def delta(before, after, key, n, scale=1.0):
@@ -475,8 +475,8 @@ def drain_once(etcd, a, interval, run):
         until(lambda: all((node, spare_version) in starts() for node in first if node != victim), 30)
         second = {node: rank for (node, ver), (rank, _, _) in starts().items() if ver == spare_version}
         r["survivors_kept_ranks"] = all(second.get(node) == rank for node, rank in first.items() if node != victim)
-        if until(lambda: not os.path.exists(f"/proc/{victim_pid}") or
-                 open(f"/proc/{victim_pid}/stat").read().rsplit(") ", 1)[-1].startswith("Z"), 30):
+        # Gone, or a zombie (its parent has not reaped it yet).
+        if until(lambda: (proc_stat(victim_pid) or ["Z"])[0] == "Z", 30):
             r["victim_worker_gone_s"] = time.time() - sick_at
         return r
     finally:
