@@ -12,9 +12,22 @@ pub fn read_since(path: &Path, offset: u64) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&bytes[start..]).into_owned())
 }
 
+/// The last `n` lines of `text`, for an error message that shows how a server's start ended.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_lines_keeps_the_end() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(last_lines("a\nb", 5), "a\nb");
+        assert_eq!(last_lines("", 3), "");
+    }
 
     #[test]
     fn only_what_was_written_past_the_offset_is_read() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 use rdzv_core::Kv;
-use rdzv_core::testing::logs::read_since;
+use rdzv_core::testing::logs::{last_lines, read_since};
 use rdzv_core::testing::ports::PortClaim;
 use rdzv_core::url::{Endpoint, Secret};
 use tempfile::TempDir;
@@ -543,9 +543,7 @@ impl EtcdServer {
 
     /// The last lines this start wrote to the server's log, for error messages.
     fn log_tail(&self) -> String {
-        let text = self.log_of_this_start();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        last_lines(&self.log_of_this_start(), 20)
     }
 
     /// What the server wrote to its log since it was last spawned (an earlier start that

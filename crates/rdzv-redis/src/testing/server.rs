@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdzv_core::Kv;
-use rdzv_core::testing::logs::read_since;
+use rdzv_core::testing::logs::{last_lines, read_since};
 use rdzv_core::testing::ports::PortClaim;
 
 use crate::config::RedisConfig;
@@ -440,9 +440,9 @@ fn log_since(path: &Path, start: u64) -> String {
     read_since(path, start).unwrap_or_else(|e| format!("(no log: {e})"))
 }
 
+/// The end of a server's log, for an error message.
 fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
+    last_lines(text, 20)
 }
 
 #[cfg(test)]
