@@ -484,7 +484,8 @@ def ceiling_rows(data):
                      if "seconds" in r and "peak_memory_kib" in r else "–",
                      "–", "≤ 4 GiB, ≤ 4 writes" if r["workers"] >= 98304 else "–"])
         rows.append([f"the etcd server's cost of a bench run of {r['workers']} (its sessions granted, one round, "
-                     "the sessions ended; per 1000 workers): CPU s, proposals; database size", f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
+                     "the sessions ended; per 1000 workers): CPU s, proposals; database size",
+                     f"{fmt_n(r['server_cpu_s_per_1000'])} s, {fmt_n(r['proposals_per_1000'], 0)}; "
                      f"{r['db_bytes'] / MIB / MIB:.1f} MiB" if r.get("db_bytes") else "–", "–", "–"])
     return rows + ceiling_ratio_rows(done) + median_ratio_rows(data.ratio)
 

@@ -491,15 +491,16 @@ impl Kv for EtcdKv {
         let get = get.with_max_create_revision(max_create);
         let keys = get.clone().with_keys_only();
         let wants_values = !options.count_only && !options.keys_only && limit != Some(0);
-        let mut ops = vec![TxnOp::get(start.clone(), Some(keys))];
-        if wants_values {
-            let values = match limit {
-                Some(limit) => get.with_limit(limit),
-                None => get,
-            };
-            ops.push(TxnOp::get(start, Some(values)));
-        }
-        let response = self.txn("range", None, || Txn::new().and_then(ops.clone())).await?;
+        let values = wants_values.then(|| match limit {
+            Some(limit) => get.with_limit(limit),
+            None => get,
+        });
+        let txn = || {
+            let mut ops = vec![TxnOp::get(start.clone(), Some(keys.clone()))];
+            ops.extend(values.clone().map(|values| TxnOp::get(start.clone(), Some(values))));
+            Txn::new().and_then(ops)
+        };
+        let response = self.txn("range", None, txn).await?;
         let rev = revision(response.header())?;
         let mut responses = response.op_responses();
         let mut keys: Vec<KeyValue> = match responses.get_mut(0) {
