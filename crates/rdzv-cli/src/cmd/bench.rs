@@ -638,23 +638,24 @@ mod tests {
     /// calls' order, no more than [`AT_ONCE`] run together, and an error ends it.
     #[tokio::test(start_paused = true)]
     async fn all_bounded_keeps_the_order_and_the_bound() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
         let n = 3 * AT_ONCE + 5;
-        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
         let outputs = all_bounded(n, |i| {
             let (running, most) = (running.clone(), most.clone());
             async move {
-                let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                let now = running.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
                 tokio::time::sleep(Duration::from_millis((n - i) as u64)).await;
-                running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                running.fetch_sub(1, SeqCst);
                 Ok::<_, CliError>(i)
             }
         })
         .await
         .expect("no call fails");
         assert_eq!(outputs, (0..n).collect::<Vec<_>>());
-        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), AT_ONCE);
+        assert_eq!(most.load(SeqCst), AT_ONCE);
 
         let failed = all_bounded(n, |i| async move {
             if i == AT_ONCE { Err(CliError::other("call 256 failed")) } else { Ok(i) }
