@@ -322,10 +322,6 @@ async fn drive(kv: Arc<dyn Kv>, mut commands: mpsc::UnboundedReceiver<Add>) {
                 wake = earliest(wake, settle(&mut leases, batch, sent, result));
             }
             _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {
-                leases.retain(|_, e| {
-                    e.holders.retain(|h| !h.is_gone());
-                    !e.holders.is_empty()
-                });
                 refreshes.extend(send_due(&kv, &mut leases));
                 wake = leases.values().filter(|e| !e.in_flight).map(|e| e.next).min();
             }
@@ -352,7 +348,7 @@ fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) -> Option<Instant> {
             entry.ttl = entry.ttl.min(ttl);
             entry.expires = entry.expires.min(expires);
             entry.next = entry.next.min(next);
-            entry.holders.push(holder);
+            hold(&mut entry.holders, holder);
             (!entry.in_flight).then_some(entry.next)
         }
         None => {
@@ -360,6 +356,18 @@ fn add(leases: &mut HashMap<LeaseId, Entry>, added: Add) -> Option<Instant> {
             Some(next)
         }
     }
+}
+
+/// Adds `holder` to a lease's holders, first dropping those gone if the list is full: the
+/// run lease, held anew by every handler of a process round after round, would otherwise keep
+/// every holder it had until its next refresh. At least as many adds come before the next such
+/// look as holders stayed, so each add costs O(1) amortised.
+fn hold(holders: &mut Vec<Holder>, holder: Holder) {
+    if holders.len() == holders.capacity() {
+        holders.retain(|h| !h.is_gone());
+        holders.reserve(holders.len().max(1));
+    }
+    holders.push(holder);
 }
 
 /// At most this many leases go in one [`Kv::lease_keep_alive_many`] call. Each call has the
@@ -370,13 +378,23 @@ pub const MAX_REFRESH_BATCH: usize = 256;
 
 /// Starts the refresh of every lease that is due (or nearly: a lease due within an eighth
 /// of its period goes along, so that leases granted together stay in one call), in calls of
-/// at most [`MAX_REFRESH_BATCH`] leases, the earliest-expiring first.
+/// at most [`MAX_REFRESH_BATCH`] leases, the earliest-expiring first. A due lease that no
+/// session holds any more is forgotten instead.
+///
+/// Only the due leases' sessions are looked at: a wake comes about every eighth of a period,
+/// and looking at every session each time (each look takes a lock of each of its two tokens)
+/// was a sixth of this thread's CPU with 98,304 sessions on one client. A closed session's
+/// lease is thus refreshed no more, but forgotten only when it would have been due.
 fn send_due(kv: &Arc<dyn Kv>, leases: &mut HashMap<LeaseId, Entry>) -> Vec<BoxFuture<'static, Refresh>> {
     let now = Instant::now();
     let mut due = Vec::new();
     leases.retain(|&lease, entry| {
         if entry.in_flight || entry.next > now + entry.period() / 8 {
             return true;
+        }
+        entry.holders.retain(|h| !h.is_gone());
+        if entry.holders.is_empty() {
+            return false;
         }
         if entry.expires <= now {
             entry.lose(lease, "expired before it could be refreshed");
@@ -566,6 +584,23 @@ mod tests {
         let refreshed: Vec<LeaseId> = stub.refreshes().iter().flat_map(|r| r.leases()).collect();
         assert_eq!(refreshed, [long.lease()], "refreshed once, on the shorter period");
         assert!(!long.is_lost() && !short.is_lost());
+    }
+
+    #[test]
+    fn a_lease_held_anew_again_and_again_keeps_room_for_its_live_holders_only() {
+        let holder = || Holder {
+            lost: CancellationToken::new(),
+            stop: CancellationToken::new(),
+            on_refresh_failure: None,
+        };
+        let mut holders: Vec<Holder> = (0..10).map(|_| holder()).collect();
+        for _ in 0..10_000 {
+            let next = holder();
+            hold(&mut holders, next.clone());
+            next.stop.cancel();
+        }
+        assert_eq!(holders.iter().filter(|h| !h.is_gone()).count(), 10, "the live holders stay");
+        assert!(holders.capacity() <= 64, "the gone ones do not pile up: room for {}", holders.capacity());
     }
 
     #[tokio::test(start_paused = true)]
