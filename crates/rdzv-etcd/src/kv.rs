@@ -233,6 +233,53 @@ impl EtcdKv {
         Err(KvError::LeaseNotFound(id))
     }
 
+    /// The refreshes of `leases` through `shared`, all sent at once on its connection's shared
+    /// keep-alive streams, under one deadline; `None` where it has no such streams, or where
+    /// none of the refreshes could be sent (each is then tried alone, failing over between
+    /// members as a single refresh does).
+    async fn keep_alive_all_on(
+        &self,
+        shared: &Shared,
+        leases: &[LeaseId],
+    ) -> Option<Vec<KvResult<Duration>>> {
+        let sent = shared.run(|c| {
+            let streams = c.refreshes.clone();
+            async move {
+                let Some(streams) = streams else { return Ok(None) };
+                let mut answers = streams.refresh_many(leases).await;
+                // Every one failed before it was sent: the member is out of reach, and `run`
+                // tries the next one.
+                let unsent = |a: &Result<_, _>| a.as_ref().is_err_and(error::never_sent);
+                if !answers.is_empty() && answers.iter().all(unsent) {
+                    return answers.swap_remove(0).map(|_| None);
+                }
+                Ok(Some(answers))
+            }
+        });
+        let answers = match tokio::time::timeout(self.request_timeout, Box::pin(sent)).await {
+            Ok(Ok(answers)) => answers?,
+            Ok(Err(_)) => return None,
+            Err(_) => {
+                let timed_out = |&id| {
+                    Err(error::timeout(
+                        "lease_keep_alive",
+                        self.shared.context(self.request_timeout, Some(id)),
+                    ))
+                };
+                return Some(leases.iter().map(timed_out).collect());
+            }
+        };
+        let answered = leases.iter().zip(answers).map(|(&id, answer)| match answer {
+            Ok(ttl) => self.answered(id, ttl),
+            Err(e) => Err(error::classify(
+                "lease_keep_alive",
+                e,
+                self.shared.context(self.request_timeout, Some(id)),
+            )),
+        });
+        Some(answered.collect())
+    }
+
     /// One refresh of `id` through `shared` (this client's connection or its keeper), on the
     /// stream the last refresh of `id` there left open (`keep_alive.rs`), else on a new one,
     /// which is then kept.
@@ -722,11 +769,14 @@ impl Kv for EtcdKv {
         self.keep_alive_on(&self.shared, id).await
     }
 
-    /// Through the keeper connection (see `Shared::keeper`), at most 64 in flight: etcd's
-    /// client refreshes one lease per request.
+    /// Through the keeper connection (see `Shared::keeper`): all at once on its shared
+    /// keep-alive streams, else one lease per request, at most 64 in flight.
     async fn lease_keep_alive_many(&self, leases: &[LeaseId]) -> Vec<KvResult<Duration>> {
         use futures::StreamExt;
         let keeper = self.shared.keeper();
+        if let Some(answers) = self.keep_alive_all_on(keeper, leases).await {
+            return answers;
+        }
         // Each refresh's future is made when `buffered` starts it, so at most 64 exist at once.
         let refreshes =
             futures::stream::iter(leases.iter().copied()).map(|lease| self.keep_alive_on(keeper, lease));

@@ -73,22 +73,35 @@ impl LeaseStreams {
     /// stream's gRPC status when the stream breaks or cannot be opened. No deadline of its
     /// own: the caller bounds it.
     pub(crate) async fn refresh(&self, lease: i64) -> Result<i64, etcd_client::Error> {
+        answer(self.send(lease)).await
+    }
+
+    /// Refreshes of `leases`, every request sent before an answer is awaited: for each lease,
+    /// in the order given, what [`refresh`](Self::refresh) would answer. One future for the
+    /// whole batch: a future per refresh, each with its own deadline, cost more of the
+    /// client's CPU than the refresh itself.
+    pub(crate) async fn refresh_many(&self, leases: &[i64]) -> Vec<Result<i64, etcd_client::Error>> {
+        let sent: Vec<_> = leases.iter().map(|&lease| self.send(lease)).collect();
+        let mut answers = Vec::with_capacity(sent.len());
+        for waiting in sent {
+            answers.push(answer(waiting).await);
+        }
+        answers
+    }
+
+    /// Sends a refresh of `lease` on its stream (opened if need be); where its answer will
+    /// come.
+    fn send(&self, lease: i64) -> Result<oneshot::Receiver<Answer>, etcd_client::Error> {
         let slot = &self.slots[lease.unsigned_abs() as usize % self.slots.len()];
         let (answer, answered) = oneshot::channel();
-        {
-            let mut open = slot.lock().map_err(|_| closed())?;
-            let stream = open.get_or_insert_with(|| self.open(slot.clone()));
-            stream.waiters.lock().map_err(|_| closed())?.push_back(answer);
-            if stream.requests.send(KeepAliveRequest { id: lease }).is_err() {
-                *open = None;
-                return Err(closed());
-            }
+        let mut open = slot.lock().map_err(|_| closed())?;
+        let stream = open.get_or_insert_with(|| self.open(slot.clone()));
+        stream.waiters.lock().map_err(|_| closed())?.push_back(answer);
+        if stream.requests.send(KeepAliveRequest { id: lease }).is_err() {
+            *open = None;
+            return Err(closed());
         }
-        match answered.await {
-            Ok(Ok(ttl)) => Ok(ttl),
-            Ok(Err(status)) => Err(etcd_client::Error::GRpcStatus(status)),
-            Err(_) => Err(closed()),
-        }
+        Ok(answered)
     }
 
     /// Opens a stream for `slot`: a task sends what is queued and hands each answer to the
@@ -129,6 +142,17 @@ impl LeaseStreams {
             }
         });
         Open { requests, waiters }
+    }
+}
+
+/// The answer to a refresh [`LeaseStreams::send`] sent.
+async fn answer(
+    sent: Result<oneshot::Receiver<Answer>, etcd_client::Error>,
+) -> Result<i64, etcd_client::Error> {
+    match sent?.await {
+        Ok(Ok(ttl)) => Ok(ttl),
+        Ok(Err(status)) => Err(etcd_client::Error::GRpcStatus(status)),
+        Err(_) => Err(closed()),
     }
 }
 

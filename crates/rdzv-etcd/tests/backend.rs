@@ -184,13 +184,18 @@ async fn many_leases_refreshed_on_shared_streams_each_get_their_own_answer() {
         tokio::spawn(async move { kv.lease_keep_alive(lease).await })
     });
     let answers = within("refreshes", futures::future::join_all(refreshes)).await;
-    for ((answer, &lease), &ttl) in answers.into_iter().zip(&leases).zip(&ttls) {
-        match answer.unwrap() {
-            Err(KvError::LeaseNotFound(id)) => assert!(revoked.contains(&lease) && id == lease),
-            Ok(got) => {
-                assert!(!revoked.contains(&lease) && got == Duration::from_secs(ttl), "{lease}: {got:?}")
+    let alone: Vec<_> = answers.into_iter().map(Result::unwrap).collect();
+    // And all in one batch, every request sent before an answer is read.
+    let batched = within("refreshes", kv.lease_keep_alive_many(&leases)).await;
+    for answers in [alone, batched] {
+        for ((answer, &lease), &ttl) in answers.into_iter().zip(&leases).zip(&ttls) {
+            match answer {
+                Err(KvError::LeaseNotFound(id)) => assert!(revoked.contains(&lease) && id == lease),
+                Ok(got) => {
+                    assert!(!revoked.contains(&lease) && got == Duration::from_secs(ttl), "{lease}: {got:?}")
+                }
+                Err(e) => panic!("{lease}: {e:?}"),
             }
-            Err(e) => panic!("{lease}: {e:?}"),
         }
     }
     for lease in leases.into_iter().filter(|l| !revoked.contains(l)) {
