@@ -1,6 +1,6 @@
-//! A real three-member cluster: requests and a watch carry on, without gap or duplicate,
-//! while members are killed and restarted one at a time (so that, whichever member this
-//! process prefers, it is killed once).
+//! A real three-member cluster: requests, a watch and lease refreshes carry on, without gap
+//! or duplicate, while members are killed and restarted one at a time (so that, whichever
+//! member this process prefers, it is killed once).
 
 #![allow(clippy::unwrap_used)]
 
@@ -63,4 +63,44 @@ async fn requests_and_watches_survive_members_going_down_one_at_a_time() {
     // Retried writes may show up twice as separate writes; every key must be there, in order.
     seen.dedup();
     assert_eq!(seen, expected);
+}
+
+/// Refreshes `leases` in one batch until every one is answered, retrying what may be retried
+/// (as the sessions' driver does); each must keep its TTL.
+async fn refresh_all(kv: &EtcdKv, leases: &[i64], ttl: Duration) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let answers = kv.lease_keep_alive_many(leases).await;
+            if answers.iter().all(Result::is_ok) {
+                assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|t| *t == ttl)), "{answers:?}");
+                return;
+            }
+            for failed in answers.iter().filter_map(|a| a.as_ref().err()) {
+                assert!(failed.is_retryable(), "non-retryable error: {failed}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the refreshes go through the members still up")
+}
+
+/// The sessions' batched refreshes, sent together on a member's shared keep-alive streams,
+/// move to another member when theirs is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_lease_refreshes_carry_on_while_members_go_down_one_at_a_time() {
+    let mut cluster = EtcdCluster::start(3).await.expect("a 3-member cluster starts");
+    let options = cluster.options().with_request_timeout(Duration::from_secs(3));
+    let kv = EtcdKv::connect(options).await.unwrap();
+    let ttl = Duration::from_secs(60);
+    let mut leases = Vec::new();
+    for _ in 0..20 {
+        leases.push(kv.lease_grant(ttl).await.unwrap());
+    }
+    refresh_all(&kv, &leases, ttl).await;
+    for round in 0..3 {
+        cluster.member_mut(round).kill().await.unwrap();
+        refresh_all(&kv, &leases, ttl).await;
+        cluster.member_mut(round).restart().await.unwrap();
+    }
 }
