@@ -93,15 +93,20 @@ impl LeaseStreams {
     /// come.
     fn send(&self, lease: i64) -> Result<oneshot::Receiver<Answer>, etcd_client::Error> {
         let slot = &self.slots[lease.unsigned_abs() as usize % self.slots.len()];
-        let (answer, answered) = oneshot::channel();
         let mut open = slot.lock().map_err(|_| closed())?;
-        let stream = open.get_or_insert_with(|| self.open(slot.clone()));
-        stream.waiters.lock().map_err(|_| closed())?.push_back(answer);
-        if stream.requests.send(KeepAliveRequest { id: lease }).is_err() {
+        // A stream that ended since it was opened (its member is gone) takes no request, and
+        // its slot may not be emptied yet: the request goes on a new stream, whose failure
+        // then says why (a member that cannot be reached, so that the batch goes to another).
+        for _ in 0..2 {
+            let stream = open.get_or_insert_with(|| self.open(slot.clone()));
+            let (answer, answered) = oneshot::channel();
+            stream.waiters.lock().map_err(|_| closed())?.push_back(answer);
+            if stream.requests.send(KeepAliveRequest { id: lease }).is_ok() {
+                return Ok(answered);
+            }
             *open = None;
-            return Err(closed());
         }
-        Ok(answered)
+        Err(closed())
     }
 
     /// Opens a stream for `slot`: a task sends what is queued and hands each answer to the

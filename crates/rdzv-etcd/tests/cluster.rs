@@ -104,3 +104,30 @@ async fn batched_lease_refreshes_carry_on_while_members_go_down_one_at_a_time() 
         cluster.member_mut(round).restart().await.unwrap();
     }
 }
+
+/// A batch whose member is down before any of its refreshes could be sent goes to another
+/// member within the same call (none reached a server, so none is sent twice). Each member
+/// in turn is killed under a client that just granted the leases, so that, whichever member
+/// the client prefers, one of the batches meets it dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_could_not_be_sent_goes_to_another_member_in_the_same_call() {
+    let mut cluster = EtcdCluster::start(3).await.expect("a 3-member cluster starts");
+    let ttl = Duration::from_secs(60);
+    for down in 0..3 {
+        let options = cluster.options().with_request_timeout(Duration::from_secs(3));
+        let kv = EtcdKv::connect(options).await.unwrap();
+        let mut leases = Vec::new();
+        for _ in 0..20 {
+            leases.push(kv.lease_grant(ttl).await.unwrap());
+        }
+        cluster.member_mut(down).kill().await.unwrap();
+        let answers = tokio::time::timeout(Duration::from_secs(10), kv.lease_keep_alive_many(&leases))
+            .await
+            .expect("answered");
+        assert!(
+            answers.iter().all(|a| a.as_ref().is_ok_and(|t| *t == ttl)),
+            "member {down} down: {answers:?}"
+        );
+        cluster.member_mut(down).restart().await.unwrap();
+    }
+}
