@@ -256,26 +256,19 @@ impl EtcdKv {
                 Ok(Some(answers))
             }
         });
+        let ctx = |id| self.shared.context(self.request_timeout, Some(id));
         let answers = match tokio::time::timeout(self.request_timeout, Box::pin(sent)).await {
             Ok(Ok(answers)) => answers?,
             Ok(Err(_)) => return None,
             Err(_) => {
-                let timed_out = |&id| {
-                    Err(error::timeout(
-                        "lease_keep_alive",
-                        self.shared.context(self.request_timeout, Some(id)),
-                    ))
-                };
-                return Some(leases.iter().map(timed_out).collect());
+                return Some(
+                    leases.iter().map(|&id| Err(error::timeout("lease_keep_alive", ctx(id)))).collect(),
+                );
             }
         };
         let answered = leases.iter().zip(answers).map(|(&id, answer)| match answer {
             Ok(ttl) => self.answered(id, ttl),
-            Err(e) => Err(error::classify(
-                "lease_keep_alive",
-                e,
-                self.shared.context(self.request_timeout, Some(id)),
-            )),
+            Err(e) => Err(error::classify("lease_keep_alive", e, ctx(id))),
         });
         Some(answered.collect())
     }

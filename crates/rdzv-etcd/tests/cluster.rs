@@ -65,6 +65,15 @@ async fn requests_and_watches_survive_members_going_down_one_at_a_time() {
     assert_eq!(seen, expected);
 }
 
+/// `n` leases of `ttl`, granted one after another.
+async fn grant(kv: &EtcdKv, n: usize, ttl: Duration) -> Vec<i64> {
+    let mut leases = Vec::with_capacity(n);
+    for _ in 0..n {
+        leases.push(kv.lease_grant(ttl).await.unwrap());
+    }
+    leases
+}
+
 /// Refreshes `leases` in one batch until every one is answered, retrying what may be retried
 /// (as the sessions' driver does); each must keep its TTL.
 async fn refresh_all(kv: &EtcdKv, leases: &[i64], ttl: Duration) {
@@ -93,10 +102,7 @@ async fn batched_lease_refreshes_carry_on_while_members_go_down_one_at_a_time() 
     let options = cluster.options().with_request_timeout(Duration::from_secs(3));
     let kv = EtcdKv::connect(options).await.unwrap();
     let ttl = Duration::from_secs(60);
-    let mut leases = Vec::new();
-    for _ in 0..20 {
-        leases.push(kv.lease_grant(ttl).await.unwrap());
-    }
+    let leases = grant(&kv, 20, ttl).await;
     refresh_all(&kv, &leases, ttl).await;
     for round in 0..3 {
         cluster.member_mut(round).kill().await.unwrap();
@@ -116,10 +122,7 @@ async fn a_batch_that_could_not_be_sent_goes_to_another_member_in_the_same_call(
     for down in 0..3 {
         let options = cluster.options().with_request_timeout(Duration::from_secs(3));
         let kv = EtcdKv::connect(options).await.unwrap();
-        let mut leases = Vec::new();
-        for _ in 0..20 {
-            leases.push(kv.lease_grant(ttl).await.unwrap());
-        }
+        let leases = grant(&kv, 20, ttl).await;
         cluster.member_mut(down).kill().await.unwrap();
         let answers = tokio::time::timeout(Duration::from_secs(10), kv.lease_keep_alive_many(&leases))
             .await
