@@ -43,7 +43,14 @@ struct KeepAliveAnswer {
 }
 
 type Answer = Result<i64, tonic::Status>;
-type Waiters = Arc<Mutex<VecDeque<oneshot::Sender<Answer>>>>;
+type Waiters = Arc<Mutex<Queue>>;
+
+/// Who waits for a stream's next answers, in order, and once it has ended, why.
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<oneshot::Sender<Answer>>,
+    ended: Option<tonic::Status>,
+}
 
 /// One open stream: where its requests go, and who waits for its next answers, in order.
 struct Open {
@@ -94,19 +101,22 @@ impl LeaseStreams {
     fn send(&self, lease: i64) -> Result<oneshot::Receiver<Answer>, etcd_client::Error> {
         let slot = &self.slots[lease.unsigned_abs() as usize % self.slots.len()];
         let mut open = slot.lock().map_err(|_| closed())?;
-        // A stream that ended since it was opened (its member is gone) takes no request, and
-        // its slot may not be emptied yet: the request goes on a new stream, whose failure
-        // then says why (a member that cannot be reached, so that the batch goes to another).
-        for _ in 0..2 {
-            let stream = open.get_or_insert_with(|| self.open(slot.clone()));
-            let (answer, answered) = oneshot::channel();
-            stream.waiters.lock().map_err(|_| closed())?.push_back(answer);
-            if stream.requests.send(KeepAliveRequest { id: lease }).is_ok() {
-                return Ok(answered);
+        let stream = open.get_or_insert_with(|| self.open(slot.clone()));
+        let (answer, answered) = oneshot::channel();
+        {
+            let mut queue = stream.waiters.lock().map_err(|_| closed())?;
+            match &queue.ended {
+                Some(why) => drop(answer.send(Err(why.clone()))),
+                None => queue.waiting.push_back(answer),
             }
+        }
+        // A stream that ended (its member is gone) before its slot was emptied takes no
+        // request; the answer is why it ended (a member that cannot be reached reads as
+        // never sent, so that the batch goes to another), told by the stream or above.
+        if stream.requests.send(KeepAliveRequest { id: lease }).is_err() {
             *open = None;
         }
-        Err(closed())
+        Ok(answered)
     }
 
     /// Opens a stream for `slot`: a task sends what is queued and hands each answer to the
@@ -119,7 +129,12 @@ impl LeaseStreams {
         let theirs = waiters.clone();
         tokio::spawn(async move {
             let ended = async {
-                grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+                grpc.ready().await.map_err(|e| {
+                    // With its source, which says whether the member could be reached at all.
+                    let mut status = tonic::Status::unavailable(e.to_string());
+                    status.set_source(Arc::new(e));
+                    status
+                })?;
                 let path = PathAndQuery::from_static("/etcdserverpb.Lease/LeaseKeepAlive");
                 let codec = tonic_prost::ProstCodec::<KeepAliveRequest, KeepAliveAnswer>::default();
                 let queued = tokio_stream::wrappers::UnboundedReceiverStream::new(queued);
@@ -127,7 +142,7 @@ impl LeaseStreams {
                     grpc.streaming(tonic::Request::new(queued), path, codec).await?.into_inner();
                 while let Some(answer) = answers.next().await {
                     let ttl = answer?.ttl;
-                    let next = theirs.lock().ok().and_then(|mut w| w.pop_front());
+                    let next = theirs.lock().ok().and_then(|mut q| q.waiting.pop_front());
                     if let Some(waiter) = next {
                         let _ = waiter.send(Ok(ttl));
                     }
@@ -141,7 +156,13 @@ impl LeaseStreams {
             {
                 *open = None;
             }
-            let left: Vec<_> = theirs.lock().map(|mut w| w.drain(..).collect()).unwrap_or_default();
+            let left: Vec<_> = theirs
+                .lock()
+                .map(|mut q| {
+                    q.ended = Some(status.clone());
+                    q.waiting.drain(..).collect()
+                })
+                .unwrap_or_default();
             for waiter in left {
                 let _ = waiter.send(Err(status.clone()));
             }
