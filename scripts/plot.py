@@ -320,7 +320,8 @@ def intro_section(md):
 
 
 def machine_section(md, data):
-    """## Machine: machine.json's fields, and what the servers ran on."""
+    """## Machine: machine.json's fields, what the servers ran on, and `later` where rows were
+    measured again by hand after the run (bench.sh writes machine.json without it)."""
     md.append("## Machine")
     md.append("")
     for k in ["date", "cpu", "nproc", "ram", "kernel", "etcd", "redis", "rustc", "load_before", "load_after", "git"]:
@@ -333,6 +334,9 @@ def machine_section(md, data):
               "its min–max range over the runs stated. The counts (writes, reads, proposals) do not "
               "depend on the machine's speed.")
     md.append("")
+    if "later" in data.machine:
+        md.append(data.machine["later"])
+        md.append("")
 
 
 # ---------------------------------------------------------------- against the targets
