@@ -43,14 +43,17 @@ pub(crate) fn client(config: &RedisConfig) -> KvResult<Client> {
     install_crypto_provider();
     let root_cert =
         config.cacert.as_deref().map(|path| read_pem("cacert", "CA certificate", path)).transpose()?;
-    let client_tls = match (&config.cert, &config.key) {
-        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-            client_cert: read_pem("cert", "client certificate", cert)?,
-            client_key: read_pem("key", "client key", key)?,
-        }),
-        _ => None,
-    };
-    Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert })
+    let mut certificates = redis::TlsCertificates::new();
+    if let Some(root_cert) = root_cert {
+        certificates = certificates.root_cert(root_cert);
+    }
+    if let (Some(cert), Some(key)) = (&config.cert, &config.key) {
+        certificates = certificates.client_tls_config(redis::ClientTlsConfig::new(
+            read_pem("cert", "client certificate", cert)?,
+            read_pem("key", "client key", key)?,
+        ));
+    }
+    Client::build_with_tls(info, certificates)
         .map_err(|e| KvError::InvalidArgument(format!("TLS setup for {endpoint} failed: {e}")))
 }
 

@@ -130,6 +130,52 @@ async fn a_handler_is_made_right_after_every_connection_was_reset() {
     }
 }
 
+/// Reads made without pause while the connection is reset again and again: each is answered (a
+/// read that fails on the dead connection is asked again on the new one) long before its
+/// timeout. With `redis` 1.8, a request handed to a connection whose reader was stopping at
+/// that instant stayed in the connection's queue, which nothing read any more, until the
+/// request timed out: tokio's bounded channel keeps a value sent with a permit taken before
+/// its receiver was dropped (tokio issue 7714). `redis` 2 queues requests in a channel whose
+/// receiver drops what it holds, late sends included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_made_while_connections_are_reset_are_answered_promptly() {
+    let server = RedisServer::start().expect("redis-server");
+    let mut config = server.config("reset-many");
+    // A read lost in a dead connection would wait this long: far beyond the bound below.
+    config.request_timeout = Duration::from_secs(60);
+    let (link, config) = via_link(&server, config);
+    let kv = connect(config).await;
+    put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let (kv, done) = (kv.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut slowest = Duration::ZERO;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = tokio::time::Instant::now();
+                    let answer = kv.get(b"k").await.unwrap_or_else(|e| panic!("a read: {e}"));
+                    assert_eq!(answer.kv.as_ref().map(|kv| &kv.value[..]), Some(&b"v"[..]));
+                    slowest = slowest.max(started.elapsed());
+                }
+                slowest
+            })
+        })
+        .collect();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        link.cut();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in readers {
+        let slowest = tokio::time::timeout(WAIT, reader)
+            .await
+            .unwrap_or_else(|_| panic!("a read went unanswered for {WAIT:?}: lost in a dead connection"))
+            .unwrap();
+        assert!(slowest < Duration::from_secs(5), "a read took {slowest:?}");
+    }
+}
+
 /// A request retried while the server cannot be reached says so, and where, also when its
 /// deadline cuts the last try short (a slow try, under load; here a link frozen meanwhile)
 /// instead of a bare timeout that names no server.
