@@ -208,7 +208,17 @@ impl Shared {
     /// request was not sent), on the next, until every member was tried once. A request
     /// that was never sent cannot be applied twice. A member that failed is no longer
     /// preferred.
-    pub async fn run<T, F, Fut>(&self, mut request: F) -> Result<T, etcd_client::Error>
+    pub async fn run<T, F, Fut>(&self, request: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(&Clients) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.run_with(request, Resend::Never).await
+    }
+
+    /// [`Shared::run`], where `resend` says whether a request whose connection broke under
+    /// it also goes to the next member.
+    pub async fn run_with<T, F, Fut>(&self, mut request: F, resend: Resend) -> Result<T, etcd_client::Error>
     where
         F: FnMut(&Clients) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -228,7 +238,7 @@ impl Shared {
                     let next = (index + 1) % count;
                     let _ =
                         self.preferred.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
-                    if tried < count && error::never_sent(&e) {
+                    if tried < count && (resend == Resend::IfLost || error::never_sent(&e)) {
                         continue;
                     }
                     return Err(e);
@@ -266,6 +276,17 @@ impl Shared {
     pub fn context(&self, timeout: Duration, lease: Option<LeaseId>) -> Context<'_> {
         Context { endpoints: &self.endpoints, lease, timeout }
     }
+}
+
+/// Whether a request that may have reached a member before its connection broke is sent
+/// to the next member too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resend {
+    /// Only a request that was never sent: any other might then be applied twice.
+    Never,
+    /// Also one whose member was lost under it: for requests that may be applied twice, such
+    /// as lease refreshes (a second refresh only renews the lease again).
+    IfLost,
 }
 
 /// Why a connection could not be set up.

@@ -18,7 +18,7 @@ use rdzv_core::kv::{
 };
 use rdzv_core::{Kv, KvError, KvResult};
 
-use crate::client::{self, Clients, ConnectError, Shared};
+use crate::client::{self, Clients, ConnectError, Resend, Shared};
 use crate::config::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_TIMEOUT, EtcdOptions, MAX_KEY_BYTES, MIN_MAX_REQUEST_BYTES,
     REQUEST_RESERVE_BYTES,
@@ -210,12 +210,13 @@ impl EtcdKv {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let ctx = self.shared.context(self.request_timeout, lease);
+        let refresh = operation == "lease_keep_alive";
         // Waiting for a slot is not the request's time: the server is busy with the others.
-        let _slot = if operation == "lease_keep_alive" { None } else { shared.requests.acquire().await.ok() };
+        let _slot = if refresh { None } else { shared.requests.acquire().await.ok() };
         // Boxed once a slot is ours: a request's state (about 7 KiB with tonic's) then takes
         // memory only while the request is in flight, not in every caller waiting for a slot
         // (98,304 of them at the start of a large round).
-        let run = Box::pin(shared.run(request));
+        let run = Box::pin(shared.run_with(request, if refresh { Resend::IfLost } else { Resend::Never }));
         match tokio::time::timeout(self.request_timeout, run).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(error::classify(operation, e, ctx)),
@@ -235,27 +236,30 @@ impl EtcdKv {
 
     /// The refreshes of `leases` through `shared`, all sent at once on its connection's shared
     /// keep-alive streams, under one deadline; `None` where it has no such streams, or where
-    /// none of the refreshes could be sent (each is then tried alone, failing over between
-    /// members as a single refresh does).
+    /// every refresh failed for want of a member on every member (each is then tried alone,
+    /// failing over between members as a single refresh does).
     async fn keep_alive_all_on(
         &self,
         shared: &Shared,
         leases: &[LeaseId],
     ) -> Option<Vec<KvResult<Duration>>> {
-        let sent = shared.run(|c| {
+        let batch = |c: &Clients| {
             let streams = c.refreshes.clone();
             async move {
                 let Some(streams) = streams else { return Ok(None) };
                 let mut answers = streams.refresh_many(leases).await;
-                // Every one failed before it was sent: the member is out of reach, and `run`
-                // tries the next one.
-                let unsent = |a: &Result<_, _>| a.as_ref().is_err_and(error::never_sent);
-                if !answers.is_empty() && answers.iter().all(unsent) {
+                // Every one failed because the member could not be reached or was lost
+                // meanwhile (a member killed before this connection noticed fails them all
+                // with a broken pipe): the next member gets the batch. A refresh sent twice
+                // only renews its lease twice.
+                let lost = |a: &Result<_, _>| a.as_ref().is_err_and(error::is_unreachable);
+                if !answers.is_empty() && answers.iter().all(lost) {
                     return answers.swap_remove(0).map(|_| None);
                 }
                 Ok(Some(answers))
             }
-        });
+        };
+        let sent = shared.run_with(batch, Resend::IfLost);
         let ctx = |id| self.shared.context(self.request_timeout, Some(id));
         let answers = match tokio::time::timeout(self.request_timeout, Box::pin(sent)).await {
             Ok(Ok(answers)) => answers?,

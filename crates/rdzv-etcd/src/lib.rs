@@ -50,8 +50,9 @@
 //! a process sends its requests to one member (chosen at random per process, so that
 //! processes spread over the cluster) and fails over to the next when that member cannot
 //! be reached — a request that could not be sent is sent to the next member at once, so
-//! one dead member among live ones fails no request. With a user name, the client
-//! authenticates and renews its token when it expires.
+//! one dead member among live ones fails no request (a lease refresh goes there too when
+//! its member was lost under it: a refresh sent twice only renews twice). With a user
+//! name, the client authenticates and renews its token when it expires.
 //!
 //! Or directly, with [`EtcdOptions`] and [`EtcdKv::connect`], or around a client you built
 //! with [`EtcdKv::from_client`]:

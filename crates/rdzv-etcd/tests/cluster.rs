@@ -111,19 +111,29 @@ async fn batched_lease_refreshes_carry_on_while_members_go_down_one_at_a_time() 
     }
 }
 
-/// A batch whose member is down before any of its refreshes could be sent goes to another
-/// member within the same call (none reached a server, so none is sent twice). Each member
-/// in turn is killed under a client that just granted the leases, so that, whichever member
-/// the client prefers, one of the batches meets it dead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_that_could_not_be_sent_goes_to_another_member_in_the_same_call() {
+/// How a test kills a member.
+#[derive(Clone, Copy)]
+enum Kill {
+    /// Awaited: the client's runtime runs meanwhile and may notice first.
+    Awaited,
+    /// Blocking the (single-threaded) runtime: the client has not noticed when it returns.
+    Blocking,
+}
+
+/// Each member in turn is killed under a client that just granted the leases, so that,
+/// whichever member the client prefers, one of the batches meets it dead; each batch must
+/// renew every lease within its one call.
+async fn kill_each_member_under_a_batch(how: Kill) {
     let mut cluster = EtcdCluster::start(3).await.expect("a 3-member cluster starts");
     let ttl = Duration::from_secs(60);
     for down in 0..3 {
         let options = cluster.options().with_request_timeout(Duration::from_secs(3));
         let kv = EtcdKv::connect(options).await.unwrap();
         let leases = grant(&kv, 20, ttl).await;
-        cluster.member_mut(down).kill().await.unwrap();
+        match how {
+            Kill::Awaited => cluster.member_mut(down).kill().await.unwrap(),
+            Kill::Blocking => cluster.member_mut(down).kill_blocking().unwrap(),
+        }
         let answers = tokio::time::timeout(Duration::from_secs(10), kv.lease_keep_alive_many(&leases))
             .await
             .expect("answered");
@@ -133,4 +143,19 @@ async fn a_batch_that_could_not_be_sent_goes_to_another_member_in_the_same_call(
         );
         cluster.member_mut(down).restart().await.unwrap();
     }
+}
+
+/// A batch whose member is down before any of its refreshes could be sent goes to another
+/// member within the same call (none reached a server, so none is sent twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_could_not_be_sent_goes_to_another_member_in_the_same_call() {
+    kill_each_member_under_a_batch(Kill::Awaited).await;
+}
+
+/// A batch written to a connection whose member was killed before the client noticed (every
+/// refresh fails with a broken pipe, and may have reached the server) goes to another member
+/// within the same call too: a refresh sent twice only renews its lease twice.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_whose_member_died_unnoticed_goes_to_another_member_in_the_same_call() {
+    kill_each_member_under_a_batch(Kill::Blocking).await;
 }

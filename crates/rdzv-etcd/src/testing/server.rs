@@ -374,6 +374,17 @@ impl EtcdServer {
         self.end("kill").await
     }
 
+    /// [`EtcdServer::kill`] without yielding to the runtime: blocks this thread until etcd is
+    /// gone. A client on a single-threaded runtime then has not yet seen its connections to
+    /// the server close (as when a member dies while its client is busy), and its next request
+    /// is written to a dead connection.
+    pub fn kill_blocking(&mut self) -> Result<(), HarnessError> {
+        match self.process.take() {
+            Some(process) => end_process(process, "kill"),
+            None => Ok(()),
+        }
+    }
+
     /// Starts the server again on the same ports and data directory (stopping it first if
     /// it runs), and waits until it answers.
     pub async fn restart(&mut self) -> Result<(), HarnessError> {
