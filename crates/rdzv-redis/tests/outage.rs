@@ -6,6 +6,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -146,13 +147,13 @@ async fn reads_made_while_connections_are_reset_are_answered_promptly() {
     let (link, config) = via_link(&server, config);
     let kv = connect(config).await;
     put(&*kv, b"k", b"v", PutOptions::OVERWRITE).await;
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..8)
         .map(|_| {
             let (kv, done) = (kv.clone(), done.clone());
             tokio::spawn(async move {
                 let mut slowest = Duration::ZERO;
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                while !done.load(Ordering::Relaxed) {
                     let started = tokio::time::Instant::now();
                     let answer = kv.get(b"k").await.unwrap_or_else(|e| panic!("a read: {e}"));
                     assert_eq!(answer.kv.as_ref().map(|kv| &kv.value[..]), Some(&b"v"[..]));
@@ -166,7 +167,7 @@ async fn reads_made_while_connections_are_reset_are_answered_promptly() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         link.cut();
     }
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    done.store(true, Ordering::Relaxed);
     for reader in readers {
         let slowest = tokio::time::timeout(WAIT, reader)
             .await
