@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import pytest
 
@@ -40,17 +41,22 @@ def _binary(name: str) -> str:
 
 
 def _start_on_free_ports(
-    count: int, command: Callable[[list[int]], list[str]], ready: Callable[[list[int]], tuple[str, str]], log: Path
+    count: int,
+    command: Callable[[list[int]], list[str]],
+    ready: Callable[[list[int]], tuple[str, str]],
+    log: Path,
+    cleanup: str | None = None,
 ) -> tuple[subprocess.Popen, list[int]]:
     """Runs `command(ports)` on `count` consecutive free ports outside the ephemeral range,
-    logging to `log`, and waits until it answers at `ready(ports)` (a URL, and what the log
-    says once this server listens: another server may answer on a port taken meanwhile).
-    Starts again on other ports when one was taken."""
+    logging to `log`, under a watchdog (`_watched`, which removes `cleanup` when the server
+    ends), and waits until it answers at `ready(ports)` (a URL, and what the log says once
+    this server listens: another server may answer on a port taken meanwhile). Starts again
+    on other ports when one was taken."""
     for attempt in range(1, START_ATTEMPTS + 1):
         ports = consecutive_free_ports(count)
         log.unlink(missing_ok=True)
         with open(log, "wb") as out:
-            proc = subprocess.Popen(command(ports), stdout=out, stderr=subprocess.STDOUT)
+            proc = _watched(command(ports), out, cleanup)
         try:
             url, listening = ready(ports)
             _wait_ready(url, listening, proc, log)
@@ -85,12 +91,44 @@ def _wait_ready(url: str, listening: str, proc: subprocess.Popen, log: Path) -> 
     raise RuntimeError(f"server at {url} did not answer within 30 s: {last}")
 
 
+# Runs the server (`"$0" "$@"`) in the background and ends it with SIGTERM when its own
+# stdin closes: when `_stop` closes it, and also when the test process dies without running
+# its fixtures' cleanup (SIGKILL, a CI timeout), since the kernel then closes the pipe. Once
+# the server has exited, for whatever reason, removes `$RDZV_CLEANUP` (the server's data,
+# 123 MiB of etcd's on tmpfs) if set, and exits with the server's status. A killed pytest
+# used to leave its servers running, holding their ports and that memory.
+WATCHDOG = r"""
+exec 3<&0  # an asynchronous command's stdin is /dev/null unless redirected from elsewhere
+"$0" "$@" 3<&- &
+server=$!
+(while read -r _; do :; done; kill "$server" 2>/dev/null) <&3 3<&- &
+reader=$!
+wait "$server"
+status=$?
+kill "$reader" 2>/dev/null  # lest it signal the server's number, reused, at its end of input
+if [ -n "$RDZV_CLEANUP" ]; then rm -rf "$RDZV_CLEANUP"; fi
+exit "$status"
+"""
+
+
+def _watched(command: list[str], out: BinaryIO, cleanup: str | None) -> subprocess.Popen:
+    """`command` started under `WATCHDOG`, in a process group of its own (so that `_stop`
+    can kill the server and its watchdog together), its output to `out`."""
+    env = dict(os.environ, RDZV_CLEANUP=cleanup or "")
+    return subprocess.Popen(
+        ["sh", "-c", WATCHDOG, *command],
+        stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )  # fmt: skip
+
+
 def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
+    """Ends a `_watched` server: SIGTERM through its watchdog, SIGKILL to both after 10 s."""
+    assert proc.stdin is not None
+    proc.stdin.close()
     try:
         proc.wait(10)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -122,7 +160,7 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return f"etcd://127.0.0.1:{ports[0]}/ready", f'"address":"127.0.0.1:{ports[0]}"'
 
     try:
-        proc, ports = _start_on_free_ports(3, command, ready, d / "log")
+        proc, ports = _start_on_free_ports(3, command, ready, d / "log", cleanup=data)
     except BaseException:
         shutil.rmtree(data, ignore_errors=True)
         raise
