@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class SlurmCluster:
     env: dict[str, str] = field(repr=False)
     binaries: dict[str, str] = field(repr=False)
     _daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    _reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, directory: Path, nodes: int = 3, proctrack: str = "linuxproc") -> SlurmCluster:
@@ -91,6 +93,7 @@ class SlurmCluster:
         conf.write_text(_slurm_conf(directory, nodes, ctld_port, node_ports, proctrack))
         cluster = cls(directory, nodes, conf, _client_env(conf), binaries)
         try:
+            cluster._reaper = _start_reaper(conf)
             cluster._spawn_daemons(key)
         except BaseException:
             cluster.stop()
@@ -246,8 +249,13 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancels every job, stops the daemons (SIGTERM, SIGKILL after 10 s) and kills what
         is left of the jobs' processes. Never raises; stopping twice is harmless."""
-        if not self._daemons:
-            return
+        if self._daemons:
+            self._stop_daemons()
+        if self._reaper is not None:
+            _end_reaper(self._reaper)
+            self._reaper = None
+
+    def _stop_daemons(self) -> None:
         ctld = self._daemons.get("slurmctld")
         # Without slurmctld (it failed to start) there are no jobs, and each client
         # would wait for it until its timeout.
@@ -474,6 +482,28 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         pass  # the group is gone
 
 
+def _start_reaper(conf: Path) -> subprocess.Popen[bytes]:
+    """This module run as the reaper of the cluster of `conf` (`__main__` below): it waits for
+    the end of its stdin, which comes when `stop` closes it or when the test process dies
+    without stopping the cluster (SIGKILL, a CI timeout), and then kills every process of the
+    cluster. The daemons run in sessions of their own and would otherwise outlive such a test
+    process, holding their ports. In a session of its own too, so that a Ctrl-C meant for
+    pytest, which stops the cluster itself, does not end it first."""
+    return subprocess.Popen(
+        [sys.executable, __file__, str(conf)], stdin=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+
+
+def _end_reaper(reaper: subprocess.Popen[bytes]) -> None:
+    assert reaper.stdin is not None
+    try:
+        reaper.stdin.close()
+        reaper.wait(STOP_GRACE)
+    except (OSError, subprocess.TimeoutExpired):
+        reaper.kill()
+        reaper.wait()
+
+
 def _kill_stragglers(conf: Path) -> None:
     """SIGKILLs every process whose environment names `conf`: slurmstepd's and job
     processes that left the daemons' process groups (slurmstepd starts sessions of its own)
@@ -488,3 +518,9 @@ def _kill_stragglers(conf: Path) -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
         except OSError:
             pass  # gone, or not ours to read
+
+
+if __name__ == "__main__":
+    # The reaper of `_start_reaper`.
+    sys.stdin.buffer.read()
+    _kill_stragglers(Path(sys.argv[1]))
