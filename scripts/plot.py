@@ -494,6 +494,11 @@ def ceiling_rows(data):
     return rows + ceiling_ratio_rows(done) + median_ratio_rows(data.ratio)
 
 
+def plural(n):
+    """The English plural ending for a count of `n`."""
+    return "" if n == 1 else "s"
+
+
 def median_ratio_rows(ratio):
     """The round time of the large size over that of the small one, from the medians of the quiet
     runs of `etcd_figures.py ratio` (issue 43: t(98,304) ≤ 12 × t(8,192))."""
@@ -517,7 +522,7 @@ def median_ratio_rows(ratio):
     bound = max(r.get("quiet_load", 0.9) for r in good)
     return [[f"etcd: round time at {sizes[1]} / at {sizes[0]} in-process workers, medians of quiet runs "
              f"(`etcd_figures.py ratio`: the sizes in turn, each on a fresh etcd, started at a 1-minute load "
-             f"under {bound:g}{f'; {left} runs left out, not quiet or failed' if left else ''})",
+             f"under {bound:g}{f'; {left} run{plural(left)} left out, not quiet or failed' if left else ''})",
              f"{statistics.median(large) / statistics.median(small):.2f} ({fmt_s(statistics.median(large))} over "
              f"{len(large)} runs, {fmt_s(min(large))}–{fmt_s(max(large))}; {fmt_s(statistics.median(small))} over "
              f"{len(small)}); run by run {each[0]:.2f}–{each[-1]:.2f}" if each else "–",
