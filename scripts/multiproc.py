@@ -68,6 +68,21 @@ def metric(text, name):
     return None
 
 
+# Ends etcd and removes its data when the script dies without `Etcd.stop` (SIGKILL, a closed
+# terminal), which used to leave etcd running and, on tmpfs, its data in memory. It reads the
+# members' process ids, one a line, until the end of its stdin: only the kernel closes that,
+# when the script dies, since `stop` kills the reaper first.
+REAPER = r"""
+pids=
+while read -r pid; do pids="$pids $pid"; done
+[ -n "$pids" ] || exit 0
+kill $pids 2>/dev/null
+sleep 5
+kill -9 $pids 2>/dev/null
+rm -rf "$0"
+"""
+
+
 class Etcd:
     """A local etcd of `members` processes on loopback, data on tmpfs (or on disk)."""
 
@@ -75,6 +90,8 @@ class Etcd:
         parent = data_parent if on_disk else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
         self.dir = tempfile.mkdtemp(prefix="rdzv-bench-etcd-", dir=parent)
         self.on_disk = on_disk
+        self.reaper = subprocess.Popen(["/bin/sh", "-c", REAPER, self.dir], stdin=subprocess.PIPE, text=True,
+                                       start_new_session=True)
         ports = [(free_port(), free_port(), free_port()) for _ in range(members)]
         cluster = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer, _) in enumerate(ports))
         self.members = []  # (process, client port, metrics port, log)
@@ -98,6 +115,8 @@ class Etcd:
                 stderr=subprocess.STDOUT,
             )
             self.members.append((proc, client, metrics_port, log))
+            self.reaper.stdin.write(f"{proc.pid}\n")
+            self.reaper.stdin.flush()
         self.client = ports[0][0]
         # The URL's host part: every member (etcd clients spread over them and fail over).
         self.hosts = ",".join(f"127.0.0.1:{client}" for client, _, _ in ports)
@@ -151,6 +170,8 @@ class Etcd:
         return out.stdout.splitlines()[0].split(":")[-1].strip() if out.stdout else "?"
 
     def stop(self, keep=False):
+        self.reaper.kill()
+        self.reaper.wait()
         for proc, _, _, _ in self.members:
             proc.terminate()
         for proc, _, _, log in self.members:
