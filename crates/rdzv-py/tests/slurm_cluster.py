@@ -252,7 +252,9 @@ class SlurmCluster:
         if self._daemons:
             self._stop_daemons()
         if self._reaper is not None:
-            _end_reaper(self._reaper)
+            # Everything it would kill is gone: `_stop_daemons` ends with the same sweep.
+            self._reaper.kill()
+            self._reaper.wait()
             self._reaper = None
 
     def _stop_daemons(self) -> None:
@@ -484,24 +486,14 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 
 def _start_reaper(conf: Path) -> subprocess.Popen[bytes]:
     """This module run as the reaper of the cluster of `conf` (`__main__` below): it waits for
-    the end of its stdin, which comes when `stop` closes it or when the test process dies
-    without stopping the cluster (SIGKILL, a CI timeout), and then kills every process of the
-    cluster. The daemons run in sessions of their own and would otherwise outlive such a test
+    the end of its stdin, which comes only when the test process dies without stopping the
+    cluster (SIGKILL, a CI timeout; `stop` kills the reaper instead), and then kills every
+    process of the cluster. The daemons run in sessions of their own and would otherwise outlive such a test
     process, holding their ports. In a session of its own too, so that a Ctrl-C meant for
     pytest, which stops the cluster itself, does not end it first."""
     return subprocess.Popen(
         [sys.executable, __file__, str(conf)], stdin=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
-
-
-def _end_reaper(reaper: subprocess.Popen[bytes]) -> None:
-    assert reaper.stdin is not None
-    try:
-        reaper.stdin.close()
-        reaper.wait(STOP_GRACE)
-    except (OSError, subprocess.TimeoutExpired):
-        reaper.kill()
-        reaper.wait()
 
 
 def _kill_stragglers(conf: Path) -> None:
