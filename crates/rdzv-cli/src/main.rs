@@ -12,6 +12,7 @@ mod observe;
 mod output;
 mod progress;
 mod ranks;
+mod scratch;
 mod signals;
 mod slurm;
 mod target;

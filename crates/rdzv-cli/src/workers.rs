@@ -20,6 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::scratch::ScratchDir;
 use crate::signals::signal_group;
 
 /// Where the workers' files go: `<root>/attempt_<k>/<local_rank>/{stdout.log, stderr.log,
@@ -32,11 +33,12 @@ pub struct Logs {
     /// Whether their output is also copied to the agent's, each line prefixed `[<rank>]:`.
     tee: bool,
     /// The temporary root, removed when this is dropped.
-    _temp: Option<tempfile::TempDir>,
+    _temp: Option<ScratchDir>,
 }
 
 impl Logs {
-    /// Files under `log_dir` when given, else error files only, in a temporary directory.
+    /// Files under `log_dir` when given, else error files only, in a temporary directory
+    /// (see [`ScratchDir`]).
     pub fn new(log_dir: Option<&Path>, tee: bool) -> std::io::Result<Logs> {
         match log_dir {
             Some(dir) => {
@@ -44,7 +46,7 @@ impl Logs {
                 Ok(Logs { root: dir.to_path_buf(), to_files: true, tee, _temp: None })
             }
             None => {
-                let temp = tempfile::Builder::new().prefix("rdzv-run-").tempdir()?;
+                let temp = ScratchDir::create()?;
                 Ok(Logs { root: temp.path().to_path_buf(), to_files: false, tee, _temp: Some(temp) })
             }
         }

@@ -1,7 +1,7 @@
 //! How `rdzv run` handles its workers' processes: a worker's own children end with the agent
 //! even when it is killed with SIGKILL, and a worker that exited is not reaped (its process
-//! id, which is its process group's id, stays its own) until its group got its last signal.
-//! One node on the in-process backend: no server needed.
+//! id, which is its process group's id, stays its own) until its group got its last signal;
+//! the temporary directory of a SIGKILLed agent is removed by the next agent. One node on the in-process backend: no server needed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,11 +13,25 @@ use cli_support::{Proc, field, run_id};
 use tokio::time::Instant;
 
 fn agent(name: &str, nproc: &str, script: &str) -> Proc {
+    agent_with_env(name, nproc, script, &[])
+}
+
+fn agent_with_env(name: &str, nproc: &str, script: &str, env: &[(&str, &str)]) -> Proc {
     let url = format!("mem://workers/{}?min_workers=1&timeout=20s", run_id(name));
-    Proc::spawn(
+    Proc::spawn_with_env(
         name,
         &["run", &url, "--nproc-per-node", nproc, "--grace-period", "2s", "--", "sh", "-c", script],
+        env,
     )
+}
+
+/// The agents' temporary directories in `parent`.
+fn scratch_dirs(parent: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(parent)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("rdzv-run-"))
+        .collect()
 }
 
 /// The state letter of `/proc/<pid>/stat` (`None`: no such process), and its parent.
@@ -55,6 +69,32 @@ async fn a_workers_children_end_with_a_sigkilled_agent() {
         agent.kill9();
         assert!(gone(worker, Duration::from_secs(5)).await, "the worker outlived its agent");
         assert!(gone(child, Duration::from_secs(5)).await, "the worker's child {child} outlived the agent");
+    })
+    .await;
+}
+
+/// A SIGKILLed agent cannot remove its temporary directory (where its workers' error files
+/// go): the next agent to start on the machine removes it. Each killed agent used to leave
+/// its directory in /tmp for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_agent_removes_the_directory_of_a_sigkilled_one() {
+    cli_support::bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let env = [("TMPDIR", tmp.path().to_str().unwrap())];
+        let mut killed = agent_with_env("scratch-killed", "1", r#"echo "PID=$$"; exec sleep 300"#, &env);
+        let line = killed.line(Duration::from_secs(20)).await;
+        let worker: u32 = field(&line, "PID").parse().unwrap();
+        killed.also_kill(worker);
+        let made = scratch_dirs(tmp.path());
+        assert_eq!(made.len(), 1, "one directory while the agent runs: {made:?}");
+        killed.kill9();
+        assert_eq!(killed.exit_code(Duration::from_secs(5)).await, -1, "killed by a signal");
+        assert!(gone(worker, Duration::from_secs(5)).await, "the worker outlived its agent");
+        assert_eq!(scratch_dirs(tmp.path()), made, "left by the killed agent");
+
+        let mut next = agent_with_env("scratch-next", "1", "exit 0", &env);
+        assert_eq!(next.exit_code(Duration::from_secs(20)).await, 0, "{}", next.stderr());
+        assert_eq!(scratch_dirs(tmp.path()), Vec::<String>::new(), "directories left");
     })
     .await;
 }

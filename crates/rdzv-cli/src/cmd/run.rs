@@ -163,7 +163,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "30m", value_name = "DURATION", value_parser = crate::args::duration)]
     finish_timeout: Duration,
     /// Write each worker's stdout and stderr to DIR/attempt_K/LOCAL_RANK/stdout.log and
-    /// stderr.log (K: the restart count).
+    /// stderr.log (K: the restart count). Without it only the error files are kept, in
+    /// $TMPDIR/rdzv-run-* (else /tmp), removed at exit, or by the next agent to start on the
+    /// machine if this one is killed.
     #[arg(long, value_name = "DIR")]
     log_dir: Option<PathBuf>,
     /// Also copy the workers' output to this agent's, each line prefixed with the worker's
