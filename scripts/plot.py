@@ -8,6 +8,7 @@ RESULTS_DIR holds cas_contention.jsonl, rendezvous_latency.jsonl, store_ops.json
 cost.jsonl, multiproc.jsonl, multiproc_cli.jsonl, machine.json and, when they were run,
 multiproc_disk.jsonl, multiproc_cluster.jsonl, clients.jsonl, detect.jsonl, promote.jsonl,
 drain.jsonl, rounds.jsonl, killone.jsonl, ceiling.jsonl, ratio.jsonl and c10d.jsonl;
+device/ (optional), what scripts/device_figures.sh recorded on a machine of many cores;
 notes.md (optional), what the figures of the current run show, is pasted in verbatim before
 "Regenerate". A missing file leaves its rows or section out.
 
@@ -635,18 +636,7 @@ def c10d_section(md, data):
               "thrashed and killed some for memory before the first run began (tried 2026-12-05, stopped); "
               "128 and more need a larger machine.")
     md.append("")
-    rows = []
-    for r in sorted(c10d, key=lambda r: (r["workers"], r.get("after_round") != "stay", r.get("stagger_s") or 0,
-                                         r["system"] != "c10d", r.get("c10d_conf") or "")):
-        what = "rdzv" if r["system"] == "rdzv" else f"c10d, {r.get('c10d_conf') or 'torch defaults'}"
-        took = fmt_s(r["seconds"]) if not r.get("failed") else (
-            "timed out (`RendezvousTimeoutError`)" if "Timeout" in r["failed"] else f"failed: {r['failed'][:80]}")
-        load = (r.get("load_before") or r.get("load_at_start") or "?").split()[0]
-        start = f"spread over {r['stagger_s']:g} s" if r.get("stagger_s") else "together"
-        rows.append([r["workers"], start, r.get("after_round", "stay"), what, took, load,
-                     r.get("runnable_at_go", "?")])
-    md.append(table(["N processes", "told to go", "after its round", "system", "last worker's round (from the "
-                     "first go)", "load before", "runnable at the go"], rows))
+    md.append(c10d_table(c10d))
     md.append("")
     md.append("Why c10d collapses, read in torch 2.15's `torch/distributed/elastic/rendezvous/"
               "dynamic_rendezvous.py`: every node joins by a compare-and-set of *one* value, the pickled "
@@ -673,6 +663,61 @@ def c10d_section(md, data):
               "each worker creates its own join key and counts its position, and a failed create is an "
               "answer, not a retry.")
     md.append("")
+
+
+def c10d_table(c10d):
+    """c10d_compare.py's runs as a table, sorted by size, variant and system."""
+    rows = []
+    for r in sorted(c10d, key=lambda r: (r["workers"], r.get("after_round") != "stay", r.get("stagger_s") or 0,
+                                         r["system"] != "c10d", r.get("c10d_conf") or "")):
+        what = "rdzv" if r["system"] == "rdzv" else f"c10d, {r.get('c10d_conf') or 'torch defaults'}"
+        took = fmt_s(r["seconds"]) if not r.get("failed") else (
+            "timed out (`RendezvousTimeoutError`)" if "Timeout" in r["failed"] else f"failed: {r['failed'][:80]}")
+        load = (r.get("load_before") or r.get("load_at_start") or "?").split()[0]
+        start = f"spread over {r['stagger_s']:g} s" if r.get("stagger_s") else "together"
+        rows.append([r["workers"], start, r.get("after_round", "stay"), what, took, load,
+                     r.get("runnable_at_go", "?")])
+    return table(["N processes", "told to go", "after its round", "system", "last worker's round (from the "
+                  "first go)", "load before", "runnable at the go"], rows)
+
+
+def device_section(md, res):
+    """### On a machine of many cores: what scripts/device_figures.sh recorded in
+    RESULTS_DIR/device/ (machine.json, inproc.jsonl, c10d.jsonl), or that it has not run."""
+    device = os.path.join(res, "device")
+    if not os.path.exists(os.path.join(device, "machine.json")):
+        md.append("### On a machine with 16 cores or more")
+        md.append("")
+        md.append("Not measured yet: no such machine was at hand. `scripts/device_figures.sh` is the prepared "
+                  "command (docs/TESTING.md): c10d against rdzv at 64, 128 and 256 processes, and one round of "
+                  "8,192, 32,768 and 98,304 in-process members on one etcd; its files go into "
+                  "`benches/results/device/`, and this section shows them.")
+        md.append("")
+        return
+    with open(os.path.join(device, "machine.json")) as f:
+        machine = json.load(f)
+    md.append(f"### On a machine of {machine['cores']} cores")
+    md.append("")
+    md.append(f"{machine['cpu']}, {machine['memory_gib']} GiB, kernel {machine['kernel']}; torch "
+              f"{machine['torch']}, {machine['etcd']}, rdzv built from {machine.get('build', '?')}; "
+              f"{machine['date']}, by `scripts/device_figures.sh run`. Every figure of this section is of "
+              f"that machine of {machine['cores']} cores, none of the rest of this file.")
+    md.append("")
+    rows = []
+    for r in load(device, "inproc.jsonl"):
+        took = fmt_s(r["seconds"]) if "seconds" in r else f"failed: {ceiling_cause(r.get('failed', ''))}"
+        memory = f"{r['peak_memory_kib'] / 1024:.0f} MiB" if "peak_memory_kib" in r else "–"
+        rows.append([r["workers"], took, memory,
+                     f"{fmt_n(r.get('writes_per_worker_round'))} / {fmt_n(r.get('reads_per_worker_round'))}",
+                     f"{fmt_n(r.get('server_cpu_s_per_1000'))} s", r.get("load_before", "?").split()[0]])
+    if rows:
+        md.append(table(["in-process members on one etcd (one round, a fresh etcd each)", "round", "peak memory",
+                         "writes / reads per worker", "etcd CPU per 1000", "load before"], rows))
+        md.append("")
+    c10d = load(device, "c10d.jsonl")
+    if c10d:
+        md.append(c10d_table(c10d))
+        md.append("")
 
 
 def failed_runs(rows, describe):
@@ -1317,6 +1362,7 @@ def main():
     machine_section(md, data)
     targets_section(md, data)
     c10d_section(md, data)
+    device_section(md, res)
     promote_section(md, data)
     drain_section(md, data)
     segments_section(md, data)
