@@ -41,7 +41,8 @@ bundle() {
     rm -rf "$dir" && mkdir -p "$dir"
     bash scripts/wheel.sh --out "$dir/wheel"
     mv "$dir"/wheel/rdzv-*-manylinux*.whl "$dir"/ && rm -rf "$dir/wheel"
-    xz -T2 -6 -c "$(command -v etcd)" > "$dir/etcd.xz"
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(open(sys.argv[1], "rb"), lzma.open(sys.argv[2], "wb"))' \
+        "$(command -v etcd)" "$dir/etcd.xz"
     git describe --always --dirty > "$dir/build"
     ls -l "$dir"
     du -sh "$dir"
@@ -73,7 +74,7 @@ json.dump({
     "load_before": " ".join(open("/proc/loadavg").read().split()[:3]),
 }, open(sys.argv[1], "w"), indent=1)
 PY
-    cat "$out/machine.json"
+    cat "$out/machine.json" && echo
 }
 
 run() {
@@ -85,7 +86,10 @@ run() {
     tools=$(mktemp -d /tmp/rdzv-device.XXXXXX)
     "$python" -m pip install -q --no-index --no-deps --no-compile --target "$tools/site" "$bundle"/rdzv-*.whl
     mkdir -p "$tools/bin"
-    xz -dc "$bundle/etcd.xz" > "$tools/bin/etcd" && chmod +x "$tools/bin/etcd"
+    # Python's lzma rather than xz, which a bare image may lack.
+    "$python" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        "$bundle/etcd.xz" "$tools/bin/etcd"
+    chmod +x "$tools/bin/etcd"
     export PYTHONPATH="$tools/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$tools/bin:$tools/site/bin:$PATH"
     export PYTHONUNBUFFERED=1
     ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
