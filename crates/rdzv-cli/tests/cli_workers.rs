@@ -1,7 +1,8 @@
 //! How `rdzv run` handles its workers' processes: a worker's own children end with the agent
 //! even when it is killed with SIGKILL, and a worker that exited is not reaped (its process
 //! id, which is its process group's id, stays its own) until its group got its last signal;
-//! the temporary directory of a SIGKILLed agent is removed by the next agent. One node on the in-process backend: no server needed.
+//! the temporary directory of a SIGKILLed agent is removed by the next agent. One node on
+//! the in-process backend: no server needed.
 
 #![allow(clippy::unwrap_used)]
 
