@@ -65,6 +65,13 @@ cargo build -j2 --release --example join_once
 cargo build -j2 --release -p rdzv-cli || echo "bench: the CLI did not build; skipping its multi-process runs"
 
 load() { cut -d' ' -f1-3 /proc/loadavg; }
+# The build just before leaves a 1-minute load of about 2 that takes minutes to fall: wait
+# (up to 5 minutes) until it is under 0.9, as the figure scripts do before each run, so that
+# the first benches do not start on what reads as a busy machine.
+for _ in $(seq 60); do
+    awk '{ exit !($1 < 0.9) }' /proc/loadavg && break
+    sleep 5
+done
 load_before=$(load)
 
 for bench in cas_contention store_ops rendezvous_latency; do
@@ -153,18 +160,6 @@ if [ -x "$cli" ]; then
     python3 scripts/etcd_figures.py detect --rdzv "$cli" --workers 8 --ttls "${DETECT_TTLS:-2,5,10}" --runs 3 \
         --out "$results/detect.jsonl" || echo "bench: the failure-detection runs failed"
 
-    echo "== against PyTorch's default rendezvous (c10d over a TCPStore), separate processes"
-    torch_python=$(source scripts/venv.sh && venv_for crates/rdzv-py/requirements-test.txt)/bin/python
-    if [ -x "$torch_python" ] && "$torch_python" -c 'import torch, rdzv' 2>/dev/null; then
-        # Workers that stay after their round and workers that exit; c10d with torch's defaults and
-        # with a backoff after a lost write and no heartbeats during the join (BENCHMARKS.md says why).
-        python3 scripts/c10d_compare.py --python "$torch_python" --sizes "${C10D_SIZES:-16,32,64}" --runs "${C10D_RUNS:-1}" \
-            --after-round stay,exit --c10d-conf ';cas_backoff_max_seconds=0.5,keep_alive_interval=600' \
-            --out "$results/c10d.jsonl" || echo "bench: the c10d comparison failed"
-    else
-        echo "bench: no venv with torch and rdzv at $torch_python (run scripts/test-python.sh once); skipping the c10d comparison"
-    fi
-
     echo "== spare promotion: a spare takes a SIGKILLed member's place, against the keep-alive TTL"
     python3 scripts/etcd_figures.py promote --rdzv "$cli" --workers 4 --ttls "${PROMOTE_TTLS:-3,10}" --runs 5 \
         --out "$results/promote.jsonl" || echo "bench: the spare-promotion runs failed"
@@ -176,6 +171,20 @@ if [ -x "$cli" ]; then
     echo "== health drain: a member whose check fails is replaced by the spare"
     python3 scripts/etcd_figures.py drain --rdzv "$cli" --workers 3 --intervals "${DRAIN_INTERVALS:-1,5}" --runs 5 \
         --out "$results/drain.jsonl" || echo "bench: the health-drain runs failed"
+
+    # Last: c10d's workers spin (a 1-minute load of 50 at 64 processes), and the load they
+    # leave behind would fall on whatever ran next (the segment runs did, at 9-13).
+    echo "== against PyTorch's default rendezvous (c10d over a TCPStore), separate processes"
+    torch_python=$(source scripts/venv.sh && venv_for crates/rdzv-py/requirements-test.txt)/bin/python
+    if [ -x "$torch_python" ] && "$torch_python" -c 'import torch, rdzv' 2>/dev/null; then
+        # Workers that stay after their round and workers that exit; c10d with torch's defaults and
+        # with a backoff after a lost write and no heartbeats during the join (BENCHMARKS.md says why).
+        python3 scripts/c10d_compare.py --python "$torch_python" --sizes "${C10D_SIZES:-16,32,64}" --runs "${C10D_RUNS:-1}" \
+            --after-round stay,exit --c10d-conf ';cas_backoff_max_seconds=0.5,keep_alive_interval=600' \
+            --out "$results/c10d.jsonl" || echo "bench: the c10d comparison failed"
+    else
+        echo "bench: no venv with torch and rdzv at $torch_python (run scripts/test-python.sh once); skipping the c10d comparison"
+    fi
 fi
 
 load_after=$(load)

@@ -656,13 +656,24 @@ def c10d_section(md, data):
               "staying or exiting); a random backoff after a lost write "
               "(`cas_backoff_max_seconds=0.5`) and no heartbeats during the join (`keep_alive_interval=600`) "
               "take 64 processes from the timeout to seconds. Workers told to go one after another over 1 s "
-              "(as when each starts once it has imported torch) help at 32 (2.10 s instead of 5.20 s) but "
-              "not at 64 (timed out): the outside report of c10d completing 64 processes in 1.6 s is not "
-              "reproduced by any difference tried here. Both options are torch's "
+              f"(as when each starts once it has imported torch) help at 32 ({c10d_took(c10d, 32, True)} "
+              f"instead of {c10d_took(c10d, 32, False)} in this table) but not at 64 "
+              f"({c10d_took(c10d, 64, True)}): the outside report of c10d completing 64 processes in 1.6 s "
+              "is not reproduced by any difference tried here. Both options are torch's "
               "(`--rdzv-conf`), which torchrun leaves at their defaults. rdzv has no shared value to race for: "
               "each worker creates its own join key and counts its position, and a failed create is an "
               "answer, not a retry.")
     md.append("")
+
+
+def c10d_took(c10d, n, staggered):
+    """How long c10d with torch's defaults took at `n` processes staying after their round,
+    told to go together or one after another: the first such run in `c10d`."""
+    for r in c10d:
+        if (r["system"] == "c10d" and r["workers"] == n and r.get("after_round", "stay") == "stay"
+                and not r.get("c10d_conf") and bool(r.get("stagger_s")) == staggered):
+            return fmt_s(r["seconds"]) if not r.get("failed") else "timed out"
+    return "not run"
 
 
 def c10d_table(c10d):
