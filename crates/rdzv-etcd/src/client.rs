@@ -22,6 +22,7 @@ use rdzv_core::{ConfigError, KvError};
 use tokio::sync::OnceCell;
 
 use crate::config::{EtcdOptions, TlsFiles};
+use crate::connector::Connector;
 use crate::error::{self, BACKEND, Context};
 
 /// etcd's own Go client accepts responses up to 2 GiB; tonic's default of 4 MiB would make
@@ -170,7 +171,8 @@ impl Shared {
                 let client = match &self.connect {
                     Some(connect) => match endpoint(&member.url, connect) {
                         Ok(endpoint) => {
-                            let channel = tonic::transport::Channel::balance_list(std::iter::once(endpoint));
+                            let channel =
+                                endpoint.connect_with_connector_lazy(Connector::new(KEEP_ALIVE_INTERVAL));
                             if self.username.is_none() {
                                 refreshes =
                                     Some(Arc::new(crate::lease_streams::LeaseStreams::new(channel.clone())));
@@ -390,7 +392,8 @@ const RESET_STREAM_MEMORY: Duration = Duration::from_secs(30);
 /// The HTTP/2 endpoint of one member, as etcd-client makes it (TLS, keep-alive, connect
 /// timeout), and also remembering every stream reset recently (see
 /// [`RESET_STREAMS_REMEMBERED`]) and never closing itself over resets the server caused: the
-/// server is the cluster the user named, not an adversary.
+/// server is the cluster the user named, not an adversary. Its TCP connections are
+/// [`Connector`]'s.
 fn endpoint(url: &str, connect: &Connect) -> Result<tonic::transport::Endpoint, etcd_client::Error> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?;
     if let Some(tls) = &connect.tls {
@@ -401,7 +404,6 @@ fn endpoint(url: &str, connect: &Connect) -> Result<tonic::transport::Endpoint, 
         .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
         .keep_alive_while_idle(false)
-        .tcp_keepalive(Some(KEEP_ALIVE_INTERVAL))
         .http2_max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
         .http2_reset_stream_duration(RESET_STREAM_MEMORY)
         .http2_max_local_error_reset_streams(None))

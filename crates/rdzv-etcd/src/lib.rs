@@ -130,6 +130,7 @@
 
 mod client;
 mod config;
+mod connector;
 mod error;
 mod factory;
 mod keep_alive;
