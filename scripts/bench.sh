@@ -165,7 +165,7 @@ if [ -x "$cli" ]; then
         --out "$results/promote.jsonl" || echo "bench: the spare-promotion runs failed"
 
     echo "== segments: in-process workers on etcd, unlabelled and with 64 interleaved segment labels"
-    python3 scripts/etcd_figures.py segments --rdzv "$cli" --sizes "${SEGMENT_SIZES:-1024,8192}" --labels 64 --runs 3 \
+    python3 scripts/etcd_figures.py segments --rdzv "$cli" --sizes "${SEGMENT_SIZES:-1024,8192}" --labels 64 --runs 6 \
         --out "$results/segments.jsonl" || echo "bench: the segment runs failed"
 
     echo "== health drain: a member whose check fails is replaced by the spare"

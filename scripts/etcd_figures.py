@@ -9,7 +9,7 @@ usage:
   etcd_figures.py killone --rdzv BIN --workers 4096 --ttl 3 --runs 3 --out FILE
   etcd_figures.py ceiling --rdzv BIN --sizes 8192,16384,24576,32768,40960,49152 --out FILE
   etcd_figures.py ratio   --rdzv BIN --small 8192 --large 98304 --runs 4 --out FILE
-  etcd_figures.py segments --rdzv BIN --sizes 1024,8192 --labels 64 --runs 3 --out FILE
+  etcd_figures.py segments --rdzv BIN --sizes 1024,8192 --labels 64 --runs 6 --out FILE
 
 clients: `rdzv bench URL --workers N --rounds 1 --client-per-worker --format json`, each worker
   with its own client and connections (what the server sees from N hosts). Records the round's
@@ -164,8 +164,12 @@ def segments(a):
     try:
         with open(a.out, "a") as out:
             for n in [int(x) for x in a.sizes.split(",")]:
+                variants = [(0, None), (a.labels, None), (a.labels, n // a.labels)]
                 for run in range(a.runs):
-                    for labels, whole in ((0, None), (a.labels, None), (a.labels, n // a.labels)):
+                    # Each run starts with another variant: a machine that warms up over a run's
+                    # three rounds (its own load) would otherwise always favour the first.
+                    shift = run % len(variants)
+                    for labels, whole in variants[shift:] + variants[:shift]:
                         load = os.getloadavg()[0]
                         extra = ["--segments", str(labels)] if labels else []
                         r = bench_once(etcd, a, n, f"&segment_size={whole}" if whole else "", extra)

@@ -790,13 +790,15 @@ def segments_section(md, data):
         seg, lambda r: f"N={r['workers']} labels {r['labels']} segment_size {r.get('segment_size')} run {r['run']}")
     loads = [r["load_before"] for r in seg]
     md.append("Segments (`python3 scripts/etcd_figures.py segments --rdzv target/release/rdzv --sizes 1024,8192 "
-              "--labels 64 --runs 3 --out benches/results/segments.jsonl`, run by `scripts/bench.sh`): "
+              "--labels 64 --runs 6 --out benches/results/segments.jsonl`, run by `scripts/bench.sh`): "
               "`rdzv bench` of N in-process workers on one client against a local etcd, one round, "
-              "in turn without labels, with `--segments 64` (worker i in `s<i mod 64>`, so each "
+              "in turn (each run starting with another of the three) without labels, with `--segments 64` "
+              "(worker i in `s<i mod 64>`, so each "
               "segment's workers arrive interleaved with the others': the most regrouping), and with those "
               "labels admitted as whole segments (`segment_size=N/64` in the URL: every segment complete, "
               "each in its block). At 1,024 workers a round takes a fifth of a second and the runs "
-              "spread as much as the variants differ: a ratio below 1 there is noise, not a gain. The labels "
+              "spread as much as the variants differ: a ratio a tenth either side of 1 there is noise, not a "
+              "gain or a cost. The labels "
               "add a few bytes per member to the values and a grouping of the newcomers to the freeze; "
               "the key count and the number of calls do not change. Load average (1 min) before each run "
               f"from {min(loads):.2f} to {max(loads):.2f} (the bench and etcd load the machine "
