@@ -5,11 +5,11 @@
 //! receive buffer of 128 KiB (`net.ipv4.tcp_rmem`), so the window it offers is a segment or
 //! two. When a large answer (the 1,024 join keys a round's freezer reads, about 200 KiB)
 //! arrives faster than the client reads it, the window it then offers falls below one
-//! segment; the reader frees space without announcing it (Linux announces a window only once
-//! it has at least doubled), and etcd's side sends nothing until its persist timer fires,
-//! 200 ms later. That stalled one round of 1,024 in-process workers in four. Across a
-//! network the segments are 1.4 or 9 KiB and the same buffer holds tens of them, so the
-//! buffer (and Linux's tuning of it) is left alone there.
+//! segment; the reader frees space without announcing it (Linux announces a window only
+//! once it has at least doubled), and etcd's side, which sends no less than a segment into
+//! such a window, waits for a timer: 200 ms. That stalled one round of 1,024 in-process
+//! workers in four. Across a network the segments are 1.4 or 9 KiB and the same buffer
+//! holds tens of them, so the buffer (and Linux's tuning of it) is left alone there.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -70,7 +70,7 @@ impl tower_service::Service<Uri> for Connector {
 
 /// Gives `stream` a receive buffer of [`SEGMENTS_BUFFERED`] segments where its buffer holds
 /// fewer than [`FEWEST_SEGMENTS`]. Best effort: a connection works without it.
-pub(crate) fn widen_receive_buffer(stream: &TcpStream) {
+fn widen_receive_buffer(stream: &TcpStream) {
     let socket = socket2::SockRef::from(stream);
     let (Ok(segment), Ok(buffer)) = (socket.tcp_mss(), socket.recv_buffer_size()) else {
         return;
