@@ -797,8 +797,9 @@ def segments_section(md, data):
               "the most regrouping), and with those labels admitted as whole segments (`segment_size=N/64` "
               "in the URL: every segment complete, each in its block). At 1,024 workers a round takes a "
               "fifth of a second and the runs spread as much as the variants differ: a ratio a tenth either "
-              "side of 1 there is noise, not a gain or a cost. The labels add a few bytes per member to the values and a grouping of the newcomers to the freeze; "
-              "the key count and the number of calls do not change. Load average (1 min) before each run "
+              "side of 1 there is noise, not a gain or a cost. The labels add a few bytes per member to "
+              "the values and a grouping of the newcomers to the freeze; the key count and the number of "
+              "calls do not change. Load average (1 min) before each run "
               f"from {min(loads):.2f} to {max(loads):.2f} (the bench and etcd load the machine "
               f"themselves). Failed runs: {failed}.")
     md.append("")

@@ -11,13 +11,13 @@
 //! workers in four. Across a network the segments are 1.4 or 9 KiB and the same buffer
 //! holds tens of them, so the buffer (and Linux's tuning of it) is left alone there.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::future::{BoxFuture, FutureExt};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
+use rdzv_core::BoxError;
 use tokio::net::TcpStream;
 use tonic::transport::Uri;
 
@@ -46,25 +46,23 @@ impl Connector {
     }
 }
 
-type Connecting = Pin<Box<dyn Future<Output = Result<TokioIo<TcpStream>, BoxError>> + Send>>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 impl tower_service::Service<Uri> for Connector {
     type Response = TokioIo<TcpStream>;
     type Error = BoxError;
-    type Future = Connecting;
+    type Future = BoxFuture<'static, Result<TokioIo<TcpStream>, BoxError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.http.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, uri: Uri) -> Connecting {
+    fn call(&mut self, uri: Uri) -> Self::Future {
         let connecting = self.http.call(uri);
-        Box::pin(async move {
+        async move {
             let stream = connecting.await?;
             widen_receive_buffer(stream.inner());
             Ok(stream)
-        })
+        }
+        .boxed()
     }
 }
 
