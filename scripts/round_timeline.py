@@ -8,18 +8,20 @@ Each run waits until the 1-minute load average is under --quiet-load (at most --
 seconds), starts etcd (scripts/multiproc.py's `Etcd`, data on tmpfs) and `rdzv bench
 'etcd://…' --workers N --rounds 1 --format json`, and samples every 0.1 s the CPU time of
 the bench, of its `rdzv-keepalive` thread (the sessions' refreshes) and of etcd, with both
-processes' minor page faults and resident memory, and every 0.5 s etcd's counters (leases
-granted, revoked and renewed, ranges, transactions). The round is the stretch from the first
-read after every session was granted to the first revoke (the bench shuts its workers down
-right after the round), to 0.5 s; a round much shorter than a second (a few thousand workers
-here) may fall between two readings and is then reported as not found. Printed and recorded
-per run: the round's time as the bench measured it, the CPU each side spent in the round per
-worker, the operations per worker, each side's page faults per worker and resident MiB at
-the round's start and end, and the seconds in which the client alone worked (a 0.1 s sample
-with the client above two thirds of the machine's cores and etcd under a fifth). With
---gctrace, etcd runs with GODEBUG=gctrace=1 and each run also records its garbage collections
-inside the round: how many, their CPU by Go's count (idle-time marking included), and the
-live heap after each.
+processes' minor page faults and resident memory and the machine's CPU from /proc/stat, and
+every 0.5 s etcd's counters (leases granted, revoked and renewed, ranges, transactions). The
+round is the stretch from the first read after every session was granted to the first revoke
+(the bench shuts its workers down right after the round), to 0.5 s; a round much shorter
+than a second (a few thousand workers here) may fall between two readings and is then
+reported as not found. Printed and recorded per run: the round's time as the bench measured
+it, the CPU each side spent in the round per worker, the operations per worker, each side's
+page faults per worker and resident MiB at the round's start and end, the seconds in which
+the client alone worked (a 0.1 s sample with the client above two thirds of the machine's
+cores and etcd under a fifth), and the machine's core-seconds in the round: busy, idle, in
+softirq and stolen by the host, and what other processes took (busy less the two sides; this
+script's sampling included). With --gctrace, etcd runs with GODEBUG=gctrace=1 and each run
+also records its garbage collections inside the round: how many, their CPU by Go's count
+(idle-time marking included), and the live heap after each.
 
 Results: one JSON line per run (summary and samples), appended to FILE.
 """
@@ -38,7 +40,7 @@ import urllib.request
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from etcd_figures import wait_until_quiet  # noqa: E402
-from multiproc import Etcd, cpu_seconds, metric, proc_stat  # noqa: E402
+from multiproc import CLK_TCK, Etcd, cpu_seconds, metric, proc_stat  # noqa: E402
 
 COUNTERS = {
     "etcd_debugging_lease_granted_total": "grants",
@@ -78,6 +80,21 @@ def thread_cpu(pid, name):
 PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+def machine_cpu():
+    """The machine's CPU seconds so far, all cores together, from /proc/stat's `cpu` line:
+    {"busy", "idle", "softirq", "steal"} (busy counts softirq and not steal; idle counts
+    iowait) (Linux), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = ticks
+    seconds = lambda t: t / CLK_TCK
+    return {"busy": seconds(user + nice + system + irq + softirq), "idle": seconds(idle + iowait),
+            "softirq": seconds(softirq), "steal": seconds(steal)}
+
+
 def faults_and_rss(pid):
     """(minor page faults so far, resident MiB) of a process (Linux), or (None, None)."""
     fields = proc_stat(pid)
@@ -100,7 +117,8 @@ def sample(a, etcd):
     samples, tick = [], 0
     while bench.poll() is None:
         row = {"t": round(time.monotonic() - started, 2), "client": cpu_seconds(bench.pid),
-               "keepalive": thread_cpu(bench.pid, "rdzv-keepalive"), "etcd": cpu_seconds(etcd_pid)}
+               "keepalive": thread_cpu(bench.pid, "rdzv-keepalive"), "etcd": cpu_seconds(etcd_pid),
+               "machine": machine_cpu()}
         row["client_faults"], row["client_rss_mib"] = faults_and_rss(bench.pid)
         row["etcd_faults"], row["etcd_rss_mib"] = faults_and_rss(etcd_pid)
         if tick % 5 == 0:
@@ -141,6 +159,8 @@ def summary(n, report, samples):
                 alone += dt
         previous = s
     per_worker = lambda key, scale=1.0: round((end[key] - start[key]) * scale / n, 2)
+    machine = (lambda key: round(end["machine"][key] - start["machine"][key], 2)
+               if None not in (start["machine"], end["machine"]) else None)
     return {
         "seconds": report["latency_ms"]["max"] / 1000.0,
         "window_seconds": round(end["t"] - start["t"], 2),
@@ -150,6 +170,9 @@ def summary(n, report, samples):
                                         if None not in (start["keepalive"], end["keepalive"]) else None),
         "etcd_cpu_us_per_worker": per_worker("etcd", 1e6),
         "client_alone_seconds": round(alone, 2),
+        "machine_core_seconds": machine and {key: machine(key) for key in ("busy", "idle", "softirq", "steal")},
+        "others_core_seconds": machine and round(machine("busy") - (end["client"] - start["client"])
+                                                 - (end["etcd"] - start["etcd"]), 2),
         "client_faults_per_worker": per_worker("client_faults"),
         "etcd_faults_per_worker": per_worker("etcd_faults"),
         "client_rss_mib": [round(start["client_rss_mib"]), round(end["client_rss_mib"])],
